@@ -1,0 +1,3 @@
+module rolter.dev/controlplane
+
+go 1.26

@@ -1,0 +1,3 @@
+module rolter.dev/dataplane
+
+go 1.26

@@ -1,0 +1,3 @@
+module rolter.dev/kvwatcher
+
+go 1.26

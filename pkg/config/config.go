@@ -1,0 +1,176 @@
+package config
+
+import "time"
+
+// Config is a configuration as written: the TOML file, or the objects the
+// control plane keeps in etcd. Optional list-element fields whose zero value
+// means something are pointers so that "absent" can take the default.
+type Config struct {
+	Server      Server       `toml:"server"`
+	Retry       Retry        `toml:"retry"`
+	Cooldown    Cooldown     `toml:"cooldown"`
+	Breaker     Breaker      `toml:"breaker"`
+	Health      Health       `toml:"health"`
+	Timeouts    Timeouts     `toml:"timeouts"`
+	Cache       Cache        `toml:"cache"`
+	Providers   []Provider   `toml:"providers"`
+	Routes      []Route      `toml:"routes"`
+	VirtualKeys []VirtualKey `toml:"virtual_keys"`
+}
+
+// Server configures the data plane's HTTP listener and auth.
+type Server struct {
+	// Listen is the HTTP address of the data plane.
+	Listen string `toml:"listen"`
+	// MaxBodyBytes caps a request body; larger bodies get 413.
+	MaxBodyBytes int64 `toml:"max_body_bytes"`
+	// KeyPepper is the secret mixed into virtual-key digests. The
+	// ROLTER_KEY_PEPPER environment variable takes precedence. When neither
+	// is set, a random per-process pepper is used (fine for file mode, where
+	// keys are hashed at load; the control plane needs a fixed one).
+	KeyPepper string `toml:"key_pepper"`
+	// RequireAuth refuses requests without a valid virtual key even when no
+	// key is configured.
+	RequireAuth bool `toml:"require_auth"`
+	// MetricsPath is where Prometheus metrics are served.
+	MetricsPath string `toml:"metrics_path"`
+}
+
+// Retry configures retries of retryable upstream failures.
+type Retry struct {
+	MaxRetries    int `toml:"max_retries"`
+	BaseBackoffMS int `toml:"base_backoff_ms"`
+	MaxBackoffMS  int `toml:"max_backoff_ms"`
+}
+
+// Cooldown configures how long a failing target is parked.
+type Cooldown struct {
+	// BaseSecs is the default park time; 0 disables cooldowns.
+	BaseSecs int `toml:"base_secs"`
+	// MaxSecs caps a Retry-After driven park time.
+	MaxSecs int `toml:"max_secs"`
+}
+
+// Breaker configures the per-target circuit breaker.
+type Breaker struct {
+	Enabled          bool `toml:"enabled"`
+	FailureThreshold int  `toml:"failure_threshold"`
+	OpenSecs         int  `toml:"open_secs"`
+}
+
+// Health configures active health checks of providers.
+type Health struct {
+	Enabled      bool `toml:"enabled"`
+	IntervalSecs int  `toml:"interval_secs"`
+	TimeoutSecs  int  `toml:"timeout_secs"`
+	// Path is probed with GET; empty means the kind's free probe
+	// (/health for openai_compatible, /v1/models for openai and anthropic).
+	Path                        string `toml:"path"`
+	ConsecutiveFailureThreshold int    `toml:"consecutive_failure_threshold"`
+	RecoverySuccessThreshold    int    `toml:"recovery_success_threshold"`
+}
+
+// Timeouts bound upstream calls. A streamed body is never cut by them.
+type Timeouts struct {
+	ConnectSecs int `toml:"connect_secs"`
+	// RequestSecs bounds the time to response headers.
+	RequestSecs int `toml:"request_secs"`
+}
+
+// Cache configures the response cache backend shared by all routes.
+type Cache struct {
+	Enabled        bool   `toml:"enabled"`
+	RedisURL       string `toml:"redis_url"`
+	DefaultTTLSecs int    `toml:"default_ttl_secs"`
+	Namespace      string `toml:"namespace"`
+	// MaxEntryBytes caps a stored body; 0 means no limit.
+	MaxEntryBytes int64 `toml:"max_entry_bytes"`
+}
+
+// Provider kinds.
+const (
+	KindOpenAICompatible = "openai_compatible"
+	KindOpenAI           = "openai"
+	KindAnthropic        = "anthropic"
+)
+
+// Provider is an upstream: a vLLM/SGLang replica or a hosted API.
+type Provider struct {
+	Name    string `toml:"name"`
+	Kind    string `toml:"kind"`
+	APIBase string `toml:"api_base"`
+	// At most one of APIKey, APIKeyEnv and APIKeyFile.
+	APIKey     string `toml:"api_key"`
+	APIKeyEnv  string `toml:"api_key_env"`
+	APIKeyFile string `toml:"api_key_file"`
+	// AnthropicVersion is sent as anthropic-version to kind "anthropic".
+	AnthropicVersion string    `toml:"anthropic_version"`
+	KVEvents         *KVEvents `toml:"kv_events"`
+	LMCache          *LMCache  `toml:"lmcache"`
+}
+
+// KVEvents configures the provider's vLLM KV-event publisher.
+type KVEvents struct {
+	Endpoint  string `toml:"endpoint"`
+	Topic     string `toml:"topic"`
+	MaxBlocks int    `toml:"max_blocks"`
+	StaleSecs int    `toml:"stale_secs"`
+}
+
+// LMCache configures polling of the provider's LMCache occupancy signal.
+type LMCache struct {
+	Endpoint    string `toml:"endpoint"`
+	RefreshSecs int    `toml:"refresh_secs"`
+	StaleSecs   int    `toml:"stale_secs"`
+}
+
+// Route maps a public model name to targets and a strategy.
+type Route struct {
+	Model    string      `toml:"model"`
+	Targets  []Target    `toml:"targets"`
+	Strategy string      `toml:"strategy"`
+	Cache    *RouteCache `toml:"cache"`
+}
+
+// Target is one upstream of a route.
+type Target struct {
+	Provider string `toml:"provider"`
+	// Model is the upstream model name; empty means the route's model.
+	Model string `toml:"model"`
+	// Weight is used by the weighted strategy; default 1.
+	Weight *int `toml:"weight"`
+}
+
+// RouteCache opts a route into the response cache.
+type RouteCache struct {
+	// Enabled defaults to true when the table is present.
+	Enabled *bool `toml:"enabled"`
+	// TTLSecs defaults to cache.default_ttl_secs.
+	TTLSecs  *int      `toml:"ttl_secs"`
+	PerKey   bool      `toml:"per_key"`
+	Semantic *Semantic `toml:"semantic"`
+}
+
+// Semantic configures the semantic response cache of a route.
+type Semantic struct {
+	Provider      string   `toml:"provider"`
+	Model         string   `toml:"model"`
+	Threshold     *float64 `toml:"threshold"`
+	MaxCandidates *int     `toml:"max_candidates"`
+}
+
+// VirtualKey is a client credential with its permissions. The secret is
+// given as Key or read from KeyEnv; after [Compile] only its peppered digest
+// is kept.
+type VirtualKey struct {
+	Name   string `toml:"name"`
+	Key    string `toml:"key"`
+	KeyEnv string `toml:"key_env"`
+	// Models and Providers are allow-lists; empty means all.
+	Models    []string   `toml:"models"`
+	Providers []string   `toml:"providers"`
+	Disabled  bool       `toml:"disabled"`
+	ExpiresAt *time.Time `toml:"expires_at"`
+	// Cache overrides the route's response-cache opt-in when set.
+	Cache *bool `toml:"cache"`
+}

@@ -1,0 +1,98 @@
+package config
+
+// Defaults of the reference gateway (rolter-behaviour.md §2.6, §3.7–3.9).
+const (
+	DefaultListen           = ":8080"
+	DefaultMaxBodyBytes     = 32 << 20
+	DefaultMetricsPath      = "/metrics"
+	DefaultAnthropicVersion = "2023-06-01"
+	DefaultKVTopic          = "kv-events"
+	DefaultKVMaxBlocks      = 1_000_000
+	DefaultKVStaleSecs      = 30
+	DefaultLMCacheRefresh   = 2
+	DefaultLMCacheStaleSecs = 10
+	DefaultSemanticThresh   = 0.92
+	DefaultSemanticMaxCands = 256
+	DefaultStrategy         = "round_robin"
+)
+
+// Default returns a Config holding every section default. [Parse] decodes
+// the file on top of it, so a key the file leaves out keeps its default and a
+// key it sets to zero stays zero.
+func Default() Config {
+	return Config{
+		Server: Server{
+			Listen:       DefaultListen,
+			MaxBodyBytes: DefaultMaxBodyBytes,
+			MetricsPath:  DefaultMetricsPath,
+		},
+		Retry:    Retry{MaxRetries: 2, BaseBackoffMS: 100, MaxBackoffMS: 2000},
+		Cooldown: Cooldown{BaseSecs: 5, MaxSecs: 300},
+		Breaker:  Breaker{Enabled: false, FailureThreshold: 5, OpenSecs: 30},
+		Health: Health{
+			Enabled: false, IntervalSecs: 10, TimeoutSecs: 2,
+			ConsecutiveFailureThreshold: 3, RecoverySuccessThreshold: 2,
+		},
+		Timeouts: Timeouts{ConnectSecs: 10, RequestSecs: 60},
+		Cache: Cache{
+			Enabled: false, DefaultTTLSecs: 60, Namespace: "rolter:cache",
+			MaxEntryBytes: 1 << 20,
+		},
+	}
+}
+
+// applyDefaults fills the defaults of list elements (providers, routes,
+// targets, keys), which Default cannot pre-fill. It is idempotent.
+func applyDefaults(c *Config) {
+	for i := range c.Providers {
+		p := &c.Providers[i]
+		if p.Kind == KindAnthropic && p.AnthropicVersion == "" {
+			p.AnthropicVersion = DefaultAnthropicVersion
+		}
+		if kv := p.KVEvents; kv != nil {
+			if kv.Topic == "" {
+				kv.Topic = DefaultKVTopic
+			}
+			if kv.MaxBlocks == 0 {
+				kv.MaxBlocks = DefaultKVMaxBlocks
+			}
+			if kv.StaleSecs == 0 {
+				kv.StaleSecs = DefaultKVStaleSecs
+			}
+		}
+		if lm := p.LMCache; lm != nil {
+			if lm.RefreshSecs == 0 {
+				lm.RefreshSecs = DefaultLMCacheRefresh
+			}
+			if lm.StaleSecs == 0 {
+				lm.StaleSecs = DefaultLMCacheStaleSecs
+			}
+		}
+	}
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		if r.Strategy == "" {
+			r.Strategy = DefaultStrategy
+		}
+		for j := range r.Targets {
+			if r.Targets[j].Weight == nil {
+				r.Targets[j].Weight = ptr(1)
+			}
+		}
+		if rc := r.Cache; rc != nil {
+			if rc.Enabled == nil {
+				rc.Enabled = ptr(true)
+			}
+			if s := rc.Semantic; s != nil {
+				if s.Threshold == nil {
+					s.Threshold = ptr(DefaultSemanticThresh)
+				}
+				if s.MaxCandidates == nil {
+					s.MaxCandidates = ptr(DefaultSemanticMaxCands)
+				}
+			}
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,302 @@
+package config
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+)
+
+// Snapshot is a compiled, immutable configuration: secrets resolved, virtual
+// keys reduced to peppered digests, lookups indexed. Never mutate one; build
+// a new one and swap it.
+type Snapshot struct {
+	// Version identifies the config this snapshot was built from (a content
+	// hash in file mode, the etcd revision under the control plane).
+	Version string
+
+	Server   Server
+	Retry    Retry
+	Cooldown Cooldown
+	Breaker  Breaker
+	Health   Health
+	Timeouts Timeouts
+	Cache    Cache
+
+	// Providers and Routes are in config order.
+	Providers []*CompiledProvider
+	Routes    []*CompiledRoute
+
+	providers map[string]*CompiledProvider
+	routes    map[string]*CompiledRoute
+	keys      map[Digest]*Key
+	pepper    []byte
+}
+
+// CompiledProvider is a provider with its API key resolved.
+type CompiledProvider struct {
+	Name             string
+	Kind             string
+	APIBase          string // without a trailing slash
+	APIKey           string // secret: never log it
+	AnthropicVersion string
+	KVEvents         *KVEvents
+	LMCache          *LMCache
+}
+
+// LogValue keeps the API key out of logs.
+func (p *CompiledProvider) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("name", p.Name), slog.String("kind", p.Kind), slog.String("api_base", p.APIBase))
+}
+
+// CompiledRoute is a route with its targets bound to providers.
+type CompiledRoute struct {
+	Model    string
+	Strategy string
+	Targets  []CompiledTarget
+	// Cache is nil when the route has no [routes.cache] table.
+	Cache *CompiledRouteCache
+}
+
+// CompiledTarget is one upstream of a route.
+type CompiledTarget struct {
+	Provider *CompiledProvider
+	// Model is the upstream model name sent to the provider.
+	Model  string
+	Weight int
+}
+
+// CompiledRouteCache is a route's response-cache settings, defaults applied.
+type CompiledRouteCache struct {
+	Enabled  bool
+	TTL      time.Duration
+	PerKey   bool
+	Semantic *CompiledSemantic
+}
+
+// CompiledSemantic is a route's semantic-cache settings.
+type CompiledSemantic struct {
+	Provider      *CompiledProvider
+	Model         string
+	Threshold     float64
+	MaxCandidates int
+}
+
+// Digest is the peppered digest of a virtual key secret.
+type Digest [sha256.Size]byte
+
+// Key is a virtual key as the data plane knows it: no secret, only rules.
+type Key struct {
+	// ID identifies the key in logs and cache scopes (its name).
+	ID        string
+	Models    map[string]bool // empty = all
+	Providers map[string]bool // empty = all
+	Disabled  bool
+	ExpiresAt time.Time // zero = never
+	// Cache overrides the route's cache opt-in when non-nil.
+	Cache *bool
+}
+
+// AllowsModel reports whether the key may call the public model.
+func (k *Key) AllowsModel(model string) bool { return len(k.Models) == 0 || k.Models[model] }
+
+// AllowsProvider reports whether the key may reach the provider.
+func (k *Key) AllowsProvider(name string) bool { return len(k.Providers) == 0 || k.Providers[name] }
+
+// CompileOptions supplies what compilation reads from the outside world.
+// Zero fields use the process's environment and file system.
+type CompileOptions struct {
+	Version   string
+	LookupEnv func(string) (string, bool)
+	ReadFile  func(string) ([]byte, error)
+}
+
+// Compile validates c and builds a Snapshot. Secret-resolution failures are
+// reported with their field paths, like validation failures.
+func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
+	if opts.LookupEnv == nil {
+		opts.LookupEnv = os.LookupEnv
+	}
+	if opts.ReadFile == nil {
+		opts.ReadFile = os.ReadFile
+	}
+	cfg := *c
+	applyDefaults(&cfg)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	v := &validator{}
+	s := &Snapshot{
+		Version:   opts.Version,
+		Server:    cfg.Server,
+		Retry:     cfg.Retry,
+		Cooldown:  cfg.Cooldown,
+		Breaker:   cfg.Breaker,
+		Health:    cfg.Health,
+		Timeouts:  cfg.Timeouts,
+		Cache:     cfg.Cache,
+		providers: make(map[string]*CompiledProvider, len(cfg.Providers)),
+		routes:    make(map[string]*CompiledRoute, len(cfg.Routes)),
+		keys:      make(map[Digest]*Key, len(cfg.VirtualKeys)),
+	}
+	s.Server.KeyPepper = ""
+	s.pepper = []byte(cfg.Server.KeyPepper)
+	if env, ok := opts.LookupEnv("ROLTER_KEY_PEPPER"); ok && env != "" {
+		s.pepper = []byte(env)
+	}
+	if len(s.pepper) == 0 {
+		s.pepper = processPepper
+	}
+	for i, p := range cfg.Providers {
+		cp := &CompiledProvider{
+			Name: p.Name, Kind: p.Kind, APIBase: strings.TrimRight(p.APIBase, "/"),
+			AnthropicVersion: p.AnthropicVersion,
+		}
+		if p.KVEvents != nil {
+			kv := *p.KVEvents
+			cp.KVEvents = &kv
+		}
+		if p.LMCache != nil {
+			lm := *p.LMCache
+			cp.LMCache = &lm
+		}
+		path := fmt.Sprintf("providers[%d]", i)
+		switch {
+		case p.APIKey != "":
+			cp.APIKey = p.APIKey
+		case p.APIKeyEnv != "":
+			val, ok := opts.LookupEnv(p.APIKeyEnv)
+			if !ok || val == "" {
+				v.add(path+".api_key_env", "environment variable %q is not set", p.APIKeyEnv)
+			}
+			cp.APIKey = val
+		case p.APIKeyFile != "":
+			b, err := opts.ReadFile(p.APIKeyFile)
+			if err != nil {
+				v.add(path+".api_key_file", "%v", err)
+			}
+			cp.APIKey = strings.TrimSpace(string(b))
+		}
+		s.Providers = append(s.Providers, cp)
+		s.providers[cp.Name] = cp
+	}
+	for _, r := range cfg.Routes {
+		cr := &CompiledRoute{Model: r.Model, Strategy: r.Strategy}
+		for _, t := range r.Targets {
+			m := t.Model
+			if m == "" {
+				m = r.Model
+			}
+			cr.Targets = append(cr.Targets, CompiledTarget{Provider: s.providers[t.Provider], Model: m, Weight: *t.Weight})
+		}
+		if rc := r.Cache; rc != nil {
+			ttl := cfg.Cache.DefaultTTLSecs
+			if rc.TTLSecs != nil {
+				ttl = *rc.TTLSecs
+			}
+			cc := &CompiledRouteCache{Enabled: *rc.Enabled, TTL: time.Duration(ttl) * time.Second, PerKey: rc.PerKey}
+			if sem := rc.Semantic; sem != nil {
+				cc.Semantic = &CompiledSemantic{
+					Provider: s.providers[sem.Provider], Model: sem.Model,
+					Threshold: *sem.Threshold, MaxCandidates: *sem.MaxCandidates,
+				}
+			}
+			cr.Cache = cc
+		}
+		s.Routes = append(s.Routes, cr)
+		s.routes[cr.Model] = cr
+	}
+	for i, k := range cfg.VirtualKeys {
+		path := fmt.Sprintf("virtual_keys[%d]", i)
+		secret := k.Key
+		if k.KeyEnv != "" {
+			val, ok := opts.LookupEnv(k.KeyEnv)
+			if !ok || len(val) < 16 {
+				v.add(path+".key_env", "environment variable %q is not set or shorter than 16 characters", k.KeyEnv)
+				continue
+			}
+			secret = val
+		}
+		d := s.digest(secret)
+		if _, dup := s.keys[d]; dup {
+			v.add(path+".key", "same secret as another key")
+			continue
+		}
+		key := &Key{ID: k.Name, Disabled: k.Disabled, Cache: k.Cache, Models: set(k.Models), Providers: set(k.Providers)}
+		if k.ExpiresAt != nil {
+			key.ExpiresAt = *k.ExpiresAt
+		}
+		s.keys[d] = key
+	}
+	if err := v.err(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// processPepper is the fallback pepper: random per process, so file-mode
+// digests are useless outside it.
+var processPepper = func() []byte {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	return b
+}()
+
+func set(list []string) map[string]bool {
+	if len(list) == 0 {
+		return nil
+	}
+	m := make(map[string]bool, len(list))
+	for _, s := range list {
+		m[s] = true
+	}
+	return m
+}
+
+// DigestKey computes the peppered digest of a virtual key secret.
+func DigestKey(pepper []byte, secret string) Digest {
+	mac := hmac.New(sha256.New, pepper)
+	mac.Write([]byte(secret))
+	var d Digest
+	copy(d[:], mac.Sum(nil))
+	return d
+}
+
+func (s *Snapshot) digest(secret string) Digest { return DigestKey(s.pepper, secret) }
+
+// Provider returns the named provider, or nil.
+func (s *Snapshot) Provider(name string) *CompiledProvider { return s.providers[name] }
+
+// Route returns the route of a public model name, or nil.
+func (s *Snapshot) Route(model string) *CompiledRoute { return s.routes[model] }
+
+// Open reports whether requests need no virtual key: no key is configured
+// and server.require_auth is off.
+func (s *Snapshot) Open() bool { return len(s.keys) == 0 && !s.Server.RequireAuth }
+
+// Auth errors returned by [Snapshot.Authenticate]. They deliberately say the
+// same for unknown, disabled and expired keys to the client.
+var (
+	ErrKeyMissing = errors.New("config: missing api key")
+	ErrKeyInvalid = errors.New("config: invalid api key")
+)
+
+// Authenticate resolves a presented secret to its key. Unknown, disabled and
+// expired keys all return ErrKeyInvalid.
+func (s *Snapshot) Authenticate(secret string, now time.Time) (*Key, error) {
+	if secret == "" {
+		return nil, ErrKeyMissing
+	}
+	k, ok := s.keys[s.digest(secret)]
+	if !ok || k.Disabled || (!k.ExpiresAt.IsZero() && !now.Before(k.ExpiresAt)) {
+		return nil, ErrKeyInvalid
+	}
+	return k, nil
+}

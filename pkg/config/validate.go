@@ -1,0 +1,272 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// Strategies lists every strategy name the config accepts.
+var Strategies = []string{
+	"round_robin", "random", "weighted", "power_of_two", "least_load",
+	"consistent_hash", "cache_aware", "pipeline", "precise_cache_aware",
+	"lmcache_aware", "predicted_latency",
+}
+
+// MaxTargets is the most targets one route may have.
+const MaxTargets = 256
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]*$`)
+
+// Validate checks every field and every reference and returns all failures
+// joined, each a [*FieldError] with its path. It does not resolve secrets
+// from the environment or files; [Compile] does.
+func (c *Config) Validate() error {
+	v := &validator{}
+	c.validateSections(v)
+	providers := make(map[string]int, len(c.Providers))
+	for i := range c.Providers {
+		p := &c.Providers[i]
+		path := fmt.Sprintf("providers[%d]", i)
+		if first, dup := providers[p.Name]; dup && p.Name != "" {
+			v.add(path+".name", "duplicate provider %q (also providers[%d])", p.Name, first)
+		} else {
+			providers[p.Name] = i
+		}
+		validateProvider(v, path, p)
+	}
+	routes := make(map[string]int, len(c.Routes))
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		path := fmt.Sprintf("routes[%d]", i)
+		if first, dup := routes[r.Model]; dup && r.Model != "" {
+			v.add(path+".model", "duplicate route %q (also routes[%d])", r.Model, first)
+		} else {
+			routes[r.Model] = i
+		}
+		validateRoute(v, path, r, providers)
+	}
+	keyNames := make(map[string]int, len(c.VirtualKeys))
+	for i := range c.VirtualKeys {
+		k := &c.VirtualKeys[i]
+		path := fmt.Sprintf("virtual_keys[%d]", i)
+		if first, dup := keyNames[k.Name]; dup && k.Name != "" {
+			v.add(path+".name", "duplicate key name %q (also virtual_keys[%d])", k.Name, first)
+		} else {
+			keyNames[k.Name] = i
+		}
+		validateKey(v, path, k, providers, routes)
+	}
+	return v.err()
+}
+
+func (c *Config) validateSections(v *validator) {
+	s := c.Server
+	if s.Listen == "" {
+		v.add("server.listen", "must not be empty")
+	}
+	v.positive64("server.max_body_bytes", s.MaxBodyBytes)
+	if !strings.HasPrefix(s.MetricsPath, "/") {
+		v.add("server.metrics_path", "must start with /, got %q", s.MetricsPath)
+	}
+	v.between("retry.max_retries", c.Retry.MaxRetries, 0, 10)
+	v.positive("retry.base_backoff_ms", c.Retry.BaseBackoffMS)
+	if c.Retry.MaxBackoffMS < c.Retry.BaseBackoffMS {
+		v.add("retry.max_backoff_ms", "must be >= retry.base_backoff_ms (%d), got %d", c.Retry.BaseBackoffMS, c.Retry.MaxBackoffMS)
+	}
+	v.between("cooldown.base_secs", c.Cooldown.BaseSecs, 0, 86400)
+	if c.Cooldown.MaxSecs < c.Cooldown.BaseSecs {
+		v.add("cooldown.max_secs", "must be >= cooldown.base_secs (%d), got %d", c.Cooldown.BaseSecs, c.Cooldown.MaxSecs)
+	}
+	v.positive("breaker.failure_threshold", c.Breaker.FailureThreshold)
+	v.positive("breaker.open_secs", c.Breaker.OpenSecs)
+	v.positive("health.interval_secs", c.Health.IntervalSecs)
+	v.positive("health.timeout_secs", c.Health.TimeoutSecs)
+	if c.Health.Path != "" && !strings.HasPrefix(c.Health.Path, "/") {
+		v.add("health.path", "must start with /, got %q", c.Health.Path)
+	}
+	v.positive("health.consecutive_failure_threshold", c.Health.ConsecutiveFailureThreshold)
+	v.positive("health.recovery_success_threshold", c.Health.RecoverySuccessThreshold)
+	v.positive("timeouts.connect_secs", c.Timeouts.ConnectSecs)
+	v.positive("timeouts.request_secs", c.Timeouts.RequestSecs)
+	v.between("cache.default_ttl_secs", c.Cache.DefaultTTLSecs, 0, 365*86400)
+	if c.Cache.Namespace == "" {
+		v.add("cache.namespace", "must not be empty")
+	}
+	if c.Cache.MaxEntryBytes < 0 {
+		v.add("cache.max_entry_bytes", "must be >= 0, got %d", c.Cache.MaxEntryBytes)
+	}
+	if u := c.Cache.RedisURL; u != "" {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "redis" && pu.Scheme != "rediss" && pu.Scheme != "unix") {
+			v.add("cache.redis_url", "must be a redis://, rediss:// or unix:// URL, got %q", redact(u))
+		}
+	}
+}
+
+func validateProvider(v *validator, path string, p *Provider) {
+	if p.Name == "" {
+		v.add(path+".name", "must not be empty")
+	} else if !namePattern.MatchString(p.Name) {
+		v.add(path+".name", "must match %s, got %q", namePattern, p.Name)
+	}
+	switch p.Kind {
+	case KindOpenAICompatible, KindOpenAI, KindAnthropic:
+	case "":
+		v.add(path+".kind", "must not be empty (openai_compatible, openai or anthropic)")
+	default:
+		v.add(path+".kind", "unknown kind %q (want openai_compatible, openai or anthropic)", p.Kind)
+	}
+	v.httpURL(path+".api_base", p.APIBase)
+	set := 0
+	for _, s := range []string{p.APIKey, p.APIKeyEnv, p.APIKeyFile} {
+		if s != "" {
+			set++
+		}
+	}
+	if set > 1 {
+		v.add(path, "set at most one of api_key, api_key_env and api_key_file")
+	}
+	if p.AnthropicVersion != "" && p.Kind != KindAnthropic {
+		v.add(path+".anthropic_version", "only applies to kind \"anthropic\"")
+	}
+	if kv := p.KVEvents; kv != nil {
+		kp := path + ".kv_events"
+		if u, err := url.Parse(kv.Endpoint); kv.Endpoint == "" || err != nil || (u.Scheme != "tcp" && u.Scheme != "ipc") {
+			v.add(kp+".endpoint", "must be a tcp:// or ipc:// ZMQ endpoint, got %q", kv.Endpoint)
+		}
+		v.positive(kp+".max_blocks", kv.MaxBlocks)
+		v.positive(kp+".stale_secs", kv.StaleSecs)
+	}
+	if lm := p.LMCache; lm != nil {
+		lp := path + ".lmcache"
+		v.httpURL(lp+".endpoint", lm.Endpoint)
+		v.positive(lp+".refresh_secs", lm.RefreshSecs)
+		v.positive(lp+".stale_secs", lm.StaleSecs)
+	}
+}
+
+func validateRoute(v *validator, path string, r *Route, providers map[string]int) {
+	if r.Model == "" {
+		v.add(path+".model", "must not be empty")
+	}
+	if !contains(Strategies, r.Strategy) {
+		v.add(path+".strategy", "unknown strategy %q (want one of %s)", r.Strategy, strings.Join(Strategies, ", "))
+	}
+	switch {
+	case len(r.Targets) == 0:
+		v.add(path+".targets", "must have at least one target")
+	case len(r.Targets) > MaxTargets:
+		v.add(path+".targets", "at most %d targets, got %d", MaxTargets, len(r.Targets))
+	}
+	for j, t := range r.Targets {
+		tp := fmt.Sprintf("%s.targets[%d]", path, j)
+		if t.Provider == "" {
+			v.add(tp+".provider", "must not be empty")
+		} else if _, ok := providers[t.Provider]; !ok {
+			v.add(tp+".provider", "unknown provider %q", t.Provider)
+		}
+		if t.Weight != nil && *t.Weight < 1 {
+			v.add(tp+".weight", "must be >= 1, got %d", *t.Weight)
+		}
+	}
+	if rc := r.Cache; rc != nil {
+		cp := path + ".cache"
+		if rc.TTLSecs != nil && *rc.TTLSecs < 0 {
+			v.add(cp+".ttl_secs", "must be >= 0, got %d", *rc.TTLSecs)
+		}
+		if s := rc.Semantic; s != nil {
+			sp := cp + ".semantic"
+			if s.Provider == "" {
+				v.add(sp+".provider", "must not be empty")
+			} else if _, ok := providers[s.Provider]; !ok {
+				v.add(sp+".provider", "unknown provider %q", s.Provider)
+			}
+			if s.Model == "" {
+				v.add(sp+".model", "must not be empty")
+			}
+			if s.Threshold != nil && !(*s.Threshold > 0 && *s.Threshold <= 1) {
+				v.add(sp+".threshold", "must be in (0, 1], got %g", *s.Threshold)
+			}
+			if s.MaxCandidates != nil && (*s.MaxCandidates < 1 || *s.MaxCandidates > 10000) {
+				v.add(sp+".max_candidates", "must be in [1, 10000], got %d", *s.MaxCandidates)
+			}
+		}
+	}
+}
+
+func validateKey(v *validator, path string, k *VirtualKey, providers, routes map[string]int) {
+	if k.Name == "" {
+		v.add(path+".name", "must not be empty")
+	}
+	switch {
+	case k.Key != "" && k.KeyEnv != "":
+		v.add(path, "set one of key and key_env, not both")
+	case k.Key == "" && k.KeyEnv == "":
+		v.add(path, "set one of key and key_env")
+	case k.Key != "" && len(k.Key) < 16:
+		v.add(path+".key", "must be at least 16 characters")
+	}
+	for j, m := range k.Models {
+		if _, ok := routes[m]; !ok {
+			v.add(fmt.Sprintf("%s.models[%d]", path, j), "unknown route %q", m)
+		}
+	}
+	for j, p := range k.Providers {
+		if _, ok := providers[p]; !ok {
+			v.add(fmt.Sprintf("%s.providers[%d]", path, j), "unknown provider %q", p)
+		}
+	}
+}
+
+type validator struct{ errs []error }
+
+func (v *validator) add(path, format string, args ...any) {
+	v.errs = append(v.errs, &FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (v *validator) err() error { return errors.Join(v.errs...) }
+
+func (v *validator) positive(path string, n int) {
+	if n < 1 {
+		v.add(path, "must be > 0, got %d", n)
+	}
+}
+
+func (v *validator) positive64(path string, n int64) {
+	if n < 1 {
+		v.add(path, "must be > 0, got %d", n)
+	}
+}
+
+func (v *validator) between(path string, n, lo, hi int) {
+	if n < lo || n > hi {
+		v.add(path, "must be in [%d, %d], got %d", lo, hi, n)
+	}
+}
+
+func (v *validator) httpURL(path, s string) {
+	u, err := url.Parse(s)
+	if s == "" || err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		v.add(path, "must be an absolute http:// or https:// URL, got %q", redact(s))
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// redact hides URL passwords in error messages.
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,130 @@
+package reliability_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"rolter.dev/pkg/reliability"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+func TestCooldown(t *testing.T) {
+	tg := reliability.NewRegistry().Target(reliability.TargetKey{Route: "m", Provider: "a"})
+	if tg.CoolingDown(t0) {
+		t.Fatal("fresh target parked")
+	}
+	if !tg.CoolDown(t0, 5*time.Second) {
+		t.Fatal("first cooldown not reported as tripped")
+	}
+	if tg.CoolDown(t0.Add(time.Second), 2*time.Second) {
+		t.Fatal("a shorter cooldown inside a running one counted as a trip")
+	}
+	if !tg.CoolingDown(t0.Add(4 * time.Second)) {
+		t.Fatal("shorter cooldown shortened the running one")
+	}
+	if tg.CoolingDown(t0.Add(5 * time.Second)) {
+		t.Fatal("still parked after the cooldown ended")
+	}
+	if !tg.CoolDown(t0.Add(6*time.Second), time.Second) {
+		t.Fatal("a cooldown after expiry is a new trip")
+	}
+	if tg.CoolDown(t0, 0) {
+		t.Fatal("zero cooldown tripped")
+	}
+}
+
+func TestBreakerTransitions(t *testing.T) {
+	cfg := reliability.BreakerConfig{Enabled: true, FailureThreshold: 3, OpenFor: 10 * time.Second}
+	tg := reliability.NewRegistry().Target(reliability.TargetKey{Route: "m", Provider: "a"})
+	steps := []struct {
+		name      string
+		do        func() bool
+		wantRet   bool
+		wantState reliability.BreakerState
+		allowsAt  time.Duration
+		allows    bool
+	}{
+		{"failure 1 stays closed", func() bool { return tg.BreakerFailure(t0, cfg) }, false, reliability.Closed, 0, true},
+		{"success resets the count", func() bool { return tg.BreakerSuccess(cfg) }, false, reliability.Closed, 0, true},
+		{"failure 1", func() bool { return tg.BreakerFailure(t0, cfg) }, false, reliability.Closed, 0, true},
+		{"failure 2", func() bool { return tg.BreakerFailure(t0, cfg) }, false, reliability.Closed, 0, true},
+		{"failure 3 opens", func() bool { return tg.BreakerFailure(t0, cfg) }, true, reliability.Open, 5 * time.Second, false},
+		{"open admits a probe after open_secs", func() bool { tg.BreakerAttempt(t0.Add(10*time.Second), cfg); return false }, false, reliability.HalfOpen, 10 * time.Second, false},
+		{"probe failure reopens", func() bool { return tg.BreakerFailure(t0.Add(11*time.Second), cfg) }, true, reliability.Open, 15 * time.Second, false},
+		{"second probe", func() bool { tg.BreakerAttempt(t0.Add(21*time.Second), cfg); return false }, false, reliability.HalfOpen, 21 * time.Second, false},
+		{"probe success closes", func() bool { return tg.BreakerSuccess(cfg) }, true, reliability.Closed, 21 * time.Second, true},
+	}
+	for _, s := range steps {
+		if got := s.do(); got != s.wantRet {
+			t.Fatalf("%s: returned %v, want %v", s.name, got, s.wantRet)
+		}
+		if got := tg.BreakerState(); got != s.wantState {
+			t.Fatalf("%s: state %v, want %v", s.name, got, s.wantState)
+		}
+		if got := tg.BreakerAllows(t0.Add(s.allowsAt), cfg); got != s.allows {
+			t.Fatalf("%s: allows=%v, want %v", s.name, got, s.allows)
+		}
+	}
+	off := reliability.BreakerConfig{}
+	for range 10 {
+		tg.BreakerFailure(t0, off)
+	}
+	if !tg.BreakerAllows(t0, off) || tg.BreakerState() != reliability.Closed {
+		t.Fatal("a disabled breaker opened")
+	}
+}
+
+func TestProviderHealth(t *testing.T) {
+	p := reliability.NewRegistry().Provider("a")
+	if !p.Healthy() {
+		t.Fatal("new provider unhealthy")
+	}
+	seq := []struct {
+		ok   bool
+		want reliability.HealthTransition
+	}{
+		{false, reliability.NoChange}, {false, reliability.NoChange}, {true, reliability.NoChange},
+		{false, reliability.NoChange}, {false, reliability.NoChange}, {false, reliability.WentDown},
+		{false, reliability.NoChange}, {true, reliability.NoChange}, {true, reliability.Recovered}, {true, reliability.NoChange},
+	}
+	for i, s := range seq {
+		if got := p.Observe(s.ok, 3, 2); got != s.want {
+			t.Fatalf("step %d: %v, want %v", i, got, s.want)
+		}
+	}
+	if !p.Healthy() {
+		t.Fatal("not healthy after recovery")
+	}
+}
+
+func TestInFlightAndRetain(t *testing.T) {
+	r := reliability.NewRegistry()
+	k := reliability.TargetKey{Route: "m", Provider: "a", Model: "x"}
+	tg := r.Target(k)
+	if r.Target(k) != tg {
+		t.Fatal("same key gave a different target")
+	}
+	var wg sync.WaitGroup
+	releases := make(chan func(), 100)
+	for range 100 {
+		wg.Go(func() { releases <- tg.Acquire() })
+	}
+	wg.Wait()
+	close(releases)
+	if tg.InFlight() != 100 {
+		t.Fatalf("in flight %d", tg.InFlight())
+	}
+	for rel := range releases {
+		rel()
+		rel() // a second release is a no-op
+	}
+	if tg.InFlight() != 0 {
+		t.Fatalf("in flight after release %d", tg.InFlight())
+	}
+	r.Retain(func(reliability.TargetKey) bool { return false }, func(string) bool { return false })
+	if r.Target(k) == tg {
+		t.Fatal("Retain kept a dropped target")
+	}
+}

@@ -1,0 +1,3 @@
+module rolter.dev/proto
+
+go 1.26
