@@ -4,11 +4,10 @@
 //
 // A [Balancer] picks one target index from a route's target list, given the
 // request's [Context] (prompt text, digest, session, token ids), the current
-// per-target loads and the set of targets that are [Eligible] for this
-// attempt. Every strategy honours eligibility: while at least one target is
-// eligible, an ineligible one is never returned. When nothing is eligible the
-// caller passes [All], so the pick weighs every target and the gateway can fail
-// open.
+// per-target loads and the [Set] of targets that are eligible for this
+// attempt. Every strategy honours eligibility: while at least one target below
+// n is eligible, an ineligible one is never returned. When none is, the
+// strategy weighs every target ([Set.OrAll]), so the gateway can fail open.
 //
 // # Concurrency
 //

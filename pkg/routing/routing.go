@@ -19,7 +19,8 @@ type Context struct {
 	// PromptDigest is the xxh3-64 digest of the whole prompt, including tool
 	// traffic and media; valid only when HasDigest is set.
 	PromptDigest uint64
-	HasDigest    bool
+	// HasDigest reports whether PromptDigest is set.
+	HasDigest bool
 	// SessionKey comes from the x-session-id header.
 	SessionKey string
 	// TokenIDs come from the x-rolter-vllm-token-ids header; nil when absent
@@ -33,8 +34,9 @@ type Balancer interface {
 	Name() string
 	// Pick returns the index of the chosen target in [0, n), or -1 when there
 	// is nothing to pick. loads has one in-flight count per target, or is nil
-	// when loads are unknown. A target outside eligible is never returned
-	// unless eligible is empty.
+	// when loads are unknown (a slice whose length is not n counts as
+	// unknown). A target outside eligible is never returned unless eligible
+	// has no member below n, in which case every target is weighed.
 	Pick(ctx *Context, loads []int, eligible Set) int
 	// Observe records that target was chosen for ctx. It is called after the
 	// pick and before the upstream call, on every attempt.

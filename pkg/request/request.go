@@ -1,0 +1,229 @@
+// Package request reads the JSON body of a client request: it validates the
+// document and finds the top-level fields the gateway routes on (model,
+// stream) without decoding the rest, and rewrites the model in place.
+package request
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Errors returned by [Read] and [Parse]. The proxy maps them to its error
+// catalogue (413 request_too_large, 400 invalid_json).
+var (
+	ErrTooLarge    = errors.New("request: body too large")
+	ErrInvalidJSON = errors.New("request: invalid JSON")
+	ErrNotObject   = errors.New("request: body is not a JSON object")
+)
+
+// Read reads at most limit bytes of r. A longer body is ErrTooLarge.
+func Read(r io.Reader, limit int64) ([]byte, error) {
+	var buf bytes.Buffer
+	n, err := buf.ReadFrom(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("request: read body: %w", err)
+	}
+	if n > limit {
+		return nil, ErrTooLarge
+	}
+	return buf.Bytes(), nil
+}
+
+// Body is a parsed request body. It refers into the bytes it was parsed
+// from; those must not change while it is used.
+type Body struct {
+	Raw []byte
+	// Model is the top-level "model" string; HasModel is false when the field
+	// is absent or not a string.
+	Model    string
+	HasModel bool
+	// Stream is the top-level "stream" boolean (false when absent).
+	Stream bool
+	// modelStart and modelEnd delimit the last top-level model value of any
+	// type (with its quotes); modelStart is -1 when there is none.
+	modelStart, modelEnd int
+}
+
+// Parse validates body as a JSON object and reads its top-level model and
+// stream fields.
+func Parse(raw []byte) (*Body, error) {
+	if !json.Valid(raw) {
+		return nil, ErrInvalidJSON
+	}
+	b := &Body{Raw: raw, modelStart: -1}
+	s := scanner{buf: raw}
+	s.space()
+	if !s.consume('{') {
+		return nil, ErrNotObject
+	}
+	s.space()
+	if s.consume('}') {
+		return b, nil
+	}
+	for {
+		s.space()
+		keyStart := s.pos
+		if !s.skipString() {
+			return nil, ErrInvalidJSON
+		}
+		key := raw[keyStart:s.pos]
+		s.space()
+		if !s.consume(':') {
+			return nil, ErrInvalidJSON
+		}
+		s.space()
+		valStart := s.pos
+		if !s.skipValue() {
+			return nil, ErrInvalidJSON
+		}
+		val := raw[valStart:s.pos]
+		switch {
+		case keyIs(key, "model"):
+			var m string
+			b.modelStart, b.modelEnd = valStart, s.pos
+			b.Model, b.HasModel = "", false
+			if val[0] == '"' && json.Unmarshal(val, &m) == nil {
+				b.Model, b.HasModel = m, true
+			}
+		case keyIs(key, "stream"):
+			b.Stream = bytes.Equal(val, []byte("true"))
+		}
+		s.space()
+		if s.consume(',') {
+			continue
+		}
+		if s.consume('}') {
+			break
+		}
+		return nil, ErrInvalidJSON
+	}
+	return b, nil
+}
+
+// WithModel returns the body with its top-level model replaced. When the
+// model is unchanged it returns Raw itself, without copying.
+func (b *Body) WithModel(model string) []byte {
+	if b.HasModel && b.Model == model {
+		return b.Raw
+	}
+	quoted, _ := json.Marshal(model) // a string always marshals
+	if b.modelStart < 0 {
+		// No model: insert one as the first member. Parse proved the
+		// body is an object, so the first '{' opens it.
+		i := bytes.IndexByte(b.Raw, '{')
+		out := make([]byte, 0, len(b.Raw)+len(quoted)+10)
+		out = append(out, b.Raw[:i+1]...)
+		out = append(out, `"model":`...)
+		out = append(out, quoted...)
+		rest := bytes.TrimLeft(b.Raw[i+1:], " \t\r\n")
+		if len(rest) > 0 && rest[0] != '}' {
+			out = append(out, ',')
+		}
+		return append(out, b.Raw[i+1:]...)
+	}
+	out := make([]byte, 0, len(b.Raw)-(b.modelEnd-b.modelStart)+len(quoted))
+	out = append(out, b.Raw[:b.modelStart]...)
+	out = append(out, quoted...)
+	return append(out, b.Raw[b.modelEnd:]...)
+}
+
+// keyIs compares a raw JSON key (with quotes) to name. Keys with escapes
+// are decoded first, so "\u006dodel" is model, as encoding/json reads it.
+func keyIs(raw []byte, name string) bool {
+	if len(raw) == len(name)+2 && string(raw[1:len(raw)-1]) == name {
+		return true
+	}
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return false
+	}
+	var k string
+	return json.Unmarshal(raw, &k) == nil && k == name
+}
+
+// scanner walks a document already known to be valid JSON.
+type scanner struct {
+	buf []byte
+	pos int
+}
+
+func (s *scanner) space() {
+	for s.pos < len(s.buf) {
+		switch s.buf[s.pos] {
+		case ' ', '\t', '\r', '\n':
+			s.pos++
+		default:
+			return
+		}
+	}
+}
+
+func (s *scanner) consume(c byte) bool {
+	if s.pos < len(s.buf) && s.buf[s.pos] == c {
+		s.pos++
+		return true
+	}
+	return false
+}
+
+func (s *scanner) skipString() bool {
+	if !s.consume('"') {
+		return false
+	}
+	for s.pos < len(s.buf) {
+		switch s.buf[s.pos] {
+		case '\\':
+			s.pos += 2
+		case '"':
+			s.pos++
+			return true
+		default:
+			s.pos++
+		}
+	}
+	return false
+}
+
+func (s *scanner) skipValue() bool {
+	if s.pos >= len(s.buf) {
+		return false
+	}
+	switch s.buf[s.pos] {
+	case '"':
+		return s.skipString()
+	case '{', '[':
+		depth := 0
+		for s.pos < len(s.buf) {
+			switch s.buf[s.pos] {
+			case '"':
+				if !s.skipString() {
+					return false
+				}
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					s.pos++
+					return true
+				}
+			}
+			s.pos++
+		}
+		return false
+	default: // number, true, false, null
+		start := s.pos
+		for s.pos < len(s.buf) {
+			switch s.buf[s.pos] {
+			case ',', '}', ']', ' ', '\t', '\r', '\n':
+				return s.pos > start
+			}
+			s.pos++
+		}
+		return s.pos > start
+	}
+}
+

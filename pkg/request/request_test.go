@@ -1,0 +1,111 @@
+package request_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"rolter.dev/pkg/request"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name      string
+		body      string
+		wantErr   error
+		model     string
+		hasModel  bool
+		stream    bool
+		rewritten string // body after WithModel("up")
+	}{
+		{name: "plain", body: `{"model":"m","messages":[]}`, model: "m", hasModel: true, rewritten: `{"model":"up","messages":[]}`},
+		{name: "whitespace and later model", body: " {\n \"stream\" : true , \"model\" : \"m\" }", model: "m", hasModel: true, stream: true, rewritten: " {\n \"stream\" : true , \"model\" : \"up\" }"},
+		{name: "nested model is not the model", body: `{"x":{"model":"inner"},"model":"outer"}`, model: "outer", hasModel: true, rewritten: `{"x":{"model":"inner"},"model":"up"}`},
+		{name: "escaped key", body: `{"\u006dodel":"m"}`, model: "m", hasModel: true, rewritten: `{"\u006dodel":"up"}`},
+		{name: "strings with braces", body: `{"a":"}{\"","model":"m\"q"}`, model: `m"q`, hasModel: true, rewritten: `{"a":"}{\"","model":"up"}`},
+		{name: "no model", body: `{"messages":[1]}`, rewritten: `{"model":"up","messages":[1]}`},
+		{name: "empty object", body: `{}`, rewritten: `{"model":"up"}`},
+		{name: "non-string model", body: `{"model":5}`, rewritten: `{"model":"up"}`},
+		{name: "stream false", body: `{"stream":false,"model":"m"}`, model: "m", hasModel: true, rewritten: `{"stream":false,"model":"up"}`},
+		{name: "error: not json", body: `{"model":`, wantErr: request.ErrInvalidJSON},
+		{name: "error: trailing garbage", body: `{"model":"m"} x`, wantErr: request.ErrInvalidJSON},
+		{name: "error: array", body: `[1,2]`, wantErr: request.ErrNotObject},
+		{name: "error: empty", body: ``, wantErr: request.ErrInvalidJSON},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := request.Parse([]byte(tc.body))
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.Model != tc.model || b.HasModel != tc.hasModel || b.Stream != tc.stream {
+				t.Fatalf("got model=%q has=%v stream=%v", b.Model, b.HasModel, b.Stream)
+			}
+			if got := string(b.WithModel("up")); got != tc.rewritten {
+				t.Fatalf("WithModel = %s, want %s", got, tc.rewritten)
+			}
+		})
+	}
+}
+
+func TestWithModelSameModelDoesNotCopy(t *testing.T) {
+	raw := []byte(`{"model":"m"}`)
+	b, err := request.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := b.WithModel("m"); &out[0] != &raw[0] {
+		t.Fatal("unchanged model copied the body")
+	}
+}
+
+func TestRead(t *testing.T) {
+	if _, err := request.Read(strings.NewReader("12345"), 4); !errors.Is(err, request.ErrTooLarge) {
+		t.Fatalf("over limit: %v", err)
+	}
+	b, err := request.Read(strings.NewReader("1234"), 4)
+	if err != nil || string(b) != "1234" {
+		t.Fatalf("at limit: %q %v", b, err)
+	}
+}
+
+// FuzzParse checks the scanner against encoding/json: whatever Parse
+// accepts, encoding/json reads the same model and stream, and the rewritten
+// body stays valid JSON with the new model.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{`{"model":"m","stream":true}`, `{"a":[{"b":"}"}],"model":"x"}`, `{}`, `[]`, `{"model":"\u00e9"}`, `{"model":null}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		b, err := request.Parse(raw)
+		if err != nil {
+			return
+		}
+		var ref map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &ref); err != nil {
+			t.Fatalf("Parse accepted what encoding/json rejects: %v", err)
+		}
+		// With duplicate keys encoding/json keeps the last, as Parse does.
+		var m string
+		wantHas := json.Unmarshal(ref["model"], &m) == nil && len(ref["model"]) > 0 && ref["model"][0] == '"'
+		if wantHas != b.HasModel || (wantHas && m != b.Model) {
+			t.Fatalf("model: got %q/%v, encoding/json %q/%v", b.Model, b.HasModel, m, wantHas)
+		}
+		out := b.WithModel("rewritten")
+		var after map[string]json.RawMessage
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("rewrite broke JSON: %v\n%s", err, out)
+		}
+		if !bytes.Contains(out, []byte(`"rewritten"`)) {
+			t.Fatalf("rewrite lost the model: %s", out)
+		}
+	})
+}
