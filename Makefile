@@ -1,0 +1,70 @@
+# rolter — run `make help` for the targets.
+SHELL := /bin/bash
+MODULES := pkg dataplane controlplane kvwatcher proto tests
+BIN := bin
+GO ?= go
+FUZZTIME ?= 20s
+# make test runs every module's tests with the race detector.
+TESTFLAGS ?= -race -count=1 -timeout 10m
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+.PHONY: build
+build: ## Build every binary into bin/
+	@mkdir -p $(BIN)
+	cd dataplane && $(GO) build -o ../$(BIN)/rolter-proxy ./cmd/rolter-proxy
+	cd tests && $(GO) build -o ../$(BIN)/vllmsim ./cmd/vllmsim
+
+.PHONY: deps
+deps: ## Install what the tests need that this machine lacks (redis-server)
+	@./scripts/install-deps.sh
+
+.PHONY: test
+test: deps ## Install test dependencies, then run every test of every module (with -race)
+	@set -e; for m in $(MODULES); do echo "== $$m"; (cd $$m && $(GO) test $(TESTFLAGS) ./...); done
+
+.PHONY: test-unit
+test-unit: ## Run the tests of pkg and dataplane only (fast)
+	@set -e; for m in pkg dataplane; do (cd $$m && $(GO) test -count=1 ./...); done
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME (default 20s) each
+	@./scripts/fuzz-all.sh $(FUZZTIME)
+
+.PHONY: bench
+bench: ## Run the Go benchmarks of every module (numbers, not pass/fail)
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) test -run '^$$' -bench . -benchmem ./...); done
+
+.PHONY: bench-proxy
+bench-proxy: ## Proxy overhead: direct vs httputil.ReverseProxy vs rolter-proxy
+	cd tests && $(GO) run ./cmd/bench-proxy
+
+.PHONY: run
+run: build ## Start 3 simulated vLLM replicas and a proxy (file mode); Ctrl-C stops all
+	@./scripts/run.sh
+
+.PHONY: vet
+vet: ## go vet every module
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
+
+.PHONY: fmt
+fmt: ## gofmt every module
+	gofmt -w $(MODULES)
+
+.PHONY: tidy
+tidy: ## go mod tidy every module
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done
+
+.PHONY: verify
+verify: ## Fail if code is unformatted, untidy or fails vet
+	@test -z "$$(gofmt -l $(MODULES))" || (gofmt -l $(MODULES); echo "run make fmt"; exit 1)
+	@$(MAKE) --no-print-directory tidy vet
+	@git diff --exit-code -- '*.mod' '*.sum' || (echo "go.mod/go.sum untidy: run make tidy"; exit 1)
+
+.PHONY: clean
+clean: ## Remove build output
+	rm -rf $(BIN)

@@ -1,0 +1,83 @@
+// Package metrics defines the data plane's Prometheus metrics. Every name
+// starts with rolter_. Metrics are registered on an injected registerer so
+// tests build a fresh registry each time.
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics holds the data plane's collectors. Safe for concurrent use.
+type Metrics struct {
+	Requests          *prometheus.CounterVec // endpoint, model, code
+	UpstreamErrors    *prometheus.CounterVec // provider, reason
+	TargetRequests    *prometheus.CounterVec // model, provider, outcome
+	Retries           *prometheus.CounterVec // model
+	CooldownsTripped  *prometheus.CounterVec // provider
+	BreakerOpened     *prometheus.CounterVec // provider
+	BreakerClosed     *prometheus.CounterVec // provider
+	HealthDown        *prometheus.CounterVec // provider
+	HealthRecovered   *prometheus.CounterVec // provider
+	ProviderHealthy   *prometheus.GaugeVec   // provider
+	InFlight          prometheus.Gauge
+	AuthFailures      *prometheus.CounterVec // reason
+	ClientDisconnects prometheus.Counter
+	Latency           *prometheus.HistogramVec // model
+	TTFT              *prometheus.HistogramVec // model
+	ConfigVersion     prometheus.Gauge
+	ConfigInfo        *prometheus.GaugeVec // version
+	ConfigReloads     prometheus.Counter
+	ConfigFailures    prometheus.Counter
+}
+
+// Buckets for request latency and time to first token, in seconds.
+var latencyBuckets = []float64{.001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// New creates the collectors and registers them on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	cv := func(name, help string, labels ...string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rolter_" + name, Help: help}, labels)
+		reg.MustRegister(c)
+		return c
+	}
+	m := &Metrics{
+		Requests:         cv("requests_total", "Client requests answered, by endpoint, public model and HTTP status.", "endpoint", "model", "code"),
+		UpstreamErrors:   cv("upstream_errors_total", "Failed upstream attempts (transport errors and retryable statuses).", "provider", "reason"),
+		TargetRequests:   cv("target_requests_total", "Upstream attempts by target and outcome (ok = 2xx).", "model", "provider", "outcome"),
+		Retries:          cv("retries_total", "Retries of a request on another target.", "model"),
+		CooldownsTripped: cv("cooldowns_tripped_total", "Targets parked after a failure.", "provider"),
+		BreakerOpened:    cv("breaker_opened_total", "Circuit breakers opened.", "provider"),
+		BreakerClosed:    cv("breaker_closed_total", "Circuit breakers closed again after a successful probe.", "provider"),
+		HealthDown:       cv("health_down_total", "Providers marked unhealthy by active health checks.", "provider"),
+		HealthRecovered:  cv("health_recovered_total", "Providers marked healthy again by active health checks.", "provider"),
+		AuthFailures:     cv("auth_failures_total", "Requests refused by authentication or authorization.", "reason"),
+		ProviderHealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "rolter_provider_healthy", Help: "1 while the provider passes its health checks.",
+		}, []string{"provider"}),
+		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rolter_inflight_requests", Help: "Client requests being served.",
+		}),
+		ClientDisconnects: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rolter_client_disconnects_total", Help: "Requests whose client went away before the response ended.",
+		}),
+		Latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rolter_request_latency_seconds", Help: "Time from request to the end of the response.", Buckets: latencyBuckets,
+		}, []string{"model"}),
+		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rolter_request_ttft_seconds", Help: "Time from request to the first response byte sent to the client.", Buckets: latencyBuckets,
+		}, []string{"model"}),
+		ConfigVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rolter_config_version", Help: "Generation of the config snapshot in use (increments on every applied change).",
+		}),
+		ConfigInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "rolter_config_info", Help: "1 for the version string of the config snapshot in use.",
+		}, []string{"version"}),
+		ConfigReloads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rolter_config_reloads_total", Help: "Config snapshots applied after startup.",
+		}),
+		ConfigFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rolter_config_reload_failures_total", Help: "Config changes refused; the previous snapshot kept serving.",
+		}),
+	}
+	reg.MustRegister(m.ProviderHealthy, m.InFlight, m.ClientDisconnects, m.Latency, m.TTFT,
+		m.ConfigVersion, m.ConfigInfo, m.ConfigReloads, m.ConfigFailures)
+	return m
+}

@@ -1,0 +1,23 @@
+// Package proxy is the data plane's HTTP surface: the OpenAI and Anthropic
+// endpoints, authentication with virtual keys, route selection, the retry
+// loop with failover, and streaming relay of upstream responses.
+//
+// # Overview
+//
+// A request loads the current runtime (one config snapshot with its
+// balancers) exactly once and uses it to the end, so a reload never changes
+// a request midway. The flow is: request id → credentials → body (413, 400)
+// → route (404) → key allow-lists (403) → attempts. Each attempt computes the
+// eligible targets once (untried, allowed to the key, able to serve the
+// endpoint, not parked, healthy, breaker closed) from atomic reads, asks the
+// route's balancer, observes the pick, and sends. A retryable failure parks
+// the target and, while nothing has reached the client, retries on an
+// untried target after a jittered backoff. If no target is eligible the
+// attempt fails open past cooldown, health and breaker, never past the key's
+// provider allow-list.
+//
+// # Concurrency
+//
+// [Proxy] is safe for concurrent use. The runtime is swapped atomically by
+// [Proxy.Apply]; requests in flight finish on the runtime they started with.
+package proxy

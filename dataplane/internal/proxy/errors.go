@@ -1,0 +1,79 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// dialect is the API family of an endpoint, which decides the error shape.
+type dialect int
+
+const (
+	dialectOpenAI dialect = iota
+	dialectAnthropic
+)
+
+// apiError is one entry of the client-facing error catalogue: a stable code,
+// its HTTP status, and the OpenAI and Anthropic error types. Internal errors
+// never reach clients; only these do.
+type apiError struct {
+	status        int
+	code          string
+	openaiType    string
+	anthropicType string
+}
+
+var (
+	errInvalidJSON      = apiError{http.StatusBadRequest, "invalid_json", "invalid_request_error", "invalid_request_error"}
+	errInvalidRequest   = apiError{http.StatusBadRequest, "invalid_request", "invalid_request_error", "invalid_request_error"}
+	errUnsupported      = apiError{http.StatusBadRequest, "unsupported_endpoint", "invalid_request_error", "invalid_request_error"}
+	errTooLarge         = apiError{http.StatusRequestEntityTooLarge, "request_too_large", "invalid_request_error", "request_too_large"}
+	errMissingKey       = apiError{http.StatusUnauthorized, "missing_api_key", "authentication_error", "authentication_error"}
+	errInvalidKey       = apiError{http.StatusUnauthorized, "invalid_api_key", "authentication_error", "authentication_error"}
+	errModelNotAllowed  = apiError{http.StatusForbidden, "model_not_allowed", "permission_error", "permission_error"}
+	errProviderDenied   = apiError{http.StatusForbidden, "provider_not_allowed", "permission_error", "permission_error"}
+	errModelNotFound    = apiError{http.StatusNotFound, "model_not_found", "invalid_request_error", "not_found_error"}
+	errNotFound         = apiError{http.StatusNotFound, "not_found", "invalid_request_error", "not_found_error"}
+	errMethodNotAllowed = apiError{http.StatusMethodNotAllowed, "method_not_allowed", "invalid_request_error", "invalid_request_error"}
+	errNoTarget         = apiError{http.StatusServiceUnavailable, "no_target", "api_error", "overloaded_error"}
+	errUpstream         = apiError{http.StatusBadGateway, "upstream_error", "api_error", "api_error"}
+	errUpstreamTimeout  = apiError{http.StatusGatewayTimeout, "upstream_timeout", "api_error", "api_error"}
+	errDraining         = apiError{http.StatusServiceUnavailable, "draining", "api_error", "overloaded_error"}
+)
+
+type openAIErrorBody struct {
+	Error openAIError `json:"error"`
+}
+
+type openAIError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Code    string  `json:"code"`
+	Param   *string `json:"param"`
+}
+
+type anthropicErrorBody struct {
+	Type  string         `json:"type"`
+	Error anthropicError `json:"error"`
+}
+
+type anthropicError struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// writeError answers with e in the dialect of the endpoint.
+func writeError(w http.ResponseWriter, d dialect, e apiError, msg string) {
+	var body any
+	if d == dialectAnthropic {
+		body = anthropicErrorBody{Type: "error", Error: anthropicError{Type: e.anthropicType, Message: msg}}
+	} else {
+		body = openAIErrorBody{Error: openAIError{Message: msg, Type: e.openaiType, Code: e.code}}
+	}
+	b, _ := json.Marshal(body) // plain structs of strings always marshal
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Rolter-Error", e.code)
+	w.WriteHeader(e.status)
+	_, _ = w.Write(b)
+}

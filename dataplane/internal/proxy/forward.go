@@ -1,0 +1,472 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"rolter.dev/pkg/backoff"
+	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/request"
+	"rolter.dev/pkg/routing"
+)
+
+// exchange is the state of one client request across its attempts.
+type exchange struct {
+	start    time.Time
+	id       string
+	ep       *endpoint
+	rt       *runtime
+	route    *route
+	body     *request.Body
+	rctx     routing.Context
+	key      *config.Key
+	allowed  routing.Set // targets the key may use and that serve the endpoint
+	tried    routing.Set
+	attempts int
+	status   int
+	provider string
+	ttft     time.Duration
+}
+
+func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
+	x := &exchange{start: time.Now(), id: w.Header().Get("X-Request-Id"), ep: ep}
+	p.metrics.InFlight.Inc()
+	defer p.metrics.InFlight.Dec()
+	model := ""
+	defer func() {
+		code := strconv.Itoa(x.status)
+		p.metrics.Requests.WithLabelValues(ep.path, model, code).Inc()
+		if model != "" {
+			p.metrics.Latency.WithLabelValues(model).Observe(time.Since(x.start).Seconds())
+		}
+		p.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
+			slog.String("request_id", x.id), slog.String("endpoint", ep.path), slog.String("model", model),
+			slog.String("provider", x.provider), slog.Int("status", x.status), slog.Int("attempts", x.attempts),
+			slog.Float64("duration_ms", float64(time.Since(x.start).Microseconds())/1000),
+			slog.Float64("ttft_ms", float64(x.ttft.Microseconds())/1000))
+	}()
+	fail := func(e apiError, msg string) {
+		x.status = e.status
+		writeError(w, ep.dialect, e, msg)
+	}
+
+	rt := p.rt.Load()
+	if rt == nil {
+		fail(errNoTarget, "no configuration loaded yet")
+		return
+	}
+	x.rt = rt
+	key, aerr, msg := p.authenticate(rt, r)
+	if aerr != nil {
+		fail(*aerr, msg)
+		return
+	}
+	x.key = key
+
+	limit := rt.snap.Server.MaxBodyBytes
+	if r.ContentLength > limit {
+		fail(errTooLarge, fmt.Sprintf("request body is larger than %d bytes", limit))
+		return
+	}
+	raw, err := request.Read(r.Body, limit)
+	switch {
+	case errors.Is(err, request.ErrTooLarge):
+		fail(errTooLarge, fmt.Sprintf("request body is larger than %d bytes", limit))
+		return
+	case err != nil:
+		fail(errInvalidRequest, "could not read the request body")
+		return
+	}
+	body, err := request.Parse(raw)
+	switch {
+	case errors.Is(err, request.ErrNotObject):
+		fail(errInvalidJSON, "request body must be a JSON object")
+		return
+	case err != nil:
+		fail(errInvalidJSON, "request body is not valid JSON")
+		return
+	}
+	x.body = body
+	if !body.HasModel || body.Model == "" {
+		fail(errInvalidRequest, "the request must name a model (a string)")
+		return
+	}
+	rte := rt.routes[body.Model]
+	if rte == nil {
+		fail(errModelNotFound, fmt.Sprintf("model %q does not exist", body.Model))
+		return
+	}
+	model = body.Model
+	x.route = rte
+	if key != nil && !key.AllowsModel(body.Model) {
+		p.metrics.AuthFailures.WithLabelValues("model_not_allowed").Inc()
+		fail(errModelNotAllowed, fmt.Sprintf("this key may not use model %q", body.Model))
+		return
+	}
+	servable := false
+	for i := range rte.targets {
+		t := &rte.targets[i]
+		if !ep.serves(t.cfg.Provider.Kind) {
+			continue
+		}
+		servable = true
+		if key == nil || key.AllowsProvider(t.cfg.Provider.Name) {
+			x.allowed.Add(i)
+		}
+	}
+	switch {
+	case !servable:
+		fail(errUnsupported, fmt.Sprintf("no target of model %q can serve %s (cross-dialect translation is not supported)", body.Model, ep.path))
+		return
+	case x.allowed.Empty():
+		p.metrics.AuthFailures.WithLabelValues("provider_not_allowed").Inc()
+		fail(errProviderDenied, fmt.Sprintf("this key may not use any provider of model %q", body.Model))
+		return
+	}
+	x.rctx = routing.Context{
+		SessionKey: r.Header.Get("X-Session-Id"),
+		TokenIDs:   routing.ParseTokenIDs(r.Header.Get(routing.TokenIDsHeader)),
+	}
+	p.forward(w, r, x)
+}
+
+// pick chooses the target of the next attempt, or -1.
+func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
+	targets := x.route.targets
+	var candidates, eligible routing.Set
+	for i := range targets {
+		if !x.allowed.Has(i) || x.tried.Has(i) {
+			continue
+		}
+		candidates.Add(i)
+		t := &targets[i]
+		if x.rt.snap.Cooldown.BaseSecs > 0 && t.state.CoolingDown(now) {
+			continue
+		}
+		if !t.health.Healthy() || !t.state.BreakerAllows(now, x.rt.breaker) {
+			continue
+		}
+		eligible.Add(i)
+	}
+	if candidates.Empty() {
+		return -1
+	}
+	if eligible.Empty() {
+		// Fail open past cooldown, health and breaker; never past the key.
+		eligible = candidates
+	}
+	for i := range targets {
+		loads[i] = targets[i].state.InFlight()
+	}
+	idx := x.route.balancer.Pick(&x.rctx, loads, eligible)
+	if !eligible.Has(idx) {
+		idx = eligible.Nth(0, len(targets))
+	}
+	return idx
+}
+
+// retryable reports whether a status may succeed on another target.
+func retryable(status int) bool {
+	return status == http.StatusRequestTimeout || status == http.StatusTooManyRequests || status >= 500
+}
+
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
+	snap := x.rt.snap
+	maxAttempts := 1 + snap.Retry.MaxRetries
+	loads := make([]int, len(x.route.targets))
+	var lastErr error
+	timedOut := false
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		now := time.Now()
+		idx := p.pick(x, loads, now)
+		if idx < 0 {
+			break
+		}
+		if attempt > 0 {
+			p.metrics.Retries.WithLabelValues(x.route.cfg.Model).Inc()
+			d := backoff.Delay(attempt, time.Duration(snap.Retry.BaseBackoffMS)*time.Millisecond,
+				time.Duration(snap.Retry.MaxBackoffMS)*time.Millisecond, rand.Float64())
+			if !sleep(r.Context(), d) {
+				p.clientGone(x)
+				return
+			}
+			now = time.Now()
+		}
+		t := &x.route.targets[idx]
+		x.route.balancer.Observe(idx, &x.rctx)
+		x.tried.Add(idx)
+		x.attempts++
+		x.provider = t.cfg.Provider.Name
+		t.state.BreakerAttempt(now, x.rt.breaker)
+		release := t.state.Acquire()
+
+		resp, cancel, err := p.send(r, x, t)
+		if err != nil {
+			release()
+			if r.Context().Err() != nil {
+				p.clientGone(x)
+				return
+			}
+			timedOut = errors.Is(err, errHeaderTimeout)
+			reason := "transport"
+			if timedOut {
+				reason = "timeout"
+			}
+			p.targetFailed(x, t, reason, 0)
+			lastErr = err
+			p.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream attempt failed",
+				slog.String("request_id", x.id), slog.String("provider", t.cfg.Provider.Name), slog.String("err", err.Error()))
+			continue
+		}
+		if retryable(resp.StatusCode) {
+			ra, _ := backoff.RetryAfter(resp.Header.Get("Retry-After"), time.Now())
+			p.targetFailed(x, t, "status_"+strconv.Itoa(resp.StatusCode), ra)
+			if attempt+1 < maxAttempts && p.hasUntried(x) {
+				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+				resp.Body.Close()
+				cancel()
+				release()
+				lastErr = fmt.Errorf("upstream status %d", resp.StatusCode)
+				continue
+			}
+			// Last chance: the upstream's own answer goes back unchanged.
+		} else {
+			if t.state.BreakerSuccess(x.rt.breaker) {
+				p.metrics.BreakerClosed.WithLabelValues(t.cfg.Provider.Name).Inc()
+			}
+			outcome := "ok"
+			if resp.StatusCode >= 300 {
+				outcome = "error"
+			}
+			p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, outcome).Inc()
+		}
+		p.relay(w, r, x, t, resp)
+		resp.Body.Close()
+		cancel()
+		release()
+		return
+	}
+	if x.tried.Empty() {
+		x.status = errNoTarget.status
+		writeError(w, x.ep.dialect, errNoTarget, fmt.Sprintf("no target of model %q could be tried", x.route.cfg.Model))
+		return
+	}
+	e := errUpstream
+	if timedOut {
+		e = errUpstreamTimeout
+	}
+	x.status = e.status
+	msg := fmt.Sprintf("every target of model %q failed after %d attempt(s)", x.route.cfg.Model, x.attempts)
+	if lastErr != nil && timedOut {
+		msg += ": timed out waiting for response headers"
+	}
+	writeError(w, x.ep.dialect, e, msg)
+}
+
+func (p *Proxy) hasUntried(x *exchange) bool {
+	for i := range x.route.targets {
+		if x.allowed.Has(i) && !x.tried.Has(i) {
+			return true
+		}
+	}
+	return false
+}
+
+// targetFailed parks the target and feeds its breaker after a retryable
+// failure. A Retry-After sets the park time (within cooldown bounds); it does
+// not delay the retry on another target.
+func (p *Proxy) targetFailed(x *exchange, t *target, reason string, retryAfter time.Duration) {
+	name := t.cfg.Provider.Name
+	p.metrics.UpstreamErrors.WithLabelValues(name, reason).Inc()
+	p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, name, "error").Inc()
+	now := time.Now()
+	cd := x.rt.snap.Cooldown
+	if cd.BaseSecs > 0 {
+		d := time.Duration(cd.BaseSecs) * time.Second
+		if retryAfter > d {
+			d = min(retryAfter, time.Duration(cd.MaxSecs)*time.Second)
+		}
+		if t.state.CoolDown(now, d) {
+			p.metrics.CooldownsTripped.WithLabelValues(name).Inc()
+		}
+	}
+	if t.state.BreakerFailure(now, x.rt.breaker) {
+		p.metrics.BreakerOpened.WithLabelValues(name).Inc()
+		p.log.Warn("circuit breaker opened", "provider", name, "route", x.route.cfg.Model)
+	}
+}
+
+func (p *Proxy) clientGone(x *exchange) {
+	p.metrics.ClientDisconnects.Inc()
+	x.status = 499 // client closed request (nginx's convention), for logs and metrics only
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+var errHeaderTimeout = errors.New("proxy: timed out waiting for upstream response headers")
+
+// hopHeaders are never forwarded in either direction (RFC 9110 §7.6.1),
+// plus the client's credentials, which are for rolter, not the upstream.
+var hopHeaders = map[string]bool{
+	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+}
+
+var dropRequestHeaders = map[string]bool{
+	"Authorization": true, "X-Api-Key": true, "Cookie": true, "Host": true, "Content-Length": true,
+	"Accept-Encoding": true, "Anthropic-Version": true,
+}
+
+// send makes one upstream attempt. The returned cancel must be called when
+// the response body is done with.
+func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, context.CancelFunc, error) {
+	prov := t.cfg.Provider
+	ctx, cancel := context.WithCancel(r.Context())
+	var timedOut bool
+	var mu sync.Mutex
+	timer := time.AfterFunc(time.Duration(x.rt.snap.Timeouts.RequestSecs)*time.Second, func() {
+		mu.Lock()
+		timedOut = true
+		mu.Unlock()
+		cancel()
+	})
+	payload := x.body.WithModel(t.cfg.Model)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, upstreamURL(prov.APIBase, x.ep.path), bytes.NewReader(payload))
+	if err != nil {
+		timer.Stop()
+		cancel()
+		return nil, nil, fmt.Errorf("proxy: build upstream request: %w", err)
+	}
+	for k, vs := range r.Header {
+		if hopHeaders[k] || dropRequestHeaders[k] || strings.HasPrefix(k, "X-Rolter-") {
+			continue
+		}
+		req.Header[k] = vs
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", x.id)
+	req.ContentLength = int64(len(payload))
+	switch prov.Kind {
+	case config.KindAnthropic:
+		if prov.APIKey != "" {
+			req.Header.Set("X-Api-Key", prov.APIKey)
+		}
+		v := r.Header.Get("Anthropic-Version")
+		if v == "" {
+			v = prov.AnthropicVersion
+		}
+		req.Header.Set("Anthropic-Version", v)
+	default:
+		if prov.APIKey != "" {
+			req.Header.Set("Authorization", "Bearer "+prov.APIKey)
+		}
+		if v := r.Header.Get("Anthropic-Version"); v != "" && x.ep.dialect == dialectAnthropic {
+			req.Header.Set("Anthropic-Version", v)
+		}
+	}
+	resp, err := p.client.Do(req)
+	stopped := timer.Stop()
+	if err != nil {
+		cancel()
+		mu.Lock()
+		to := timedOut
+		mu.Unlock()
+		if !stopped && to {
+			return nil, nil, fmt.Errorf("%w: %s", errHeaderTimeout, prov.Name)
+		}
+		return nil, nil, fmt.Errorf("proxy: upstream %s: %w", prov.Name, err)
+	}
+	return resp, cancel, nil
+}
+
+// upstreamURL joins a provider base and an API path. A base that already
+// ends in /v1 (as OpenAI's documented base URL does) is not doubled.
+func upstreamURL(base, path string) string {
+	if strings.HasSuffix(base, "/v1") {
+		return base + strings.TrimPrefix(path, "/v1")
+	}
+	return base + path
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// relay sends the upstream response to the client as it arrives. A stream
+// is flushed after every read, so each SSE event reaches the client when the
+// upstream sends it; nothing is buffered.
+func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *target, resp *http.Response) {
+	h := w.Header()
+	for k, vs := range resp.Header {
+		if hopHeaders[k] || k == "Content-Length" && resp.ContentLength < 0 {
+			continue
+		}
+		h[k] = vs
+	}
+	h.Set("X-Request-Id", x.id)
+	h.Set("X-Rolter-Provider", t.cfg.Provider.Name)
+	h.Set("X-Rolter-Model", x.route.cfg.Model)
+	x.status = resp.StatusCode
+	w.WriteHeader(resp.StatusCode)
+	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	rc := http.NewResponseController(w)
+	if stream {
+		_ = rc.Flush() // headers now, so the client sees the stream open
+	}
+	bufp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bufp)
+	buf := *bufp
+	first := true
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if first {
+				first = false
+				x.ttft = time.Since(x.start)
+				p.metrics.TTFT.WithLabelValues(x.route.cfg.Model).Observe(x.ttft.Seconds())
+			}
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				p.clientGone(x)
+				return
+			}
+			if stream {
+				if err := rc.Flush(); err != nil {
+					p.clientGone(x)
+					return
+				}
+			}
+		}
+		if rerr != nil {
+			if !errors.Is(rerr, io.EOF) {
+				if r.Context().Err() != nil {
+					p.clientGone(x)
+					return
+				}
+				p.metrics.UpstreamErrors.WithLabelValues(t.cfg.Provider.Name, "body").Inc()
+				p.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream body ended early",
+					slog.String("request_id", x.id), slog.String("provider", t.cfg.Provider.Name), slog.String("err", rerr.Error()))
+			}
+			return
+		}
+	}
+}

@@ -1,0 +1,316 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"rolter.dev/dataplane/internal/metrics"
+	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/reliability"
+)
+
+// Options configures a Proxy.
+type Options struct {
+	// Logger receives access and error logs; never prompts or completions.
+	Logger *slog.Logger
+	// Registerer and Gatherer back the metrics and /metrics.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	// Transport overrides the upstream transport (tests, benchmarks).
+	Transport http.RoundTripper
+	// Registry holds live target state; a new one is made when nil.
+	Registry *reliability.Registry
+}
+
+// Proxy serves the data plane's HTTP API. Create it with [New] and give it a
+// config with [Proxy.Apply] before serving.
+type Proxy struct {
+	log      *slog.Logger
+	metrics  *metrics.Metrics
+	gatherer prometheus.Gatherer
+	client   *http.Client
+	reg      *reliability.Registry
+
+	rt             atomic.Pointer[runtime]
+	applyMu        sync.Mutex // serializes Apply; never held by requests
+	draining       atomic.Bool
+	openWarned     atomic.Bool
+	connectTimeout atomic.Int64 // nanoseconds, from the current snapshot
+}
+
+// New builds a Proxy with no config; it answers 503 until [Proxy.Apply].
+func New(opts Options) *Proxy {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Registerer == nil {
+		r := prometheus.NewRegistry()
+		opts.Registerer, opts.Gatherer = r, r
+	}
+	if opts.Registry == nil {
+		opts.Registry = reliability.NewRegistry()
+	}
+	p := &Proxy{
+		log:      opts.Logger.With("component", "proxy"),
+		metrics:  metrics.New(opts.Registerer),
+		gatherer: opts.Gatherer,
+		reg:      opts.Registry,
+	}
+	p.connectTimeout.Store(int64(10 * time.Second))
+	transport := opts.Transport
+	if transport == nil {
+		transport = p.newTransport()
+	}
+	p.client = &http.Client{
+		Transport: transport,
+		// Upstream redirects are answered to the client as they are.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	opts.Registerer.MustRegister(&inflightCollector{p: p})
+	return p
+}
+
+func (p *Proxy) newTransport() *http.Transport {
+	dialer := &net.Dialer{KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			d := *dialer
+			d.Timeout = time.Duration(p.connectTimeout.Load())
+			return d.DialContext(ctx, network, addr)
+		},
+		ForceAttemptHTTP2:   true,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: 10 * time.Second,
+		// Bodies pass through byte for byte; transparent gzip would
+		// re-chunk streams and hide the upstream's encoding.
+		DisableCompression: true,
+	}
+}
+
+// Registry returns the live target state, for the health prober.
+func (p *Proxy) Registry() *reliability.Registry { return p.reg }
+
+// Metrics returns the proxy's collectors, for components that report into
+// them (the health prober, the config watcher).
+func (p *Proxy) Metrics() *metrics.Metrics { return p.metrics }
+
+// Snapshot returns the config in use, or nil before the first Apply.
+func (p *Proxy) Snapshot() *config.Snapshot {
+	if rt := p.rt.Load(); rt != nil {
+		return rt.snap
+	}
+	return nil
+}
+
+// Apply builds a runtime from snap and swaps it in. On error the current
+// runtime keeps serving. Safe for concurrent use.
+func (p *Proxy) Apply(snap *config.Snapshot) error {
+	p.applyMu.Lock()
+	defer p.applyMu.Unlock()
+	prev := p.rt.Load()
+	rt, err := newRuntime(snap, p.reg, prev)
+	if err != nil {
+		return err
+	}
+	p.connectTimeout.Store(int64(time.Duration(snap.Timeouts.ConnectSecs) * time.Second))
+	p.rt.Store(rt)
+	rt.retain(p.reg)
+	p.metrics.ConfigVersion.Set(float64(rt.generation))
+	p.metrics.ConfigInfo.Reset()
+	p.metrics.ConfigInfo.WithLabelValues(snap.Version).Set(1)
+	if prev != nil {
+		p.metrics.ConfigReloads.Inc()
+	}
+	for _, pr := range snap.Providers {
+		h := 0.0
+		if p.reg.Provider(pr.Name).Healthy() {
+			h = 1
+		}
+		p.metrics.ProviderHealthy.WithLabelValues(pr.Name).Set(h)
+	}
+	return nil
+}
+
+// SetDraining makes /readyz fail so load balancers stop sending traffic,
+// while requests still being sent are served.
+func (p *Proxy) SetDraining(v bool) { p.draining.Store(v) }
+
+// endpoint describes one API path.
+type endpoint struct {
+	path    string
+	dialect dialect
+	// serves reports whether a provider kind can take this endpoint.
+	serves func(kind string) bool
+}
+
+var endpoints = map[string]*endpoint{
+	"/v1/chat/completions": {path: "/v1/chat/completions", serves: notAnthropic},
+	"/v1/completions":      {path: "/v1/completions", serves: notAnthropic},
+	"/v1/responses":        {path: "/v1/responses", serves: notAnthropic},
+	"/v1/embeddings":       {path: "/v1/embeddings", serves: notAnthropic},
+	// vLLM serves the Messages API too; the OpenAI API does not.
+	"/v1/messages": {path: "/v1/messages", dialect: dialectAnthropic, serves: func(k string) bool { return k != config.KindOpenAI }},
+}
+
+func notAnthropic(kind string) bool { return kind != config.KindAnthropic }
+
+// ServeHTTP implements http.Handler.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/healthz":
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+		return
+	case "/readyz":
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		switch {
+		case p.draining.Load():
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("draining\n"))
+		case p.rt.Load() == nil:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write([]byte("no config\n"))
+		default:
+			_, _ = w.Write([]byte("ready\n"))
+		}
+		return
+	case "/v1/models":
+		w.Header().Set("X-Request-Id", requestID(r))
+		if r.Method != http.MethodGet {
+			writeError(w, dialectOpenAI, errMethodNotAllowed, "use GET /v1/models")
+			return
+		}
+		p.serveModels(w, r)
+		return
+	}
+	rt := p.rt.Load()
+	if rt != nil && r.URL.Path == rt.snap.Server.MetricsPath || rt == nil && r.URL.Path == config.DefaultMetricsPath {
+		promhttp.HandlerFor(p.gatherer, promhttp.HandlerOpts{}).ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set("X-Request-Id", requestID(r))
+	ep, ok := endpoints[r.URL.Path]
+	if !ok {
+		writeError(w, dialectOpenAI, errNotFound, "no such endpoint: "+r.URL.Path)
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, ep.dialect, errMethodNotAllowed, "use POST "+ep.path)
+		return
+	}
+	p.serveAPI(w, r, ep)
+}
+
+// requestID returns the client's x-request-id when it is sane, else a new one.
+func requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= 128 && printableASCII(id) {
+		return id
+	}
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// credentials returns the virtual key the client presented, if any.
+func credentials(r *http.Request) string {
+	if a := r.Header.Get("Authorization"); a != "" {
+		if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+			return strings.TrimSpace(a[7:])
+		}
+		return ""
+	}
+	return strings.TrimSpace(r.Header.Get("X-Api-Key"))
+}
+
+// authenticate resolves the request's key. A nil key with a nil error means
+// the proxy is open (no keys configured).
+func (p *Proxy) authenticate(rt *runtime, r *http.Request) (*config.Key, *apiError, string) {
+	if rt.snap.Open() {
+		if p.openWarned.CompareAndSwap(false, true) {
+			p.log.Warn("no virtual keys configured: the proxy is open to every client; add [[virtual_keys]] or set server.require_auth")
+		}
+		return nil, nil, ""
+	}
+	secret := credentials(r)
+	key, err := rt.snap.Authenticate(secret, time.Now())
+	switch {
+	case errors.Is(err, config.ErrKeyMissing):
+		p.metrics.AuthFailures.WithLabelValues("missing").Inc()
+		return nil, &errMissingKey, "missing api key: send a rolter virtual key as `Authorization: Bearer sk-rolter-…` or `x-api-key`"
+	case err != nil:
+		p.metrics.AuthFailures.WithLabelValues("invalid").Inc()
+		return nil, &errInvalidKey, "invalid api key" + providerKeyHint(secret)
+	}
+	return key, nil, ""
+}
+
+// providerKeyHint helps clients that pasted a provider's key instead of a
+// rolter virtual key.
+func providerKeyHint(secret string) string {
+	switch {
+	case strings.HasPrefix(secret, "sk-ant-"):
+		return " (this looks like an Anthropic API key; send your rolter virtual key instead)"
+	case strings.HasPrefix(secret, "sk-proj-") || (strings.HasPrefix(secret, "sk-") && !strings.HasPrefix(secret, "sk-rolter-")):
+		return " (this looks like an OpenAI API key; send your rolter virtual key instead)"
+	}
+	return ""
+}
+
+type modelList struct {
+	Object string       `json:"object"`
+	Data   []modelEntry `json:"data"`
+}
+
+type modelEntry struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request) {
+	rt := p.rt.Load()
+	if rt == nil {
+		writeError(w, dialectOpenAI, errNoTarget, "no configuration loaded yet")
+		return
+	}
+	key, aerr, msg := p.authenticate(rt, r)
+	if aerr != nil {
+		writeError(w, dialectOpenAI, *aerr, msg)
+		return
+	}
+	list := modelList{Object: "list", Data: []modelEntry{}}
+	for _, m := range rt.modelNames() {
+		if key == nil || key.AllowsModel(m) {
+			list.Data = append(list.Data, modelEntry{ID: m, Object: "model", OwnedBy: "rolter"})
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(list)
+}

@@ -1,0 +1,451 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"rolter.dev/pkg/config"
+)
+
+// upstream is a scripted OpenAI-compatible upstream recording what it got.
+type upstream struct {
+	*httptest.Server
+	mu      sync.Mutex
+	bodies  []map[string]any
+	headers []http.Header
+	status  atomic.Int32 // 0 = 200
+	hits    atomic.Int32
+	handler func(w http.ResponseWriter, r *http.Request) bool // true = handled
+}
+
+func newUpstream(t *testing.T, name string) *upstream {
+	t.Helper()
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		u.mu.Lock()
+		u.bodies = append(u.bodies, body)
+		u.headers = append(u.headers, r.Header.Clone())
+		h := u.handler
+		u.mu.Unlock()
+		if h != nil && h(w, r) {
+			return
+		}
+		if s := u.status.Load(); s != 0 {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(int(s))
+			fmt.Fprintf(w, `{"error":{"message":"scripted %d"}}`, s)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"x","object":"chat.completion","served_by":%q,"model":%q}`, name, body["model"])
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *upstream) last() (map[string]any, http.Header) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.bodies[len(u.bodies)-1], u.headers[len(u.headers)-1]
+}
+
+func newTestProxy(t *testing.T, doc string) (*Proxy, *httptest.Server) {
+	t.Helper()
+	cfg, err := config.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := config.Compile(cfg, config.CompileOptions{Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := New(Options{})
+	if err := p.Apply(snap); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return p, srv
+}
+
+func post(t *testing.T, url, key, body string, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+func providers(ups ...*upstream) string {
+	var s strings.Builder
+	for i, u := range ups {
+		fmt.Fprintf(&s, "[[providers]]\nname = \"p%d\"\nkind = \"openai_compatible\"\napi_base = %q\napi_key = \"upstream-secret-%d\"\n\n", i, u.URL, i)
+	}
+	return s.String()
+}
+
+// keys needs routes m and m2 and providers p0 and p1 in the config.
+const keys = `
+[[virtual_keys]]
+name = "full"
+key = "sk-rolter-full-000000000"
+
+[[virtual_keys]]
+name = "only-m2"
+key = "sk-rolter-m2-00000000000"
+models = ["m2"]
+
+[[virtual_keys]]
+name = "only-p1"
+key = "sk-rolter-p1-00000000000"
+providers = ["p1"]
+`
+
+func TestErrorShapes(t *testing.T) {
+	a, b := newUpstream(t, "a"), newUpstream(t, "b")
+	doc := "[server]\nmax_body_bytes = 200\n" + providers(a, b) + `
+[[providers]]
+name = "claude"
+kind = "anthropic"
+api_base = "http://127.0.0.1:1"
+
+[[routes]]
+model = "m"
+targets = [{ provider = "p0" }]
+[[routes]]
+model = "m2"
+targets = [{ provider = "p0" }]
+[[routes]]
+model = "claude-only"
+targets = [{ provider = "claude" }]
+` + keys
+	_, srv := newTestProxy(t, doc)
+	const full = "sk-rolter-full-000000000"
+	big := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 300) + `"}]}`
+	tests := []struct {
+		name, path, key, body string
+		status                int
+		code                  string // OpenAI error.code, or Anthropic error.type
+	}{
+		{"error: missing key", "/v1/chat/completions", "", `{"model":"m"}`, 401, "missing_api_key"},
+		{"error: invalid key", "/v1/chat/completions", "sk-rolter-nope-000000000", `{"model":"m"}`, 401, "invalid_api_key"},
+		{"error: malformed json", "/v1/chat/completions", full, `{"model":`, 400, "invalid_json"},
+		{"error: json not an object", "/v1/chat/completions", full, `[1]`, 400, "invalid_json"},
+		{"error: body too large", "/v1/chat/completions", full, big, 413, "request_too_large"},
+		{"error: no model", "/v1/chat/completions", full, `{"messages":[]}`, 400, "invalid_request"},
+		{"error: unknown model", "/v1/chat/completions", full, `{"model":"ghost"}`, 404, "model_not_found"},
+		{"error: model not allowed", "/v1/chat/completions", "sk-rolter-m2-00000000000", `{"model":"m"}`, 403, "model_not_allowed"},
+		{"error: provider not allowed", "/v1/chat/completions", "sk-rolter-p1-00000000000", `{"model":"m"}`, 403, "provider_not_allowed"},
+		{"error: anthropic target cannot take chat", "/v1/chat/completions", full, `{"model":"claude-only"}`, 400, "unsupported_endpoint"},
+		{"error: anthropic dialect missing key", "/v1/messages", "", `{"model":"m"}`, 401, "authentication_error"},
+		{"error: anthropic dialect malformed json", "/v1/messages", full, `{`, 400, "invalid_request_error"},
+		{"error: anthropic dialect too large", "/v1/messages", full, big, 413, "request_too_large"},
+		{"error: anthropic dialect unknown model", "/v1/messages", full, `{"model":"ghost"}`, 404, "not_found_error"},
+		{"error: anthropic dialect forbidden", "/v1/messages", "sk-rolter-m2-00000000000", `{"model":"m"}`, 403, "permission_error"},
+		{"error: unknown endpoint", "/v1/nope", full, `{}`, 404, "not_found"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := post(t, srv.URL+tc.path, tc.key, tc.body)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, body)
+			}
+			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("content-type %q", ct)
+			}
+			if resp.Header.Get("X-Request-Id") == "" {
+				t.Error("no x-request-id")
+			}
+			if tc.path == "/v1/messages" {
+				var e anthropicErrorBody
+				if err := json.Unmarshal(body, &e); err != nil || e.Type != "error" || e.Error.Type != tc.code || e.Error.Message == "" {
+					t.Fatalf("anthropic error shape: %s", body)
+				}
+				return
+			}
+			var e openAIErrorBody
+			if err := json.Unmarshal(body, &e); err != nil || e.Error.Code != tc.code || e.Error.Message == "" || e.Error.Type == "" {
+				t.Fatalf("openai error shape: %s", body)
+			}
+		})
+	}
+	if a.hits.Load() != 0 {
+		t.Fatalf("refused requests reached the upstream %d times", a.hits.Load())
+	}
+}
+
+func TestForwardRewritesModelAndAuth(t *testing.T) {
+	a := newUpstream(t, "a")
+	claude := newUpstream(t, "claude")
+	doc := providers(a) + fmt.Sprintf(`
+[[providers]]
+name = "claude"
+kind = "anthropic"
+api_base = %q
+api_key = "anthropic-secret"
+
+[[routes]]
+model = "public"
+targets = [{ provider = "p0", model = "upstream-model" }]
+[[routes]]
+model = "claude-public"
+targets = [{ provider = "claude", model = "claude-3" }]
+`, claude.URL) + "[[virtual_keys]]\nname = \"full\"\nkey = \"sk-rolter-full-000000000\"\n"
+	_, srv := newTestProxy(t, doc)
+	resp, body := post(t, srv.URL+"/v1/chat/completions", "sk-rolter-full-000000000",
+		`{"messages":[{"role":"user","content":"hi"}],"model":"public","temperature":0.5}`, "X-Request-Id", "req-123")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	got, h := a.last()
+	if got["model"] != "upstream-model" || got["temperature"] != 0.5 {
+		t.Fatalf("upstream body %v", got)
+	}
+	if h.Get("Authorization") != "Bearer upstream-secret-0" {
+		t.Fatalf("upstream auth %q", h.Get("Authorization"))
+	}
+	if h.Get("X-Request-Id") != "req-123" || resp.Header.Get("X-Request-Id") != "req-123" {
+		t.Fatal("request id not propagated and echoed")
+	}
+	if resp.Header.Get("X-Rolter-Provider") != "p0" {
+		t.Fatalf("x-rolter-provider %q", resp.Header.Get("X-Rolter-Provider"))
+	}
+
+	resp, body = post(t, srv.URL+"/v1/messages", "", `{"model":"claude-public","max_tokens":5,"messages":[]}`,
+		"X-Api-Key", "sk-rolter-full-000000000")
+	if resp.StatusCode != 200 {
+		t.Fatalf("messages status %d: %s", resp.StatusCode, body)
+	}
+	got, h = claude.last()
+	if got["model"] != "claude-3" || h.Get("X-Api-Key") != "anthropic-secret" || h.Get("Anthropic-Version") != "2023-06-01" || h.Get("Authorization") != "" {
+		t.Fatalf("anthropic upstream got model=%v headers=%v", got["model"], h)
+	}
+}
+
+func TestFailoverRetryAndCooldown(t *testing.T) {
+	a, b, c := newUpstream(t, "a"), newUpstream(t, "b"), newUpstream(t, "c")
+	a.status.Store(503)
+	doc := "[retry]\nbase_backoff_ms = 1\nmax_backoff_ms = 2\n[cooldown]\nbase_secs = 300\nmax_secs = 600\n" + providers(a, b, c) + `
+[[routes]]
+model = "m"
+strategy = "round_robin"
+targets = [{ provider = "p0" }, { provider = "p1" }, { provider = "p2" }]
+`
+	p, srv := newTestProxy(t, doc)
+	for i := range 12 {
+		resp, body := post(t, srv.URL+"/v1/chat/completions", "", `{"model":"m"}`)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
+		}
+	}
+	if got := a.hits.Load(); got != 1 {
+		t.Fatalf("failed target tried %d times; the cooldown should park it after the first failure", got)
+	}
+	if b.hits.Load()+c.hits.Load() != 12 {
+		t.Fatalf("healthy targets served %d+%d", b.hits.Load(), c.hits.Load())
+	}
+	tgt := p.rt.Load().routes["m"].targets[0].state
+	if !tgt.CoolingDown(time.Now()) {
+		t.Fatal("failed target not parked")
+	}
+}
+
+func TestAllTargetsFailingReturnsLastAnswer(t *testing.T) {
+	a, b := newUpstream(t, "a"), newUpstream(t, "b")
+	a.status.Store(503)
+	b.status.Store(429)
+	doc := "[retry]\nmax_retries = 5\nbase_backoff_ms = 1\nmax_backoff_ms = 1\n" + providers(a, b) + `
+[[routes]]
+model = "m"
+targets = [{ provider = "p0" }, { provider = "p1" }]
+`
+	_, srv := newTestProxy(t, doc)
+	resp, _ := post(t, srv.URL+"/v1/chat/completions", "", `{"model":"m"}`)
+	if resp.StatusCode != 503 && resp.StatusCode != 429 {
+		t.Fatalf("status %d, want the upstream's own retryable status", resp.StatusCode)
+	}
+	if a.hits.Load() != 1 || b.hits.Load() != 1 {
+		t.Fatalf("each target should be tried once: %d, %d", a.hits.Load(), b.hits.Load())
+	}
+	// Both parked now: the next request fails open and still tries them.
+	resp, _ = post(t, srv.URL+"/v1/chat/completions", "", `{"model":"m"}`)
+	if a.hits.Load()+b.hits.Load() != 4 {
+		t.Fatalf("fail-open did not try parked targets: %d", a.hits.Load()+b.hits.Load())
+	}
+	if resp.StatusCode < 400 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+}
+
+func TestDeadTargetTransportError(t *testing.T) {
+	b := newUpstream(t, "b")
+	dead := newUpstream(t, "dead")
+	dead.Close()
+	doc := "[retry]\nbase_backoff_ms = 1\nmax_backoff_ms = 1\n" + providers(dead, b) + `
+[[routes]]
+model = "m"
+targets = [{ provider = "p0" }, { provider = "p1" }]
+`
+	_, srv := newTestProxy(t, doc)
+	for i := range 6 {
+		if resp, body := post(t, srv.URL+"/v1/chat/completions", "", `{"model":"m"}`); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, body)
+		}
+	}
+}
+
+func TestKeyAllowListIsNeverFailedOpen(t *testing.T) {
+	a, b := newUpstream(t, "a"), newUpstream(t, "b")
+	b.status.Store(503)
+	doc := "[retry]\nbase_backoff_ms = 1\nmax_backoff_ms = 1\n" + providers(a, b) + `
+[[routes]]
+model = "m"
+targets = [{ provider = "p0" }, { provider = "p1" }]
+[[routes]]
+model = "m2"
+targets = [{ provider = "p0" }]
+` + keys
+	_, srv := newTestProxy(t, doc)
+	for range 3 {
+		resp, _ := post(t, srv.URL+"/v1/chat/completions", "sk-rolter-p1-00000000000", `{"model":"m"}`)
+		if resp.StatusCode != 503 {
+			t.Fatalf("status %d, want p1's own 503", resp.StatusCode)
+		}
+	}
+	if a.hits.Load() != 0 {
+		t.Fatalf("a key limited to p1 reached p0 %d times", a.hits.Load())
+	}
+}
+
+func TestStreamingPassesThroughEventByEvent(t *testing.T) {
+	a := newUpstream(t, "a")
+	release := make(chan struct{})
+	upstreamDone := make(chan struct{})
+	a.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		defer close(upstreamDone)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		select { // the second event only after the client saw the first
+		case <-release:
+		case <-r.Context().Done():
+			return true
+		}
+		fmt.Fprint(w, "data: {\"n\":2}\n\ndata: [DONE]\n\n")
+		return true
+	}
+	doc := providers(a) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
+	p, srv := newTestProxy(t, doc)
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	line, err := rd.ReadString('\n')
+	if err != nil || line != "data: {\"n\":1}\n" {
+		t.Fatalf("first event %q %v", line, err)
+	}
+	if n := p.rt.Load().routes["m"].targets[0].state.InFlight(); n != 1 {
+		t.Fatalf("in flight during the stream = %d, want 1", n)
+	}
+	close(release)
+	rest, _ := io.ReadAll(rd)
+	if string(rest) != "\ndata: {\"n\":2}\n\ndata: [DONE]\n\n" {
+		t.Fatalf("rest %q", rest)
+	}
+	<-upstreamDone
+	waitFor(t, func() bool { return p.rt.Load().routes["m"].targets[0].state.InFlight() == 0 })
+}
+
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	a := newUpstream(t, "a")
+	cancelled := make(chan struct{})
+	a.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: 1\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		close(cancelled)
+		return true
+	}
+	doc := providers(a) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
+	p, srv := newTestProxy(t, doc)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // the client goes away mid-stream
+	<-cancelled       // the upstream saw its request cancelled
+	waitFor(t, func() bool { return p.rt.Load().routes["m"].targets[0].state.InFlight() == 0 })
+}
+
+func TestModelsAndProbes(t *testing.T) {
+	a := newUpstream(t, "a")
+	doc := providers(a, newUpstream(t, "b")) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n[[routes]]\nmodel = \"m2\"\ntargets = [{ provider = \"p0\" }]\n" + keys
+	p, srv := newTestProxy(t, doc)
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/models", nil)
+	req.Header.Set("Authorization", "Bearer sk-rolter-m2-00000000000")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list modelList
+	_ = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if len(list.Data) != 1 || list.Data[0].ID != "m2" {
+		t.Fatalf("models for a key limited to m2: %+v", list)
+	}
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/metrics": 200} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil || resp.StatusCode != want {
+			t.Fatalf("%s: %v %v", path, resp, err)
+		}
+		resp.Body.Close()
+	}
+	p.SetDraining(true)
+	resp, _ = http.Get(srv.URL + "/readyz")
+	if resp.StatusCode != 503 {
+		t.Fatalf("readyz while draining = %d", resp.StatusCode)
+	}
+	resp.Body.Close()
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,114 @@
+package proxy
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/reliability"
+	"rolter.dev/pkg/routing"
+)
+
+// runtime is everything a request needs from one config snapshot: the
+// snapshot itself and, per route, its balancer and targets bound to their
+// live state. It is immutable once built; the proxy swaps it whole.
+type runtime struct {
+	snap       *config.Snapshot
+	generation int64
+	routes     map[string]*route
+	breaker    reliability.BreakerConfig
+}
+
+type route struct {
+	cfg      *config.CompiledRoute
+	balancer routing.Balancer
+	targets  []target
+	// fingerprint decides whether a reload may keep the balancer (and with
+	// it learned affinity) for this route.
+	fingerprint string
+}
+
+type target struct {
+	cfg    config.CompiledTarget
+	state  *reliability.Target
+	health *reliability.Provider
+}
+
+// newRuntime compiles a snapshot into a runtime. Balancers of routes whose
+// strategy and targets are unchanged since prev are kept, so a reload that
+// touches one route does not reset the learned affinity of the others.
+func newRuntime(snap *config.Snapshot, reg *reliability.Registry, prev *runtime) (*runtime, error) {
+	rt := &runtime{
+		snap:   snap,
+		routes: make(map[string]*route, len(snap.Routes)),
+		breaker: reliability.BreakerConfig{
+			Enabled:          snap.Breaker.Enabled,
+			FailureThreshold: snap.Breaker.FailureThreshold,
+			OpenFor:          time.Duration(snap.Breaker.OpenSecs) * time.Second,
+		},
+	}
+	if prev != nil {
+		rt.generation = prev.generation + 1
+	} else {
+		rt.generation = 1
+	}
+	for i, rc := range snap.Routes {
+		r := &route{cfg: rc, fingerprint: fingerprint(rc)}
+		weights := make([]int, len(rc.Targets))
+		for j, tc := range rc.Targets {
+			weights[j] = tc.Weight
+			r.targets = append(r.targets, target{
+				cfg:    tc,
+				state:  reg.Target(reliability.TargetKey{Route: rc.Model, Provider: tc.Provider.Name, Model: tc.Model}),
+				health: reg.Provider(tc.Provider.Name),
+			})
+		}
+		if prev != nil {
+			if old := prev.routes[rc.Model]; old != nil && old.fingerprint == r.fingerprint {
+				r.balancer = old.balancer
+			}
+		}
+		if r.balancer == nil {
+			b, err := routing.New(routing.Spec{Strategy: rc.Strategy, Weights: weights})
+			if err != nil {
+				return nil, fmt.Errorf("routes[%d].strategy: %w", i, err)
+			}
+			r.balancer = b
+		}
+		rt.routes[rc.Model] = r
+	}
+	return rt, nil
+}
+
+func fingerprint(rc *config.CompiledRoute) string {
+	s := rc.Strategy
+	for _, t := range rc.Targets {
+		s += fmt.Sprintf("|%s/%s/%d", t.Provider.Name, t.Model, t.Weight)
+	}
+	return s
+}
+
+// retain drops live state of targets and providers that left the config.
+func (rt *runtime) retain(reg *reliability.Registry) {
+	keys := make(map[reliability.TargetKey]bool)
+	providers := make(map[string]bool)
+	for _, r := range rt.routes {
+		for _, t := range r.targets {
+			keys[t.state.Key()] = true
+		}
+	}
+	for _, p := range rt.snap.Providers {
+		providers[p.Name] = true
+	}
+	reg.Retain(func(k reliability.TargetKey) bool { return keys[k] }, func(n string) bool { return providers[n] })
+}
+
+// modelNames lists the routes in config order, for /v1/models.
+func (rt *runtime) modelNames() []string {
+	names := make([]string, 0, len(rt.snap.Routes))
+	for _, r := range rt.snap.Routes {
+		names = append(names, r.Model)
+	}
+	return slices.Clip(names)
+}
