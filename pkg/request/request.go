@@ -226,4 +226,3 @@ func (s *scanner) skipValue() bool {
 		return s.pos > start
 	}
 }
-
