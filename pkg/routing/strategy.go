@@ -1,8 +1,13 @@
 package routing
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
+
+	"rolter.dev/pkg/prefixtree"
 )
 
 // Strategy names as written in config (`strategy = "..."`).
@@ -23,6 +28,21 @@ const (
 // ErrUnknownStrategy is returned by [New] for a name it does not know.
 var ErrUnknownStrategy = errors.New("routing: unknown strategy")
 
+// Defaults of the per-route parameters in [Spec]; a zero field means the
+// default.
+const (
+	// DefaultThreshold is cache_aware's minimum prefix-match fraction.
+	DefaultThreshold = 0.5
+	// DefaultBalanceAbs is cache_aware's absolute balance margin: how many
+	// requests the warm target may be ahead of the least-loaded one.
+	DefaultBalanceAbs = 2
+	// DefaultBalanceRel is cache_aware's relative balance margin.
+	DefaultBalanceRel = 1.5
+	// DefaultMaxTrieNodes is the per-target prefix-tree ceiling, in byte
+	// nodes (see package prefixtree).
+	DefaultMaxTrieNodes = prefixtree.DefaultMaxNodes
+)
+
 // Spec describes the balancer of one route.
 type Spec struct {
 	// Strategy is one of the strategy names above.
@@ -30,13 +50,87 @@ type Spec struct {
 	// Weights has one entry per target (config `weight`, default 1); its
 	// length is the number of targets.
 	Weights []int
+
+	// Threshold is cache_aware's minimum best prefix-match fraction (matched
+	// bytes / prompt bytes) for affinity; 0 means [DefaultThreshold]. Above 1
+	// affinity never applies.
+	Threshold float64
+	// BalanceAbs is cache_aware's absolute balance margin; 0 means
+	// [DefaultBalanceAbs].
+	BalanceAbs int
+	// BalanceRel is cache_aware's relative balance margin; 0 means
+	// [DefaultBalanceRel].
+	BalanceRel float64
+	// MaxTrieNodes is the per-target node ceiling of the prefix tree of
+	// cache_aware and of the pipeline's prefix_cache scorer, in byte nodes;
+	// 0 means [DefaultMaxTrieNodes].
+	MaxTrieNodes int
+	// Scorers sets the pipeline's scorer weights by scorer name
+	// ([ScorerPrefixCache], [ScorerLeastLoad], [ScorerSessionAffinity],
+	// [ScorerStaticWeight]). A scorer that is not named has weight 1; weight
+	// 0 turns it off.
+	Scorers map[string]float64
 }
+
+// params are a Spec's per-route parameters with defaults applied.
+type params struct {
+	threshold  float64
+	balanceAbs int
+	balanceRel float64
+	maxNodes   int
+	scorers    [numScorers]float64
+}
+
+// params applies defaults and rejects values no route can mean: negative or
+// non-finite numbers and unknown scorer names.
+func (s *Spec) params() (params, error) {
+	p := params{
+		threshold:  cmp.Or(s.Threshold, DefaultThreshold),
+		balanceAbs: cmp.Or(s.BalanceAbs, DefaultBalanceAbs),
+		balanceRel: cmp.Or(s.BalanceRel, DefaultBalanceRel),
+		maxNodes:   cmp.Or(s.MaxTrieNodes, DefaultMaxTrieNodes),
+	}
+	var errs []error
+	if !finiteNonNegative(s.Threshold) {
+		errs = append(errs, fmt.Errorf("routing: threshold: must be a finite number >= 0, got %v", s.Threshold))
+	}
+	if s.BalanceAbs < 0 {
+		errs = append(errs, fmt.Errorf("routing: balance_abs: must be >= 0, got %d", s.BalanceAbs))
+	}
+	if !finiteNonNegative(s.BalanceRel) {
+		errs = append(errs, fmt.Errorf("routing: balance_rel: must be a finite number >= 0, got %v", s.BalanceRel))
+	}
+	if s.MaxTrieNodes < 0 {
+		errs = append(errs, fmt.Errorf("routing: max_trie_nodes: must be >= 0, got %d", s.MaxTrieNodes))
+	}
+	for i := range p.scorers {
+		p.scorers[i] = 1
+	}
+	for name, w := range s.Scorers {
+		i := slices.Index(scorerNames[:], name)
+		switch {
+		case i < 0:
+			errs = append(errs, fmt.Errorf("routing: scorers.%s: unknown scorer (want one of %v)", name, scorerNames))
+		case !finiteNonNegative(w):
+			errs = append(errs, fmt.Errorf("routing: scorers.%s: must be a finite number >= 0, got %v", name, w))
+		default:
+			p.scorers[i] = w
+		}
+	}
+	return p, errors.Join(errs...)
+}
+
+func finiteNonNegative(f float64) bool { return f >= 0 && !math.IsInf(f, 1) }
 
 // New builds the balancer a route's Spec asks for.
 func New(spec Spec) (Balancer, error) {
 	n := len(spec.Weights)
 	if n > MaxTargets {
 		return nil, fmt.Errorf("routing: %d targets, at most %d supported", n, MaxTargets)
+	}
+	p, err := spec.params()
+	if err != nil {
+		return nil, err
 	}
 	switch spec.Strategy {
 	case RoundRobin:
@@ -49,6 +143,14 @@ func New(spec Spec) (Balancer, error) {
 		return newPowerOfTwo(n), nil
 	case LeastLoad:
 		return newLeastLoad(n), nil
+	case ConsistentHash:
+		return newConsistentHash(n), nil
+	case CacheAware:
+		return newCacheAware(n, p), nil
+	case Pipeline:
+		return newPipeline(spec.Weights, p), nil
+	case PredictedLatency:
+		return newPredictedLatency(n), nil
 	default:
 		return nil, fmt.Errorf("%w %q", ErrUnknownStrategy, spec.Strategy)
 	}

@@ -1,0 +1,66 @@
+package routing
+
+import (
+	"time"
+
+	"rolter.dev/pkg/prefixtree"
+)
+
+// Optional interfaces a Balancer may implement. Callers discover them with a
+// type assertion on the Balancer they hold; all are safe for concurrent use
+// with Pick and Observe.
+
+// Learner is implemented by balancers that learn from finished requests
+// (predicted_latency). The proxy calls Learn once per successful attempt
+// only (failed attempts teach nothing), with the target's in-flight count as
+// it was read for the pick, before the attempt's own increment.
+type Learner interface {
+	Learn(target int, ctx *Context, queueDepth int, latency time.Duration)
+}
+
+// TreeStats describes one target's prefix tree: its size in byte nodes (the
+// unit of Spec.MaxTrieNodes), its resident prompts and its eviction count.
+type TreeStats = prefixtree.Stats
+
+// TrieStats is implemented by balancers that keep prefix trees (cache_aware,
+// and pipeline when its prefix_cache scorer is on). TrieStats returns one
+// entry per target, in target order, for metrics; it allocates and is meant
+// for scrapes, not the request path.
+type TrieStats interface {
+	TrieStats() []TreeStats
+}
+
+// DecisionCounter is implemented by balancers that count how their picks
+// were decided (cache_aware, predicted_latency). Decisions returns the count
+// of every outcome the balancer can produce, zero counts included, keyed by
+// the Decision* names; it allocates and is meant for scrapes.
+type DecisionCounter interface {
+	Decisions() map[string]uint64
+}
+
+// Decision outcomes, as reported by [DecisionCounter].
+const (
+	// DecisionAffinityHit: cache_aware pinned the request to the target
+	// with the best prefix match.
+	DecisionAffinityHit = "affinity_hit"
+	// DecisionLoadSpill: the best match cleared the threshold, but its
+	// target was past both balance margins, so the least-loaded target got
+	// the request.
+	DecisionLoadSpill = "load_spill"
+	// DecisionLeastLoad: no match cleared the threshold and loads were
+	// known: the least-loaded target got the request.
+	DecisionLeastLoad = "least_load"
+	// DecisionLeastWarmed: no match cleared the threshold, loads were
+	// unknown, and every eligible target had served prompts: the one that
+	// had served the fewest got the request.
+	DecisionLeastWarmed = "least_warmed"
+	// DecisionCold: no match cleared the threshold, loads were unknown, and
+	// some eligible target had served no prompt yet: round robin.
+	DecisionCold = "cold"
+	// DecisionPredicted: predicted_latency had a prediction for at least one
+	// eligible target.
+	DecisionPredicted = "predicted"
+	// DecisionUnpredicted: predicted_latency had no prediction for any
+	// eligible target, so load alone decided.
+	DecisionUnpredicted = "unpredicted"
+)
