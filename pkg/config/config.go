@@ -130,6 +130,27 @@ type Route struct {
 	Targets  []Target    `toml:"targets"`
 	Strategy string      `toml:"strategy"`
 	Cache    *RouteCache `toml:"cache"`
+	// Balancer tunes the strategy; absent keys take the strategy's defaults.
+	Balancer *Balancer `toml:"balancer"`
+}
+
+// Balancer holds per-route strategy parameters. Zero or absent values take
+// the defaults of the strategy (threshold 0.5, margins 2 and 1.5, 1,000,000
+// prefix-tree nodes per target, every pipeline scorer at weight 1).
+type Balancer struct {
+	// Threshold is cache_aware's minimum prefix-match fraction for affinity.
+	Threshold float64 `toml:"threshold"`
+	// BalanceAbs and BalanceRel are cache_aware's load-guard margins: the
+	// warm target keeps affinity unless it has more than BalanceAbs and more
+	// than BalanceRel times the in-flight requests of the least-loaded one.
+	BalanceAbs int     `toml:"balance_abs"`
+	BalanceRel float64 `toml:"balance_rel"`
+	// MaxTrieNodes caps each target's share of the prefix tree, in bytes of
+	// prompt text (one node per byte, as the reference's byte trie).
+	MaxTrieNodes int `toml:"max_trie_nodes"`
+	// Scorers weighs the pipeline's scorers by name: prefix_cache,
+	// least_load, session_affinity, static_weight (0 turns one off).
+	Scorers map[string]float64 `toml:"scorers"`
 }
 
 // Target is one upstream of a route.

@@ -111,6 +111,7 @@ func TestErrorsNameFieldPaths(t *testing.T) {
 		{"error: unknown key in array element", minimal + "\n[[routes]]\nmodel = \"m2\"\ntargets = [{ provider = \"vllm-a\", wieght = 2 }]\n",
 			[]string{`routes[1].targets[0].wieght: unknown key (did you mean "weight"?)`}},
 		{"error: wrong type", "[server]\nmax_body_bytes = \"big\"\n" + minimal, []string{"server.max_body_bytes: expected an integer, got a string"}},
+		{"error: wrong type in a map", minimal + "[routes.balancer]\nscorers = { prefix_cache = \"high\" }\n", []string{"routes[0].balancer.scorers.prefix_cache: expected a number, got a string"}},
 		{"error: syntax", "[[providers]\n", []string{"line 1"}},
 	}
 	for _, tc := range tests {
@@ -164,6 +165,10 @@ ttl_secs = -1
 provider = "nope"
 threshold = 1.5
 
+[routes.balancer]
+threshold = 1.5
+scorers = { prefix = 1.0, least_load = -1.0 }
+
 [[virtual_keys]]
 name = "k"
 key = "short"
@@ -195,6 +200,9 @@ providers = ["nope"]
 		`routes[1].cache.semantic.provider: unknown provider "nope"`,
 		"routes[1].cache.semantic.model: must not be empty",
 		"routes[1].cache.semantic.threshold: must be in (0, 1], got 1.5",
+		"routes[1].balancer.threshold: must be in [0, 1], got 1.5",
+		"routes[1].balancer.scorers.prefix: unknown scorer",
+		"routes[1].balancer.scorers.least_load: must be >= 0, got -1",
 		"virtual_keys[0].key: must be at least 16 characters",
 		`virtual_keys[0].models[0]: unknown route "ghost"`,
 		`virtual_keys[0].providers[0]: unknown provider "nope"`,

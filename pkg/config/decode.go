@@ -112,6 +112,16 @@ func checkTree(v any, t reflect.Type, path string) []error {
 			errs = append(errs, checkTree(m[k], f.Type, p)...)
 		}
 		return errs
+	case t.Kind() == reflect.Map:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return bad("a table")
+		}
+		var errs []error
+		for k, item := range m {
+			errs = append(errs, checkTree(item, t.Elem(), joinPath(path, k))...)
+		}
+		return errs
 	case t.Kind() == reflect.Slice:
 		items, ok := v.([]any)
 		if !ok {

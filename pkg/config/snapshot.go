@@ -61,6 +61,8 @@ type CompiledRoute struct {
 	Targets  []CompiledTarget
 	// Cache is nil when the route has no [routes.cache] table.
 	Cache *CompiledRouteCache
+	// Balancer holds the strategy parameters; zero values mean defaults.
+	Balancer Balancer
 }
 
 // CompiledTarget is one upstream of a route.
@@ -187,6 +189,9 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 	}
 	for _, r := range cfg.Routes {
 		cr := &CompiledRoute{Model: r.Model, Strategy: r.Strategy}
+		if r.Balancer != nil {
+			cr.Balancer = *r.Balancer
+		}
 		for _, t := range r.Targets {
 			m := t.Model
 			if m == "" {

@@ -15,6 +15,9 @@ var Strategies = []string{
 	"lmcache_aware", "predicted_latency",
 }
 
+// Scorers lists the pipeline scorers [routes.balancer] scorers may weigh.
+var Scorers = []string{"prefix_cache", "least_load", "session_affinity", "static_weight"}
+
 // MaxTargets is the most targets one route may have.
 const MaxTargets = 256
 
@@ -169,6 +172,28 @@ func validateRoute(v *validator, path string, r *Route, providers map[string]int
 		}
 		if t.Weight != nil && *t.Weight < 1 {
 			v.add(tp+".weight", "must be >= 1, got %d", *t.Weight)
+		}
+	}
+	if b := r.Balancer; b != nil {
+		bp := path + ".balancer"
+		if b.Threshold < 0 || b.Threshold > 1 || b.Threshold != b.Threshold {
+			v.add(bp+".threshold", "must be in [0, 1], got %g", b.Threshold)
+		}
+		if b.BalanceAbs < 0 {
+			v.add(bp+".balance_abs", "must be >= 0, got %d", b.BalanceAbs)
+		}
+		if b.BalanceRel < 0 || b.BalanceRel != b.BalanceRel || b.BalanceRel > 1e6 {
+			v.add(bp+".balance_rel", "must be >= 0, got %g", b.BalanceRel)
+		}
+		if b.MaxTrieNodes < 0 {
+			v.add(bp+".max_trie_nodes", "must be >= 0, got %d", b.MaxTrieNodes)
+		}
+		for name, w := range b.Scorers {
+			if !contains(Scorers, name) {
+				v.add(bp+".scorers."+name, "unknown scorer (want one of %s)", strings.Join(Scorers, ", "))
+			} else if w < 0 || w != w || w > 1e6 {
+				v.add(bp+".scorers."+name, "must be >= 0, got %g", w)
+			}
 		}
 	}
 	if rc := r.Cache; rc != nil {

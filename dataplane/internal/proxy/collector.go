@@ -1,15 +1,36 @@
 package proxy
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
 
-// inflightCollector reports per-target in-flight counts at scrape time from
-// the live atomics, so the request path never touches a labelled gauge.
+	"rolter.dev/pkg/routing"
+)
+
+// inflightCollector reports, at scrape time, per-target in-flight counts from
+// the live atomics (so the request path never touches a labelled gauge) and
+// the balancers' decision counts and prefix-tree sizes. Counters of a
+// balancer rebuilt by a reload restart from zero, as after a process restart.
 type inflightCollector struct{ p *Proxy }
 
 var inflightDesc = prometheus.NewDesc("rolter_target_inflight_requests",
 	"Upstream requests in flight per target, streams included.", []string{"model", "provider"}, nil)
 
-func (c *inflightCollector) Describe(ch chan<- *prometheus.Desc) { ch <- inflightDesc }
+var (
+	decisionsDesc = prometheus.NewDesc("rolter_routing_decisions_total",
+		"Routing decisions by how they were made (affinity_hit, load_spill, least_load, least_warmed, cold, predicted, unpredicted).",
+		[]string{"model", "strategy", "outcome"}, nil)
+	treeNodesDesc = prometheus.NewDesc("rolter_prefix_tree_nodes",
+		"Bytes of prompt text held in a target's share of the route's prefix tree.", []string{"model", "provider"}, nil)
+	treeEvictionsDesc = prometheus.NewDesc("rolter_prefix_tree_evictions_total",
+		"Prompts evicted from a target's prefix tree to stay under max_trie_nodes.", []string{"model", "provider"}, nil)
+)
+
+func (c *inflightCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- inflightDesc
+	ch <- decisionsDesc
+	ch <- treeNodesDesc
+	ch <- treeEvictionsDesc
+}
 
 func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 	rt := c.p.rt.Load()
@@ -17,6 +38,29 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for _, rc := range rt.snap.Routes {
+		r := rt.routes[rc.Model]
+		if dc, ok := r.balancer.(routing.DecisionCounter); ok {
+			for outcome, n := range dc.Decisions() {
+				ch <- prometheus.MustNewConstMetric(decisionsDesc, prometheus.CounterValue, float64(n), rc.Model, rc.Strategy, outcome)
+			}
+		}
+		if ts, ok := r.balancer.(routing.TrieStats); ok {
+			// Several targets may share a provider (different upstream
+			// models): sum them, as the label set is (model, provider).
+			nodes := map[string]float64{}
+			evictions := map[string]float64{}
+			for i, st := range ts.TrieStats() {
+				if i < len(r.targets) {
+					name := r.targets[i].cfg.Provider.Name
+					nodes[name] += float64(st.Nodes)
+					evictions[name] += float64(st.Evictions)
+				}
+			}
+			for name, n := range nodes {
+				ch <- prometheus.MustNewConstMetric(treeNodesDesc, prometheus.GaugeValue, n, rc.Model, name)
+				ch <- prometheus.MustNewConstMetric(treeEvictionsDesc, prometheus.CounterValue, evictions[name], rc.Model, name)
+			}
+		}
 		seen := map[string]bool{}
 		for _, t := range rt.routes[rc.Model].targets {
 			if seen[t.cfg.Provider.Name] {

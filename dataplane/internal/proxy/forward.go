@@ -203,6 +203,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			now = time.Now()
 		}
 		t := &x.route.targets[idx]
+		queueDepth := loads[idx]
 		x.route.balancer.Observe(idx, &x.rctx)
 		x.tried.Add(idx)
 		x.attempts++
@@ -250,10 +251,14 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			}
 			p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, outcome).Inc()
 		}
-		p.relay(w, r, x, t, resp)
+		sent := time.Now()
+		complete := p.relay(w, r, x, t, resp)
 		resp.Body.Close()
 		cancel()
 		release()
+		if l, ok := x.route.balancer.(routing.Learner); ok && complete && resp.StatusCode < 300 {
+			l.Learn(idx, &x.rctx, queueDepth, time.Since(sent))
+		}
 		return
 	}
 	if x.tried.Empty() {
@@ -415,7 +420,9 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 // relay sends the upstream response to the client as it arrives. A stream
 // is flushed after every read, so each SSE event reaches the client when the
 // upstream sends it; nothing is buffered.
-func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *target, resp *http.Response) {
+//
+// It reports whether the whole body reached the client.
+func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *target, resp *http.Response) bool {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		if hopHeaders[k] || k == "Content-Length" && resp.ContentLength < 0 {
@@ -447,26 +454,27 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				p.clientGone(x)
-				return
+				return false
 			}
 			if stream {
 				if err := rc.Flush(); err != nil {
 					p.clientGone(x)
-					return
+					return false
 				}
 			}
 		}
 		if rerr != nil {
-			if !errors.Is(rerr, io.EOF) {
-				if r.Context().Err() != nil {
-					p.clientGone(x)
-					return
-				}
-				p.metrics.UpstreamErrors.WithLabelValues(t.cfg.Provider.Name, "body").Inc()
-				p.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream body ended early",
-					slog.String("request_id", x.id), slog.String("provider", t.cfg.Provider.Name), slog.String("err", rerr.Error()))
+			if errors.Is(rerr, io.EOF) {
+				return true
 			}
-			return
+			if r.Context().Err() != nil {
+				p.clientGone(x)
+				return false
+			}
+			p.metrics.UpstreamErrors.WithLabelValues(t.cfg.Provider.Name, "body").Inc()
+			p.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream body ended early",
+				slog.String("request_id", x.id), slog.String("provider", t.cfg.Provider.Name), slog.String("err", rerr.Error()))
+			return false
 		}
 	}
 }

@@ -70,7 +70,12 @@ func newRuntime(snap *config.Snapshot, reg *reliability.Registry, prev *runtime)
 			}
 		}
 		if r.balancer == nil {
-			b, err := routing.New(routing.Spec{Strategy: rc.Strategy, Weights: weights})
+			bp := rc.Balancer
+			b, err := routing.New(routing.Spec{
+				Strategy: rc.Strategy, Weights: weights,
+				Threshold: bp.Threshold, BalanceAbs: bp.BalanceAbs, BalanceRel: bp.BalanceRel,
+				MaxTrieNodes: bp.MaxTrieNodes, Scorers: bp.Scorers,
+			})
 			if err != nil {
 				return nil, fmt.Errorf("routes[%d].strategy: %w", i, err)
 			}
@@ -82,7 +87,7 @@ func newRuntime(snap *config.Snapshot, reg *reliability.Registry, prev *runtime)
 }
 
 func fingerprint(rc *config.CompiledRoute) string {
-	s := rc.Strategy
+	s := fmt.Sprintf("%s|%+v", rc.Strategy, rc.Balancer)
 	for _, t := range rc.Targets {
 		s += fmt.Sprintf("|%s/%s/%d", t.Provider.Name, t.Model, t.Weight)
 	}
