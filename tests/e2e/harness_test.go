@@ -1,0 +1,131 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"rolter.dev/dataplane/app"
+	"rolter.dev/tests/vllmsim"
+)
+
+// replica is a simulated vLLM replica on a fixed loopback port, which can be
+// made sick (every answer 503, health included), killed (port closed) and
+// revived on the same port.
+type replica struct {
+	t    *testing.T
+	sim  *vllmsim.Server
+	addr string
+	sick atomic.Bool
+	srv  *http.Server
+}
+
+func startReplica(t *testing.T, opts vllmsim.Options) *replica {
+	t.Helper()
+	sim, err := vllmsim.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{t: t, sim: sim}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.addr = ln.Addr().String()
+	r.serve(ln)
+	t.Cleanup(func() { r.kill() })
+	return r
+}
+
+func (r *replica) serve(ln net.Listener) {
+	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if r.sick.Load() {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, `{"error":{"message":"sick","type":"ServiceUnavailable","code":503}}`)
+			return
+		}
+		r.sim.ServeHTTP(w, req)
+	})}
+	srv := r.srv
+	go func() { _ = srv.Serve(ln) }() // ended by kill
+}
+
+func (r *replica) kill() {
+	if r.srv != nil {
+		_ = r.srv.Close()
+		r.srv = nil
+	}
+}
+
+func (r *replica) revive() {
+	r.t.Helper()
+	var ln net.Listener
+	var err error
+	for range 50 { // the port was ours a moment ago; retry briefly if the kernel still holds it
+		if ln, err = net.Listen("tcp", r.addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		r.t.Fatalf("revive %s: %v", r.addr, err)
+	}
+	r.serve(ln)
+}
+
+func (r *replica) url() string { return "http://" + r.addr }
+
+// startProxy writes cfg to a file and starts a real data plane on it.
+func startProxy(t *testing.T, cfg string) (*app.App, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rolter.toml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := app.Start(ctx, app.Options{ConfigPath: path, Listen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler), DrainTimeout: 5 * time.Second})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := a.Wait(); err != nil {
+			t.Errorf("proxy stopped with error: %v", err)
+		}
+	})
+	return a, path
+}
+
+// fleetConfig routes model "m" (upstream "sim") over the replicas.
+func fleetConfig(extra, strategy string, rs ...*replica) string {
+	var b strings.Builder
+	b.WriteString(extra)
+	var targets []string
+	for i, r := range rs {
+		fmt.Fprintf(&b, "\n[[providers]]\nname = \"vllm-%d\"\nkind = \"openai_compatible\"\napi_base = %q\n", i, r.url())
+		targets = append(targets, fmt.Sprintf("{ provider = \"vllm-%d\", model = \"sim\" }", i))
+	}
+	fmt.Fprintf(&b, "\n[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [%s]\n", strategy, strings.Join(targets, ", "))
+	return b.String()
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

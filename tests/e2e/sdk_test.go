@@ -1,0 +1,227 @@
+package e2e_test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+
+	"rolter.dev/tests/vllmsim"
+)
+
+const virtualKey = "sk-rolter-e2e-test-key-0001"
+
+// sdkFleet starts three replicas and a proxy that requires a virtual key.
+func sdkFleet(t *testing.T) (string, []*replica) {
+	t.Helper()
+	var rs []*replica
+	for range 3 {
+		rs = append(rs, startReplica(t, vllmsim.Options{Models: []string{"sim"}}))
+	}
+	cfg := fleetConfig("", "round_robin", rs...) + "\n[[virtual_keys]]\nname = \"e2e\"\nkey = \"" + virtualKey + "\"\n"
+	a, _ := startProxy(t, cfg)
+	return a.URL(), rs
+}
+
+func TestOpenAISDKThroughProxy(t *testing.T) {
+	base, _ := sdkFleet(t)
+	client := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey(virtualKey), option.WithMaxRetries(0))
+	ctx := t.Context()
+	chat := openai.ChatCompletionNewParams{
+		Model:               "m",
+		Messages:            []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage("hello through rolter")},
+		MaxCompletionTokens: openai.Int(7),
+	}
+
+	t.Run("chat", func(t *testing.T) {
+		resp, err := client.Chat.Completions.New(ctx, chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Choices) != 1 || resp.Choices[0].Message.Content == "" {
+			t.Fatalf("no content: %+v", resp)
+		}
+		if resp.Usage.CompletionTokens != 7 || resp.Usage.PromptTokens == 0 || resp.Usage.TotalTokens != resp.Usage.PromptTokens+7 {
+			t.Fatalf("usage %+v", resp.Usage)
+		}
+		if resp.Model != "sim" {
+			t.Fatalf("model %q (the replica's name for it)", resp.Model)
+		}
+	})
+
+	t.Run("chat streaming", func(t *testing.T) {
+		p := chat
+		p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		stream := client.Chat.Completions.NewStreaming(ctx, p)
+		var acc openai.ChatCompletionAccumulator
+		chunks := 0
+		for stream.Next() {
+			acc.AddChunk(stream.Current())
+			chunks++
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if chunks < 7 || acc.Choices[0].Message.Content == "" || acc.Usage.CompletionTokens != 7 {
+			t.Fatalf("stream: %d chunks, content %q, usage %+v", chunks, acc.Choices[0].Message.Content, acc.Usage)
+		}
+		// The same prompt non-streamed gives the same deterministic text.
+		resp, err := client.Chat.Completions.New(ctx, chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Choices[0].Message.Content != acc.Choices[0].Message.Content {
+			t.Fatalf("streamed %q, unstreamed %q", acc.Choices[0].Message.Content, resp.Choices[0].Message.Content)
+		}
+	})
+
+	t.Run("completions", func(t *testing.T) {
+		resp, err := client.Completions.New(ctx, openai.CompletionNewParams{
+			Model:     "m",
+			Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+			MaxTokens: openai.Int(5),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Choices) != 1 || resp.Choices[0].Text == "" || resp.Usage.CompletionTokens != 5 {
+			t.Fatalf("completion %+v", resp)
+		}
+	})
+
+	t.Run("embeddings", func(t *testing.T) {
+		resp, err := client.Embeddings.New(ctx, openai.EmbeddingNewParams{
+			Model: "m",
+			Input: openai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: []string{"alpha", "beta", "alpha"}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Data) != 3 || len(resp.Data[0].Embedding) == 0 {
+			t.Fatalf("embeddings %+v", resp)
+		}
+		if !equal(resp.Data[0].Embedding, resp.Data[2].Embedding) || equal(resp.Data[0].Embedding, resp.Data[1].Embedding) {
+			t.Fatal("embeddings not deterministic per text")
+		}
+	})
+
+	t.Run("responses", func(t *testing.T) {
+		resp, err := client.Responses.New(ctx, responses.ResponseNewParams{
+			Model:           "m",
+			Instructions:    openai.String("be brief"),
+			Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("hello responses")},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Status != responses.ResponseStatusCompleted || resp.OutputText() == "" || resp.Usage.OutputTokens == 0 {
+			t.Fatalf("response status %q text %q usage %+v", resp.Status, resp.OutputText(), resp.Usage)
+		}
+	})
+
+	t.Run("responses streaming", func(t *testing.T) {
+		stream := client.Responses.NewStreaming(ctx, responses.ResponseNewParams{
+			Model:           "m",
+			Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("hello responses")},
+			MaxOutputTokens: openai.Int(4),
+		})
+		var text strings.Builder
+		completed := false
+		for stream.Next() {
+			ev := stream.Current()
+			switch ev.Type {
+			case "response.output_text.delta":
+				text.WriteString(ev.Delta)
+			case "response.incomplete": // max_output_tokens reached, as OpenAI reports it
+				completed = ev.Response.IncompleteDetails.Reason == "max_output_tokens"
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if !completed || text.Len() == 0 {
+			t.Fatalf("completed=%v text=%q", completed, text.String())
+		}
+	})
+
+	t.Run("error: wrong key", func(t *testing.T) {
+		bad := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("sk-rolter-wrong-key-000000"), option.WithMaxRetries(0))
+		_, err := bad.Chat.Completions.New(ctx, chat)
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized || apiErr.Code != "invalid_api_key" {
+			t.Fatalf("err = %v", err)
+		}
+	})
+
+	t.Run("error: unknown model", func(t *testing.T) {
+		p := chat
+		p.Model = "nope"
+		_, err := client.Chat.Completions.New(ctx, p)
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Code != "model_not_found" {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+func TestAnthropicSDKThroughProxy(t *testing.T) {
+	base, _ := sdkFleet(t)
+	client := anthropic.NewClient(aoption.WithBaseURL(base), aoption.WithAPIKey(virtualKey), aoption.WithMaxRetries(0))
+	params := anthropic.MessageNewParams{
+		Model:     "m",
+		MaxTokens: 6,
+		System:    []anthropic.TextBlockParam{{Text: "you are terse"}},
+		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hello from the anthropic sdk"))},
+	}
+	msg, err := client.Messages.New(t.Context(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msg.Content) == 0 || msg.Content[0].Text == "" || msg.Usage.OutputTokens != 6 || msg.Usage.InputTokens == 0 {
+		t.Fatalf("message %+v", msg)
+	}
+	if msg.StopReason != anthropic.StopReasonMaxTokens {
+		t.Fatalf("stop reason %q", msg.StopReason)
+	}
+
+	stream := client.Messages.NewStreaming(t.Context(), params)
+	var acc anthropic.Message
+	events := 0
+	for stream.Next() {
+		if err := acc.Accumulate(stream.Current()); err != nil {
+			t.Fatal(err)
+		}
+		events++
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if events < 8 || acc.Content[0].Text != msg.Content[0].Text || acc.Usage.OutputTokens != 6 {
+		t.Fatalf("stream: %d events, text %q (want %q), usage %+v", events, acc.Content[0].Text, msg.Content[0].Text, acc.Usage)
+	}
+
+	bad := anthropic.NewClient(aoption.WithBaseURL(base), aoption.WithAPIKey("nope-nope-nope-nope"), aoption.WithMaxRetries(0))
+	_, err = bad.Messages.New(t.Context(), params)
+	var apiErr *anthropic.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func equal(a, b []float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

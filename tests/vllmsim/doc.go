@@ -1,0 +1,53 @@
+// Package vllmsim simulates a vLLM replica for routing tests and benchmarks:
+// an HTTP server that speaks vLLM's OpenAI-compatible API (and the Anthropic
+// Messages API that vLLM also serves), with a vLLM-style prefix cache, a
+// latency model and failure injection, but no model.
+//
+// # Overview
+//
+// [New] returns a [Server], an [http.Handler] that tests run under
+// net/http/httptest and that cmd/vllmsim serves. It answers:
+//
+//   - POST /v1/chat/completions, /v1/completions, /v1/messages,
+//     /v1/responses (each streaming or not) and /v1/embeddings;
+//   - GET /v1/models, /health, /ping, /version and /metrics (vLLM's metric
+//     names, e.g. vllm:num_requests_running and vllm:prefix_cache_hits_total);
+//   - POST /tokenize, as vLLM does;
+//   - GET /sim/stats (the [Stats] as JSON) and POST /sim/reset ([Server.Reset]).
+//
+// Prompts are tokenized by [Tokenize], a pure function of the text, after
+// chat turns are rendered by [ChatPrompt]; clients can reproduce the ids and
+// the block hashes ([BlockHashes]) a replica computes. The output text is
+// made of words chosen deterministically from the prompt tokens, one token
+// per word; its length is the request's max_tokens (finish reason "length")
+// or Options.MaxTokensDefault (finish reason "stop").
+//
+// The prefix [Cache] holds full blocks of Options.BlockSize tokens, addressed
+// by chained hashes, up to Options.CapacityBlocks blocks with LRU eviction.
+// A request's cached prompt tokens are those of its longest run of leading
+// resident blocks; they are reported as usage.prompt_tokens_details.
+// cached_tokens (OpenAI), cache_read_input_tokens (Anthropic) or
+// usage.input_tokens_details.cached_tokens (Responses). A [Listener] receives
+// the cache's changes as vLLM-style KV events.
+//
+// Time to first token is Options.TTFT plus the uncached prompt tokens divided
+// by Options.PrefillTokensPerSecond; every further token takes Options.ITL.
+// The server really sleeps, and stops a generation as soon as the client
+// goes away.
+//
+// # Concurrency
+//
+// [Server] and [Cache] are safe for concurrent use. Each request runs on its
+// handler goroutine; the server starts no goroutine of its own. A
+// [Listener] is called synchronously under the cache's lock, so it must not
+// block.
+//
+// # Lifecycle
+//
+// A Server needs no closing. Requests beyond Options.MaxNumSeqs wait in line
+// (the waiting gauge) until a running one ends or their client goes away.
+// [Server.Reset] clears the counters, the cache and the stored responses
+// while requests may still be running.
+//
+// Prompts and outputs are never logged.
+package vllmsim

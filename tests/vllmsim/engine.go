@@ -1,0 +1,282 @@
+package vllmsim
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// plan is a validated generation request, common to every dialect.
+type plan struct {
+	endpoint string   // request path, for the per-endpoint counter
+	model    string   // served name the request asked for
+	prompt   []uint32 // prompt token ids
+	outLen   int      // output tokens to generate
+	length   bool     // true when outLen is a limit the output hits ("length")
+}
+
+// prepare validates a generation request's model and output length,
+// counts it and draws the fail rate. maxTokens is the request's own limit,
+// nil when it set none.
+func (s *Server) prepare(endpoint, model string, prompt []uint32, maxTokens *int) (plan, *apiError) {
+	served, ok := s.servedModel(model)
+	if !ok {
+		return plan{}, errorf(http.StatusNotFound, "The model `%s` does not exist.", model)
+	}
+	p := plan{endpoint: endpoint, model: served, prompt: prompt}
+	limit := s.opts.MaxModelLen
+	switch {
+	case maxTokens != nil && *maxTokens < 1:
+		return plan{}, errorf(http.StatusBadRequest, "max_tokens must be at least 1, got %d.", *maxTokens)
+	case maxTokens != nil:
+		p.outLen, p.length = *maxTokens, true
+	default:
+		p.outLen = min(s.opts.MaxTokensDefault, limit-len(prompt))
+		p.length = p.outLen < s.opts.MaxTokensDefault
+	}
+	if len(prompt)+max(p.outLen, 1) > limit {
+		return plan{}, errorf(http.StatusBadRequest,
+			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			limit, len(prompt)+p.outLen, len(prompt), p.outLen)
+	}
+	if s.accept(endpoint) {
+		return plan{}, errInjected
+	}
+	return p, nil
+}
+
+// generation is one request between admission and its end. It is used by
+// one goroutine, the request's handler.
+type generation struct {
+	s       *Server
+	p       plan
+	cached  int      // prompt tokens served from the prefix cache
+	lease   *Lease   // prompt blocks held while running
+	pieces  []string // the output, one string per token
+	emitted int      // tokens produced so far
+	closed  bool
+}
+
+// finishReason is the OpenAI finish_reason of a completed generation.
+func (g *generation) finishReason() string {
+	if g.p.length {
+		return "length"
+	}
+	return "stop"
+}
+
+// text is the output produced so far.
+func (g *generation) text() string { return strings.Join(g.pieces[:g.emitted], "") }
+
+// start queues the request behind MaxNumSeqs, admits it to the prefix cache
+// and waits out the time to first token. The caller must call close on the
+// returned generation. On error (the context ended) nothing is left to close.
+func (s *Server) start(ctx context.Context, p plan) (*generation, error) {
+	if s.slots != nil {
+		s.waiting.Add(1)
+		select {
+		case s.slots <- struct{}{}:
+			s.waiting.Add(-1)
+		case <-ctx.Done():
+			s.waiting.Add(-1)
+			s.mu.Lock()
+			s.stats.cancelled++
+			s.stats.finished["abort"]++
+			s.mu.Unlock()
+			return nil, fmt.Errorf("wait for a slot: %w", ctx.Err())
+		}
+	}
+	s.running.Add(1)
+	cached, lease := s.cache.Admit(p.prompt)
+	s.mu.Lock()
+	s.stats.promptTokens += uint64(len(p.prompt))
+	s.stats.cachedTokens += uint64(cached)
+	s.mu.Unlock()
+	s.logger.LogAttrs(ctx, slog.LevelDebug, "admitted",
+		slog.String("endpoint", p.endpoint), slog.String("model", p.model),
+		slog.Int("prompt_tokens", len(p.prompt)), slog.Int("cached_tokens", cached),
+		slog.Int("max_tokens", p.outLen))
+	g := &generation{s: s, p: p, cached: cached, lease: lease, pieces: generate(p.prompt, p.outLen)}
+	if err := sleep(ctx, s.ttft(len(p.prompt)-cached)); err != nil {
+		g.close(err)
+		return nil, fmt.Errorf("prefill: %w", err)
+	}
+	return g, nil
+}
+
+// ttft is the time to first token of a request with uncached prompt tokens.
+func (s *Server) ttft(uncached int) time.Duration {
+	d := s.opts.TTFT
+	if tps := s.opts.PrefillTokensPerSecond; tps > 0 && uncached > 0 {
+		d += time.Duration(float64(uncached) / tps * float64(time.Second))
+	}
+	return d
+}
+
+// next produces the next output token, waiting the inter-token latency
+// before every token but the first. ok is false when the output is complete.
+func (g *generation) next(ctx context.Context) (piece string, ok bool, err error) {
+	if g.emitted == len(g.pieces) {
+		return "", false, nil
+	}
+	if g.emitted > 0 {
+		if err := sleep(ctx, g.s.opts.ITL); err != nil {
+			return "", false, err
+		}
+	}
+	piece = g.pieces[g.emitted]
+	g.emitted++
+	g.s.mu.Lock()
+	g.s.stats.genTokens++
+	g.s.mu.Unlock()
+	return piece, true, nil
+}
+
+// drain produces the rest of the output at once, waiting the inter-token
+// latency of all of it in one sleep (for non-streaming responses).
+func (g *generation) drain(ctx context.Context) error {
+	rest := len(g.pieces) - g.emitted
+	if rest == 0 {
+		return nil
+	}
+	wait := rest
+	if g.emitted == 0 {
+		wait-- // the first token comes at the time to first token
+	}
+	if err := sleep(ctx, time.Duration(wait)*g.s.opts.ITL); err != nil {
+		return err
+	}
+	g.emitted = len(g.pieces)
+	g.s.mu.Lock()
+	g.s.stats.genTokens += uint64(rest)
+	g.s.mu.Unlock()
+	return nil
+}
+
+// close ends the generation: it caches the output blocks when configured,
+// releases the prompt blocks and the slot, and counts the outcome (err nil
+// for a completed generation). Calling it again is a no-op.
+func (g *generation) close(err error) {
+	if g.closed {
+		return
+	}
+	g.closed = true
+	s := g.s
+	if err == nil && s.opts.CacheOutput && g.emitted > 0 {
+		seq := append(append([]uint32(nil), g.p.prompt...), Tokenize(g.text())...)
+		s.cache.Extend(g.lease, seq)
+	}
+	s.cache.Release(g.lease)
+	s.running.Add(-1)
+	if s.slots != nil {
+		<-s.slots
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		s.stats.cancelled++
+		s.stats.finished["abort"]++
+		return
+	}
+	s.stats.completed++
+	s.stats.finished[g.finishReason()]++
+}
+
+// sleep waits for d or until ctx ends, whichever comes first, and returns
+// ctx's error in the second case.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// newID returns prefix followed by 32 random hex digits, the shape of
+// vLLM's request ids.
+func newID(prefix string) string {
+	var b [16]byte
+	for i := range 2 {
+		v := rand.Uint64()
+		for j := range 8 {
+			b[i*8+j] = byte(v >> (8 * j))
+		}
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// sseWriter writes a server-sent event stream, flushing every event. After
+// the first write error (the client went away) every write is a no-op that
+// returns that error.
+type sseWriter struct {
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	err error
+}
+
+// startSSE sends the 200 header of an event stream.
+func startSSE(w http.ResponseWriter) *sseWriter {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	s := &sseWriter{w: w, rc: http.NewResponseController(w)}
+	s.flush()
+	return s
+}
+
+func (s *sseWriter) flush() {
+	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) && s.err == nil {
+		s.err = err
+	}
+}
+
+// write sends one event; name may be empty for a data-only event.
+func (s *sseWriter) write(name string, v any) error {
+	if s.err != nil {
+		return s.err
+	}
+	data, err := json.Marshal(v)
+	if err != nil {
+		s.err = fmt.Errorf("encode event: %w", err)
+		return s.err
+	}
+	var b strings.Builder
+	if name != "" {
+		b.WriteString("event: ")
+		b.WriteString(name)
+		b.WriteString("\n")
+	}
+	b.WriteString("data: ")
+	b.Write(data)
+	b.WriteString("\n\n")
+	return s.raw(b.String())
+}
+
+// raw sends pre-formatted event text.
+func (s *sseWriter) raw(text string) error {
+	if s.err != nil {
+		return s.err
+	}
+	if _, err := io.WriteString(s.w, text); err != nil {
+		s.err = err
+		return err
+	}
+	s.flush()
+	return s.err
+}

@@ -1,0 +1,101 @@
+package vllmsim_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"rolter.dev/tests/vllmsim"
+)
+
+// fuzzPaths are the endpoints FuzzRequestBody picks from.
+var fuzzPaths = []string{
+	"/v1/chat/completions", "/v1/completions", "/v1/messages",
+	"/v1/responses", "/v1/embeddings", "/tokenize",
+}
+
+// checkFuzzResponse checks what any request body may get: a 200 with a JSON
+// body or a well-formed event stream, or a client error with a JSON body.
+func checkFuzzResponse(t *testing.T, rec *httptest.ResponseRecorder) {
+	t.Helper()
+	body := rec.Body.Bytes()
+	switch rec.Code {
+	case http.StatusOK:
+		if strings.HasPrefix(rec.Header().Get("Content-Type"), "text/event-stream") {
+			for chunk := range strings.SplitSeq(strings.TrimSuffix(string(body), "\n\n"), "\n\n") {
+				for line := range strings.SplitSeq(chunk, "\n") {
+					data, ok := strings.CutPrefix(line, "data: ")
+					if ok && data != "[DONE]" && !json.Valid([]byte(data)) {
+						t.Fatalf("invalid JSON event data %q", data)
+					}
+				}
+			}
+			return
+		}
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge:
+	default:
+		t.Fatalf("status %d: %s", rec.Code, body)
+	}
+	if !json.Valid(body) {
+		t.Fatalf("status %d with invalid JSON body %q", rec.Code, body)
+	}
+}
+
+func newFuzzServer(f *testing.F) *vllmsim.Server {
+	sim, err := vllmsim.New(vllmsim.Options{MaxModelLen: 256, CapacityBlocks: 64, BlockSize: 4, MaxBodyBytes: 1 << 16})
+	if err != nil {
+		f.Fatal(err)
+	}
+	return sim
+}
+
+// FuzzChatRequest feeds arbitrary bodies to the chat completions parser
+// and handler: they must never panic, and must answer 200 or a client
+// error in the OpenAI shape.
+func FuzzChatRequest(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"messages":[{"role":"assistant","content":null},{"role":"tool","content":[{"text":"x"}]}],"max_completion_tokens":1}`,
+		`{"messages":[{"role":"user","content":{"text":"x"}}]}`,
+		`{"messages":[],"max_tokens":-1}`,
+		`{"messages":[{"role":"user","content":"x"}],"max_tokens":1e300}`,
+		`[`, `null`, ``, `"just a string"`,
+	} {
+		f.Add([]byte(seed))
+	}
+	sim := newFuzzServer(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		rec := httptest.NewRecorder()
+		sim.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), http.MethodPost, "/v1/chat/completions", bytes.NewReader(body)))
+		checkFuzzResponse(t, rec)
+	})
+}
+
+// FuzzRequestBody does the same for every endpoint that reads a body.
+func FuzzRequestBody(f *testing.F) {
+	seeds := []string{
+		`{"prompt":"hi","max_tokens":2}`,
+		`{"prompt":[[1,2,3],[4]],"stream":true}`,
+		`{"input":["a","b"],"encoding_format":"base64"}`,
+		`{"input":[{"type":"function_call_output","output":[{"type":"input_text","text":"ok"}]},{"role":"user","content":"x"}],"instructions":"be"}`,
+		`{"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]}],"stream":true}`,
+		`{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false}`,
+		`{"previous_response_id":"resp_x","input":"y"}`,
+	}
+	for i := range fuzzPaths {
+		for _, s := range seeds {
+			f.Add(uint8(i), []byte(s))
+		}
+	}
+	sim := newFuzzServer(f)
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		path := fuzzPaths[int(which)%len(fuzzPaths)]
+		rec := httptest.NewRecorder()
+		sim.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), http.MethodPost, path, bytes.NewReader(body)))
+		checkFuzzResponse(t, rec)
+	})
+}

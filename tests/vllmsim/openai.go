@@ -1,0 +1,637 @@
+package vllmsim
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// This file holds vLLM's OpenAI-compatible endpoints: chat completions,
+// completions, embeddings, models and tokenize.
+
+// decodeJSON decodes a request body into v; any failure is a 400.
+func decodeJSON(body []byte, v any) *apiError {
+	if err := json.Unmarshal(body, v); err != nil {
+		return errorf(http.StatusBadRequest, "Invalid JSON body: %v", err)
+	}
+	return nil
+}
+
+// firstByte returns the first non-space byte of raw, or 0.
+func firstByte(raw json.RawMessage) byte {
+	t := bytes.TrimLeft(raw, " \t\r\n")
+	if len(t) == 0 {
+		return 0
+	}
+	return t[0]
+}
+
+// contentPart is one element of an array-valued message content, in any
+// dialect: OpenAI ("text"), Anthropic ("text", "tool_result" with nested
+// content) or Responses ("input_text", "output_text").
+type contentPart struct {
+	Type    string          `json:"type"`
+	Text    *string         `json:"text"`
+	Content json.RawMessage `json:"content"` // Anthropic tool_result
+}
+
+// contentText flattens a message content, a string or an array of parts,
+// into plain text: the text parts joined with "\n". Parts without text
+// (images, tool calls) add nothing. null is the empty string.
+func contentText(raw json.RawMessage, field string) (string, *apiError) {
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || string(t) == "null" {
+		return "", nil
+	}
+	switch t[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", errorf(http.StatusBadRequest, "%s: %v", field, err)
+		}
+		return s, nil
+	case '[':
+		var parts []contentPart
+		if err := json.Unmarshal(raw, &parts); err != nil {
+			return "", errorf(http.StatusBadRequest, "%s: %v", field, err)
+		}
+		texts := make([]string, 0, len(parts))
+		for _, p := range parts {
+			switch {
+			case p.Text != nil:
+				texts = append(texts, *p.Text)
+			case p.Type == "tool_result" && len(p.Content) > 0:
+				t, aerr := contentText(p.Content, field+".content")
+				if aerr != nil {
+					return "", aerr
+				}
+				texts = append(texts, t)
+			}
+		}
+		return strings.Join(texts, "\n"), nil
+	}
+	return "", errorf(http.StatusBadRequest, "%s: must be a string or an array of content parts", field)
+}
+
+// tokenInputs decodes an OpenAI prompt or input field into token id
+// sequences: a string, an array of strings, an array of token ids, or an
+// array of arrays of token ids.
+func tokenInputs(raw json.RawMessage, field string) ([][]uint32, *apiError) {
+	bad := func(err error) *apiError { return errorf(http.StatusBadRequest, "%s: %v", field, err) }
+	switch firstByte(raw) {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, bad(err)
+		}
+		return [][]uint32{Tokenize(s)}, nil
+	case '[':
+		var items []json.RawMessage
+		if err := json.Unmarshal(raw, &items); err != nil {
+			return nil, bad(err)
+		}
+		if len(items) == 0 {
+			return nil, errorf(http.StatusBadRequest, "%s: must not be an empty array", field)
+		}
+		switch firstByte(items[0]) {
+		case '"':
+			var ss []string
+			if err := json.Unmarshal(raw, &ss); err != nil {
+				return nil, bad(err)
+			}
+			out := make([][]uint32, len(ss))
+			for i, s := range ss {
+				out[i] = Tokenize(s)
+			}
+			return out, nil
+		case '[':
+			var ids [][]uint32
+			if err := json.Unmarshal(raw, &ids); err != nil {
+				return nil, bad(err)
+			}
+			return ids, nil
+		default:
+			var ids []uint32
+			if err := json.Unmarshal(raw, &ids); err != nil {
+				return nil, bad(err)
+			}
+			return [][]uint32{ids}, nil
+		}
+	case 0:
+		return nil, errorf(http.StatusBadRequest, "%s: required", field)
+	}
+	return nil, errorf(http.StatusBadRequest, "%s: must be a string, an array of strings or an array of token ids", field)
+}
+
+// streamOptions is OpenAI's stream_options.
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// openAIUsage is the usage object of chat and completion responses.
+type openAIUsage struct {
+	PromptTokens        int                  `json:"prompt_tokens"`
+	TotalTokens         int                  `json:"total_tokens"`
+	CompletionTokens    int                  `json:"completion_tokens"`
+	PromptTokensDetails *promptTokensDetails `json:"prompt_tokens_details"`
+}
+
+type promptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+func (g *generation) openAIUsage() *openAIUsage {
+	return &openAIUsage{
+		PromptTokens:        len(g.p.prompt),
+		CompletionTokens:    g.emitted,
+		TotalTokens:         len(g.p.prompt) + g.emitted,
+		PromptTokensDetails: &promptTokensDetails{CachedTokens: g.cached},
+	}
+}
+
+// chatMessage is a request message of the chat API.
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// chatRequest is the part of a chat completion request the simulator reads.
+type chatRequest struct {
+	Model               string         `json:"model"`
+	Messages            []chatMessage  `json:"messages"`
+	MaxTokens           *int           `json:"max_tokens"`
+	MaxCompletionTokens *int           `json:"max_completion_tokens"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *streamOptions `json:"stream_options"`
+}
+
+// chatMessages converts request messages to the template's [Message]s.
+func chatMessages(msgs []chatMessage) ([]Message, *apiError) {
+	out := make([]Message, len(msgs))
+	for i, m := range msgs {
+		if m.Role == "" {
+			return nil, errorf(http.StatusBadRequest, "messages[%d].role: required", i)
+		}
+		text, aerr := contentText(m.Content, fmt.Sprintf("messages[%d].content", i))
+		if aerr != nil {
+			return nil, aerr
+		}
+		out[i] = Message{Role: m.Role, Content: text}
+	}
+	return out, nil
+}
+
+// parseChatRequest decodes and checks a chat completion request body and
+// returns it with its prompt tokens.
+func parseChatRequest(body []byte) (*chatRequest, []uint32, *apiError) {
+	var req chatRequest
+	if aerr := decodeJSON(body, &req); aerr != nil {
+		return nil, nil, aerr
+	}
+	if len(req.Messages) == 0 {
+		return nil, nil, errorf(http.StatusBadRequest, "messages: must not be empty")
+	}
+	msgs, aerr := chatMessages(req.Messages)
+	if aerr != nil {
+		return nil, nil, aerr
+	}
+	return &req, Tokenize(ChatPrompt(msgs)), nil
+}
+
+type chatCompletion struct {
+	ID                string       `json:"id"`
+	Object            string       `json:"object"`
+	Created           int64        `json:"created"`
+	Model             string       `json:"model"`
+	Choices           []chatChoice `json:"choices"`
+	ServiceTier       *string      `json:"service_tier"`
+	SystemFingerprint *string      `json:"system_fingerprint"`
+	Usage             *openAIUsage `json:"usage"`
+	PromptLogprobs    any          `json:"prompt_logprobs"`
+	KVTransferParams  any          `json:"kv_transfer_params"`
+}
+
+type chatChoice struct {
+	Index        int             `json:"index"`
+	Message      chatRespMessage `json:"message"`
+	Logprobs     any             `json:"logprobs"`
+	FinishReason string          `json:"finish_reason"`
+	StopReason   any             `json:"stop_reason"`
+}
+
+type chatRespMessage struct {
+	Role             string `json:"role"`
+	Content          string `json:"content"`
+	Refusal          any    `json:"refusal"`
+	Annotations      any    `json:"annotations"`
+	Audio            any    `json:"audio"`
+	FunctionCall     any    `json:"function_call"`
+	ToolCalls        []any  `json:"tool_calls"`
+	ReasoningContent any    `json:"reasoning_content"`
+}
+
+type chatChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"`
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []chatChunkChoice `json:"choices"`
+	Usage   *openAIUsage      `json:"usage,omitempty"`
+}
+
+type chatChunkChoice struct {
+	Index        int       `json:"index"`
+	Delta        chatDelta `json:"delta"`
+	Logprobs     any       `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+// handleChat serves POST /v1/chat/completions.
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	req, prompt, aerr := parseChatRequest(body)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	maxTokens := req.MaxCompletionTokens
+	if maxTokens == nil {
+		maxTokens = req.MaxTokens
+	}
+	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, maxTokens)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	id, created := newID("chatcmpl-"), time.Now().Unix()
+	ctx := r.Context()
+	if !req.Stream {
+		g, err := s.start(ctx, p)
+		if err != nil {
+			return // the client is gone
+		}
+		err = g.drain(ctx)
+		g.close(err)
+		if err != nil {
+			return
+		}
+		writeJSON(w, http.StatusOK, chatCompletion{
+			ID: id, Object: "chat.completion", Created: created, Model: p.model,
+			Choices: []chatChoice{{
+				Message:      chatRespMessage{Role: "assistant", Content: g.text(), ToolCalls: []any{}},
+				FinishReason: g.finishReason(),
+			}},
+			Usage: g.openAIUsage(),
+		})
+		return
+	}
+
+	sse := startSSE(w)
+	g, err := s.start(ctx, p)
+	if err != nil {
+		return
+	}
+	chunk := func(delta chatDelta, finish *string) chatChunk {
+		return chatChunk{
+			ID: id, Object: "chat.completion.chunk", Created: created, Model: p.model,
+			Choices: []chatChunkChoice{{Delta: delta, FinishReason: finish}},
+		}
+	}
+	empty := ""
+	err = sse.write("", chunk(chatDelta{Role: "assistant", Content: &empty}, nil))
+	for err == nil {
+		var piece string
+		var ok bool
+		if piece, ok, err = g.next(ctx); !ok || err != nil {
+			break
+		}
+		err = sse.write("", chunk(chatDelta{Content: &piece}, nil))
+	}
+	if err == nil {
+		reason := g.finishReason()
+		err = sse.write("", chunk(chatDelta{}, &reason))
+	}
+	if err == nil && req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+		err = sse.write("", chatChunk{
+			ID: id, Object: "chat.completion.chunk", Created: created, Model: p.model,
+			Choices: []chatChunkChoice{}, Usage: g.openAIUsage(),
+		})
+	}
+	if err == nil {
+		err = sse.raw("data: [DONE]\n\n")
+	}
+	g.close(err)
+}
+
+// completionRequest is the part of a completion request the simulator
+// reads.
+type completionRequest struct {
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+}
+
+type completion struct {
+	ID                string             `json:"id"`
+	Object            string             `json:"object"`
+	Created           int64              `json:"created"`
+	Model             string             `json:"model"`
+	Choices           []completionChoice `json:"choices"`
+	ServiceTier       *string            `json:"service_tier,omitempty"`
+	SystemFingerprint *string            `json:"system_fingerprint,omitempty"`
+	Usage             *openAIUsage       `json:"usage,omitempty"`
+	KVTransferParams  any                `json:"kv_transfer_params,omitempty"`
+}
+
+type completionChoice struct {
+	Index          int     `json:"index"`
+	Text           string  `json:"text"`
+	Logprobs       any     `json:"logprobs"`
+	FinishReason   *string `json:"finish_reason"`
+	StopReason     any     `json:"stop_reason"`
+	PromptLogprobs any     `json:"prompt_logprobs,omitempty"`
+}
+
+// handleCompletions serves POST /v1/completions. Of several prompts only
+// the first is served.
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	var req completionRequest
+	if aerr := decodeJSON(body, &req); aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	prompts, aerr := tokenInputs(req.Prompt, "prompt")
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	if len(prompts[0]) == 0 {
+		errorf(http.StatusBadRequest, "prompt: must not be empty").writeOpenAI(w)
+		return
+	}
+	p, aerr := s.prepare(r.URL.Path, req.Model, prompts[0], req.MaxTokens)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	id, created := newID("cmpl-"), time.Now().Unix()
+	ctx := r.Context()
+	if !req.Stream {
+		g, err := s.start(ctx, p)
+		if err != nil {
+			return
+		}
+		err = g.drain(ctx)
+		g.close(err)
+		if err != nil {
+			return
+		}
+		reason := g.finishReason()
+		writeJSON(w, http.StatusOK, completion{
+			ID: id, Object: "text_completion", Created: created, Model: p.model,
+			Choices: []completionChoice{{Text: g.text(), FinishReason: &reason}},
+			Usage:   g.openAIUsage(),
+		})
+		return
+	}
+
+	sse := startSSE(w)
+	g, err := s.start(ctx, p)
+	if err != nil {
+		return
+	}
+	chunk := func(text string, finish *string) completion {
+		return completion{
+			ID: id, Object: "text_completion", Created: created, Model: p.model,
+			Choices: []completionChoice{{Text: text, FinishReason: finish}},
+		}
+	}
+	for err == nil {
+		var piece string
+		var ok bool
+		if piece, ok, err = g.next(ctx); !ok || err != nil {
+			break
+		}
+		err = sse.write("", chunk(piece, nil))
+	}
+	if err == nil {
+		reason := g.finishReason()
+		err = sse.write("", chunk("", &reason))
+	}
+	if err == nil && req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+		err = sse.write("", completion{
+			ID: id, Object: "text_completion", Created: created, Model: p.model,
+			Choices: []completionChoice{}, Usage: g.openAIUsage(),
+		})
+	}
+	if err == nil {
+		err = sse.raw("data: [DONE]\n\n")
+	}
+	g.close(err)
+}
+
+// embeddingRequest is the part of an embeddings request the simulator
+// reads.
+type embeddingRequest struct {
+	Model          string          `json:"model"`
+	Input          json.RawMessage `json:"input"`
+	EncodingFormat string          `json:"encoding_format"`
+}
+
+type embeddingList struct {
+	ID      string          `json:"id"`
+	Object  string          `json:"object"`
+	Created int64           `json:"created"`
+	Model   string          `json:"model"`
+	Data    []embeddingData `json:"data"`
+	Usage   openAIUsage     `json:"usage"`
+}
+
+type embeddingData struct {
+	Index     int    `json:"index"`
+	Object    string `json:"object"`
+	Embedding any    `json:"embedding"` // []float32, or a base64 string
+}
+
+// handleEmbeddings serves POST /v1/embeddings with deterministic vectors
+// (see embed). Embeddings skip the prefix cache and the latency model.
+func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	var req embeddingRequest
+	if aerr := decodeJSON(body, &req); aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	inputs, aerr := tokenInputs(req.Input, "input")
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	if req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64" {
+		errorf(http.StatusBadRequest, "encoding_format: must be float or base64, got %q", req.EncodingFormat).writeOpenAI(w)
+		return
+	}
+	model, ok := s.servedModel(req.Model)
+	if !ok {
+		errorf(http.StatusNotFound, "The model `%s` does not exist.", req.Model).writeOpenAI(w)
+		return
+	}
+	total := 0
+	for i, in := range inputs {
+		if len(in) > s.opts.MaxModelLen {
+			errorf(http.StatusBadRequest, "input[%d]: %d tokens exceed the maximum context length of %d tokens", i, len(in), s.opts.MaxModelLen).writeOpenAI(w)
+			return
+		}
+		total += len(in)
+	}
+	if s.accept(r.URL.Path) {
+		errInjected.writeOpenAI(w)
+		return
+	}
+	s.mu.Lock()
+	s.stats.promptTokens += uint64(total)
+	s.mu.Unlock()
+	resp := embeddingList{
+		ID: newID("embd-"), Object: "list", Created: time.Now().Unix(), Model: model,
+		Data:  make([]embeddingData, len(inputs)),
+		Usage: openAIUsage{PromptTokens: total, TotalTokens: total},
+	}
+	for i, in := range inputs {
+		vec := embed(in)
+		var enc any = vec
+		if req.EncodingFormat == "base64" {
+			buf := make([]byte, 4*len(vec))
+			for j, x := range vec {
+				binary.LittleEndian.PutUint32(buf[4*j:], math.Float32bits(x))
+			}
+			enc = base64.StdEncoding.EncodeToString(buf)
+		}
+		resp.Data[i] = embeddingData{Index: i, Object: "embedding", Embedding: enc}
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+type modelList struct {
+	Object string      `json:"object"`
+	Data   []modelCard `json:"data"`
+}
+
+type modelCard struct {
+	ID          string            `json:"id"`
+	Object      string            `json:"object"`
+	Created     int64             `json:"created"`
+	OwnedBy     string            `json:"owned_by"`
+	Root        string            `json:"root"`
+	Parent      *string           `json:"parent"`
+	MaxModelLen int               `json:"max_model_len"`
+	Permission  []modelPermission `json:"permission"`
+}
+
+type modelPermission struct {
+	ID                 string  `json:"id"`
+	Object             string  `json:"object"`
+	Created            int64   `json:"created"`
+	AllowCreateEngine  bool    `json:"allow_create_engine"`
+	AllowSampling      bool    `json:"allow_sampling"`
+	AllowLogprobs      bool    `json:"allow_logprobs"`
+	AllowSearchIndices bool    `json:"allow_search_indices"`
+	AllowView          bool    `json:"allow_view"`
+	AllowFineTuning    bool    `json:"allow_fine_tuning"`
+	Organization       string  `json:"organization"`
+	Group              *string `json:"group"`
+	IsBlocking         bool    `json:"is_blocking"`
+}
+
+// handleModels serves GET /v1/models: one card per served name.
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	list := modelList{Object: "list", Data: make([]modelCard, len(s.opts.Models))}
+	for i, name := range s.opts.Models {
+		list.Data[i] = modelCard{
+			ID: name, Object: "model", Created: s.created, OwnedBy: "vllm",
+			Root: s.opts.Models[0], MaxModelLen: s.opts.MaxModelLen,
+			Permission: []modelPermission{{
+				ID: "modelperm-" + name, Object: "model_permission", Created: s.created,
+				AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*",
+			}},
+		}
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// tokenizeRequest is vLLM's /tokenize request: a prompt, or chat messages.
+type tokenizeRequest struct {
+	Model               string        `json:"model"`
+	Prompt              *string       `json:"prompt"`
+	Messages            []chatMessage `json:"messages"`
+	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+}
+
+type tokenizeResponse struct {
+	Count       int      `json:"count"`
+	MaxModelLen int      `json:"max_model_len"`
+	Tokens      []uint32 `json:"tokens"`
+	TokenStrs   []string `json:"token_strs"`
+}
+
+// handleTokenize serves POST /tokenize: the token ids of a prompt, or of
+// chat messages rendered with the chat template (with the generation prompt
+// unless add_generation_prompt is false).
+func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	var req tokenizeRequest
+	if aerr := decodeJSON(body, &req); aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	if _, ok := s.servedModel(req.Model); !ok {
+		errorf(http.StatusNotFound, "The model `%s` does not exist.", req.Model).writeOpenAI(w)
+		return
+	}
+	var tokens []uint32
+	switch {
+	case req.Messages != nil:
+		msgs, aerr := chatMessages(req.Messages)
+		if aerr != nil {
+			aerr.writeOpenAI(w)
+			return
+		}
+		addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+		tokens = Tokenize(RenderChat(msgs, addGen))
+	case req.Prompt != nil:
+		tokens = Tokenize(*req.Prompt)
+	default:
+		errorf(http.StatusBadRequest, "either prompt or messages is required").writeOpenAI(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, tokenizeResponse{Count: len(tokens), MaxModelLen: s.opts.MaxModelLen, Tokens: tokens})
+}

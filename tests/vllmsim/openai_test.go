@@ -1,0 +1,511 @@
+package vllmsim_test
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"rolter.dev/tests/vllmsim"
+)
+
+type openAIUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+type chatResponse struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Index   int `json:"index"`
+		Message struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"message"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage openAIUsage `json:"usage"`
+}
+
+type chatChunk struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Index int `json:"index"`
+		Delta struct {
+			Role    string  `json:"role"`
+			Content *string `json:"content"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *openAIUsage `json:"usage"`
+}
+
+func TestChatCompletions(t *testing.T) {
+	hello := promptTokens(vllmsim.Message{Role: "user", Content: "hello there"})
+	tests := []struct {
+		name         string
+		body         string
+		wantPrompt   int
+		wantTokens   int
+		wantFinish   string
+		wantModelOut string
+	}{
+		{
+			name:       "max_tokens sets the length and finish reason length",
+			body:       chatBody("sim-model", "hello there", `"max_tokens":5`),
+			wantPrompt: len(hello), wantTokens: 5, wantFinish: "length", wantModelOut: "sim-model",
+		},
+		{
+			name:       "no max_tokens: default length and finish reason stop",
+			body:       chatBody("sim-model", "hello there", ""),
+			wantPrompt: len(hello), wantTokens: vllmsim.DefaultMaxTokens, wantFinish: "stop", wantModelOut: "sim-model",
+		},
+		{
+			name:       "max_completion_tokens wins over max_tokens",
+			body:       chatBody("sim-model", "hello there", `"max_tokens":9,"max_completion_tokens":3`),
+			wantPrompt: len(hello), wantTokens: 3, wantFinish: "length", wantModelOut: "sim-model",
+		},
+		{
+			name:       "omitted model means the served model",
+			body:       `{"messages":[{"role":"user","content":"hello there"}],"max_tokens":2}`,
+			wantPrompt: len(hello), wantTokens: 2, wantFinish: "length", wantModelOut: "sim-model",
+		},
+		{
+			name: "text parts are joined with newlines, other parts ignored",
+			body: `{"model":"sim-model","max_tokens":1,"messages":[{"role":"system","content":null},{"role":"user","content":[
+				{"type":"text","text":"hello"},{"type":"image_url","image_url":{"url":"data:,"}},{"type":"text","text":"there"}]}]}`,
+			wantPrompt: len(promptTokens(vllmsim.Message{Role: "system"}, vllmsim.Message{Role: "user", Content: "hello\nthere"})),
+			wantTokens: 1, wantFinish: "length", wantModelOut: "sim-model",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ts := newServer(t, vllmsim.Options{})
+			resp := decode[chatResponse](t, post(t, ts, "/v1/chat/completions", tc.body, http.StatusOK))
+			if !strings.HasPrefix(resp.ID, "chatcmpl-") || resp.Object != "chat.completion" || resp.Created == 0 || resp.Model != tc.wantModelOut {
+				t.Errorf("envelope = id %q object %q created %d model %q", resp.ID, resp.Object, resp.Created, resp.Model)
+			}
+			if len(resp.Choices) != 1 {
+				t.Fatalf("got %d choices", len(resp.Choices))
+			}
+			c := resp.Choices[0]
+			if c.Message.Role != "assistant" || c.FinishReason != tc.wantFinish {
+				t.Errorf("choice = role %q finish %q, want assistant %q", c.Message.Role, c.FinishReason, tc.wantFinish)
+			}
+			if got := len(vllmsim.Tokenize(c.Message.Content)); got != tc.wantTokens {
+				t.Errorf("content %q has %d tokens, want %d", c.Message.Content, got, tc.wantTokens)
+			}
+			u := resp.Usage
+			if u.PromptTokens != tc.wantPrompt || u.CompletionTokens != tc.wantTokens || u.TotalTokens != tc.wantPrompt+tc.wantTokens {
+				t.Errorf("usage = %+v, want prompt %d completion %d", u, tc.wantPrompt, tc.wantTokens)
+			}
+			if u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens != 0 {
+				t.Errorf("prompt_tokens_details = %+v, want cached_tokens 0", u.PromptTokensDetails)
+			}
+		})
+	}
+}
+
+func TestChatCompletionsStream(t *testing.T) {
+	tests := []struct {
+		name      string
+		extra     string
+		wantUsage bool
+	}{
+		{name: "without usage", extra: `"stream":true,"max_tokens":4`},
+		{name: "include_usage adds a last chunk with usage", extra: `"stream":true,"max_tokens":4,"stream_options":{"include_usage":true}`, wantUsage: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ts := newServer(t, vllmsim.Options{})
+			whole := decode[chatResponse](t, post(t, ts, "/v1/chat/completions", chatBody("", "stream me", `"max_tokens":4`), http.StatusOK))
+			events := parseSSE(t, post(t, ts, "/v1/chat/completions", chatBody("", "stream me", tc.extra), http.StatusOK))
+			if last := events[len(events)-1]; last.data != "[DONE]" {
+				t.Fatalf("last event %q, want [DONE]", last.data)
+			}
+			var chunks []chatChunk
+			for _, e := range events[:len(events)-1] {
+				chunks = append(chunks, decode[chatChunk](t, []byte(e.data)))
+			}
+			want := 1 + 4 + 1 // role, 4 tokens, finish
+			if tc.wantUsage {
+				want++
+			}
+			if len(chunks) != want {
+				t.Fatalf("got %d chunks, want %d", len(chunks), want)
+			}
+			var text strings.Builder
+			id := chunks[0].ID
+			for i, c := range chunks {
+				if c.ID != id || c.Object != "chat.completion.chunk" || c.Model != "sim-model" {
+					t.Errorf("chunk %d envelope = %q %q %q", i, c.ID, c.Object, c.Model)
+				}
+				if i < 6 && len(c.Choices) != 1 {
+					t.Fatalf("chunk %d has %d choices", i, len(c.Choices))
+				}
+				switch {
+				case i == 0:
+					if c.Choices[0].Delta.Role != "assistant" {
+						t.Errorf("first delta role = %q", c.Choices[0].Delta.Role)
+					}
+				case i <= 4:
+					text.WriteString(*c.Choices[0].Delta.Content)
+					if c.Choices[0].FinishReason != nil {
+						t.Errorf("chunk %d has a finish reason", i)
+					}
+				case i == 5:
+					if fr := c.Choices[0].FinishReason; fr == nil || *fr != "length" {
+						t.Errorf("finish chunk finish_reason = %v", fr)
+					}
+				case i == 6:
+					if len(c.Choices) != 0 || c.Usage == nil || c.Usage.CompletionTokens != 4 || c.Usage.PromptTokensDetails == nil {
+						t.Errorf("usage chunk = %+v", c)
+					}
+				}
+				if i < 6 && c.Usage != nil {
+					t.Errorf("chunk %d carries usage", i)
+				}
+			}
+			if got := text.String(); got != whole.Choices[0].Message.Content {
+				t.Errorf("streamed text %q, non-streamed %q: same prompt must give same output", got, whole.Choices[0].Message.Content)
+			}
+		})
+	}
+}
+
+type completionResponse struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Text         string  `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *openAIUsage `json:"usage"`
+}
+
+func TestCompletions(t *testing.T) {
+	ids := vllmsim.Tokenize("once upon a time")
+	idsJSON, _ := json.Marshal(ids)
+	tests := []struct {
+		name       string
+		prompt     string
+		wantPrompt int
+	}{
+		{name: "string prompt", prompt: `"once upon a time"`, wantPrompt: len(ids)},
+		{name: "array of strings: the first is served", prompt: `["once upon a time","ignored"]`, wantPrompt: len(ids)},
+		{name: "token ids", prompt: string(idsJSON), wantPrompt: len(ids)},
+		{name: "array of token id arrays", prompt: "[" + string(idsJSON) + ",[1,2]]", wantPrompt: len(ids)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ts := newServer(t, vllmsim.Options{})
+			body := `{"model":"sim-model","max_tokens":3,"prompt":` + tc.prompt + `}`
+			resp := decode[completionResponse](t, post(t, ts, "/v1/completions", body, http.StatusOK))
+			if !strings.HasPrefix(resp.ID, "cmpl-") || resp.Object != "text_completion" || len(resp.Choices) != 1 {
+				t.Fatalf("response = %+v", resp)
+			}
+			if fr := resp.Choices[0].FinishReason; fr == nil || *fr != "length" {
+				t.Errorf("finish_reason = %v", fr)
+			}
+			if resp.Usage == nil || resp.Usage.PromptTokens != tc.wantPrompt || resp.Usage.CompletionTokens != 3 {
+				t.Errorf("usage = %+v, want prompt %d completion 3", resp.Usage, tc.wantPrompt)
+			}
+
+			// The same prompt streamed gives the same text.
+			streamBody := `{"model":"sim-model","max_tokens":3,"stream":true,"stream_options":{"include_usage":true},"prompt":` + tc.prompt + `}`
+			events := parseSSE(t, post(t, ts, "/v1/completions", streamBody, http.StatusOK))
+			if events[len(events)-1].data != "[DONE]" {
+				t.Fatalf("stream does not end with [DONE]")
+			}
+			var text strings.Builder
+			var usage *openAIUsage
+			var finish string
+			for _, e := range events[:len(events)-1] {
+				c := decode[completionResponse](t, []byte(e.data))
+				if c.Object != "text_completion" {
+					t.Errorf("chunk object %q", c.Object)
+				}
+				for _, ch := range c.Choices {
+					text.WriteString(ch.Text)
+					if ch.FinishReason != nil {
+						finish = *ch.FinishReason
+					}
+				}
+				if c.Usage != nil {
+					usage = c.Usage
+				}
+			}
+			if text.String() != resp.Choices[0].Text || finish != "length" {
+				t.Errorf("stream text %q finish %q, want %q length", text.String(), finish, resp.Choices[0].Text)
+			}
+			if usage == nil || usage.CompletionTokens != 3 || usage.PromptTokensDetails == nil {
+				t.Errorf("stream usage = %+v", usage)
+			}
+		})
+	}
+}
+
+type embeddingResponse struct {
+	Object string `json:"object"`
+	Model  string `json:"model"`
+	Data   []struct {
+		Index     int             `json:"index"`
+		Object    string          `json:"object"`
+		Embedding json.RawMessage `json:"embedding"`
+	} `json:"data"`
+	Usage openAIUsage `json:"usage"`
+}
+
+func embeddings(t *testing.T, resp embeddingResponse) [][]float32 {
+	t.Helper()
+	out := make([][]float32, len(resp.Data))
+	for i, d := range resp.Data {
+		if d.Index != i || d.Object != "embedding" {
+			t.Errorf("data[%d] = index %d object %q", i, d.Index, d.Object)
+		}
+		if d.Embedding[0] == '"' {
+			raw, err := base64.StdEncoding.DecodeString(decode[string](t, d.Embedding))
+			if err != nil {
+				t.Fatalf("base64: %v", err)
+			}
+			for j := 0; j+4 <= len(raw); j += 4 {
+				out[i] = append(out[i], math.Float32frombits(binary.LittleEndian.Uint32(raw[j:])))
+			}
+			continue
+		}
+		out[i] = decode[[]float32](t, d.Embedding)
+	}
+	return out
+}
+
+func TestEmbeddings(t *testing.T) {
+	_, ts := newServer(t, vllmsim.Options{})
+	resp := decode[embeddingResponse](t, post(t, ts, "/v1/embeddings",
+		`{"model":"sim-model","input":["the cat sat","the cat sat","a dog ran far"]}`, http.StatusOK))
+	if resp.Object != "list" || resp.Model != "sim-model" || len(resp.Data) != 3 {
+		t.Fatalf("response = %+v", resp)
+	}
+	wantTokens := 2*len(vllmsim.Tokenize("the cat sat")) + len(vllmsim.Tokenize("a dog ran far"))
+	if resp.Usage.PromptTokens != wantTokens || resp.Usage.TotalTokens != wantTokens {
+		t.Errorf("usage = %+v, want %d prompt tokens", resp.Usage, wantTokens)
+	}
+	vecs := embeddings(t, resp)
+	for i, v := range vecs {
+		var norm float64
+		for _, x := range v {
+			norm += float64(x) * float64(x)
+		}
+		if len(v) != 64 || math.Abs(norm-1) > 1e-5 {
+			t.Errorf("vector %d: dim %d, squared norm %v; want 64 and 1", i, len(v), norm)
+		}
+	}
+	if !slices.Equal(vecs[0], vecs[1]) {
+		t.Errorf("equal texts got different vectors")
+	}
+	if slices.Equal(vecs[0], vecs[2]) {
+		t.Errorf("different texts got equal vectors")
+	}
+
+	tests := []struct {
+		name  string
+		input string
+		extra string
+	}{
+		{name: "string input", input: `"the cat sat"`},
+		{name: "base64 encoding", input: `"the cat sat"`, extra: `,"encoding_format":"base64"`},
+		{name: "token id input", input: mustJSON(t, vllmsim.Tokenize("the cat sat"))},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := decode[embeddingResponse](t, post(t, ts, "/v1/embeddings", `{"model":"sim-model","input":`+tc.input+tc.extra+`}`, http.StatusOK))
+			if got := embeddings(t, r); len(got) != 1 || !slices.Equal(got[0], vecs[0]) {
+				t.Errorf("vector differs from the one of the same text")
+			}
+		})
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestModels(t *testing.T) {
+	_, ts := newServer(t, vllmsim.Options{Models: []string{"llama-a,llama-b", "llama-c"}, MaxModelLen: 4096})
+	status, b := do(t, ts, http.MethodGet, "/v1/models", "")
+	if status != http.StatusOK {
+		t.Fatalf("status %d", status)
+	}
+	list := decode[struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID          string `json:"id"`
+			Object      string `json:"object"`
+			OwnedBy     string `json:"owned_by"`
+			Root        string `json:"root"`
+			MaxModelLen int    `json:"max_model_len"`
+		} `json:"data"`
+	}](t, b)
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+		if m.Object != "model" || m.OwnedBy != "vllm" || m.MaxModelLen != 4096 || m.Root != "llama-a" {
+			t.Errorf("model card = %+v", m)
+		}
+	}
+	if list.Object != "list" || !slices.Equal(ids, []string{"llama-a", "llama-b", "llama-c"}) {
+		t.Errorf("models = %s %v", list.Object, ids)
+	}
+	// Every served name is accepted; the response echoes the name asked for.
+	resp := decode[chatResponse](t, post(t, ts, "/v1/chat/completions", chatBody("llama-c", "hi", ""), http.StatusOK))
+	if resp.Model != "llama-c" {
+		t.Errorf("model = %q, want llama-c", resp.Model)
+	}
+}
+
+func TestTokenizeEndpoint(t *testing.T) {
+	msgs := []vllmsim.Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi there"}}
+	tests := []struct {
+		name string
+		body string
+		want []uint32
+	}{
+		{name: "prompt", body: `{"model":"sim-model","prompt":"hello, world"}`, want: vllmsim.Tokenize("hello, world")},
+		{name: "empty prompt", body: `{"prompt":""}`, want: []uint32{}},
+		{
+			name: "messages with the generation prompt by default",
+			body: `{"model":"sim-model","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi there"}]}`,
+			want: vllmsim.Tokenize(vllmsim.ChatPrompt(msgs)),
+		},
+		{
+			name: "messages without the generation prompt",
+			body: `{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi there"}],"add_generation_prompt":false}`,
+			want: vllmsim.Tokenize(vllmsim.RenderChat(msgs, false)),
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ts := newServer(t, vllmsim.Options{MaxModelLen: 1000})
+			got := decode[struct {
+				Tokens      []uint32 `json:"tokens"`
+				Count       int      `json:"count"`
+				MaxModelLen int      `json:"max_model_len"`
+			}](t, post(t, ts, "/tokenize", tc.body, http.StatusOK))
+			if !slices.Equal(got.Tokens, tc.want) || got.Count != len(tc.want) || got.MaxModelLen != 1000 {
+				t.Errorf("got %+v, want tokens %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestOpenAISDK(t *testing.T) {
+	_, ts := newServer(t, vllmsim.Options{})
+	client := openai.NewClient(option.WithBaseURL(ts.URL+"/v1"), option.WithAPIKey("unused"),
+		option.WithHTTPClient(ts.Client()), option.WithMaxRetries(0))
+	ctx := t.Context()
+	params := openai.ChatCompletionNewParams{
+		Model:               "sim-model",
+		Messages:            []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage("hello sdk")},
+		MaxCompletionTokens: openai.Int(6),
+	}
+
+	t.Run("chat", func(t *testing.T) {
+		resp, err := client.Chat.Completions.New(ctx, params)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		if resp.Choices[0].FinishReason != "length" || resp.Usage.CompletionTokens != 6 || resp.Choices[0].Message.Content == "" {
+			t.Errorf("response = %+v", resp)
+		}
+	})
+
+	t.Run("chat stream", func(t *testing.T) {
+		p := params
+		p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+		stream := client.Chat.Completions.NewStreaming(ctx, p)
+		defer stream.Close()
+		var acc openai.ChatCompletionAccumulator
+		for stream.Next() {
+			if !acc.AddChunk(stream.Current()) {
+				t.Fatalf("accumulator rejected chunk %s", stream.Current().RawJSON())
+			}
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatalf("stream: %v", err)
+		}
+		// The "chat" subtest sent the same prompt: its full blocks are cached.
+		wantCached := int64((acc.Usage.PromptTokens - 1) / vllmsim.DefaultBlockSize * vllmsim.DefaultBlockSize)
+		if acc.Usage.CompletionTokens != 6 || acc.Usage.PromptTokensDetails.CachedTokens != wantCached || len(vllmsim.Tokenize(acc.Choices[0].Message.Content)) != 6 {
+			t.Errorf("accumulated = %+v", acc.ChatCompletion)
+		}
+	})
+
+	t.Run("completions", func(t *testing.T) {
+		resp, err := client.Completions.New(ctx, openai.CompletionNewParams{
+			Model:     "sim-model",
+			Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String("complete this")},
+			MaxTokens: openai.Int(2),
+		})
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		if resp.Usage.CompletionTokens != 2 || resp.Choices[0].Text == "" {
+			t.Errorf("response = %+v", resp)
+		}
+	})
+
+	t.Run("embeddings", func(t *testing.T) {
+		resp, err := client.Embeddings.New(ctx, openai.EmbeddingNewParams{
+			Model: "sim-model",
+			Input: openai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: []string{"alpha", "beta"}},
+		})
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		if len(resp.Data) != 2 || len(resp.Data[0].Embedding) != 64 {
+			t.Errorf("response = %+v", resp)
+		}
+	})
+
+	t.Run("unknown model is a 404 error", func(t *testing.T) {
+		p := params
+		p.Model = "nope"
+		_, err := client.Chat.Completions.New(ctx, p)
+		apiErr, ok := errors.AsType[*openai.Error](err)
+		if !ok || apiErr.StatusCode != http.StatusNotFound || apiErr.Type != "NotFoundError" {
+			t.Errorf("err = %v, want a 404 NotFoundError", err)
+		}
+	})
+
+	t.Run("models", func(t *testing.T) {
+		page, err := client.Models.List(ctx)
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		if len(page.Data) != 1 || page.Data[0].ID != "sim-model" || page.Data[0].OwnedBy != "vllm" {
+			t.Errorf("models = %+v", page.Data)
+		}
+	})
+}

@@ -1,0 +1,356 @@
+package vllmsim
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// This file holds the OpenAI Responses API endpoint.
+
+// maxStoredResponses bounds the conversations kept for
+// previous_response_id; the oldest is dropped first.
+const maxStoredResponses = 4096
+
+// responsesRequest is the part of a Responses API request the simulator
+// reads.
+type responsesRequest struct {
+	Model              string          `json:"model"`
+	Input              json.RawMessage `json:"input"`
+	Instructions       *string         `json:"instructions"`
+	MaxOutputTokens    *int            `json:"max_output_tokens"`
+	PreviousResponseID *string         `json:"previous_response_id"`
+	Stream             bool            `json:"stream"`
+}
+
+// inputItem is one element of an array-valued input: a message (with or
+// without "type":"message"), a function call or a function call output.
+// Other item types add nothing to the prompt.
+type inputItem struct {
+	Type      string          `json:"type"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	Name      string          `json:"name"`
+	Arguments string          `json:"arguments"`
+	Output    json.RawMessage `json:"output"`
+}
+
+// inputMessages converts a Responses input (a string or an array of items)
+// to chat turns.
+func inputMessages(raw json.RawMessage) ([]Message, *apiError) {
+	switch firstByte(raw) {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, errorf(http.StatusBadRequest, "input: %v", err)
+		}
+		return []Message{{Role: "user", Content: s}}, nil
+	case '[':
+		var items []inputItem
+		if err := json.Unmarshal(raw, &items); err != nil {
+			return nil, errorf(http.StatusBadRequest, "input: %v", err)
+		}
+		var msgs []Message
+		for i, it := range items {
+			field := fmt.Sprintf("input[%d]", i)
+			switch it.Type {
+			case "", "message":
+				if it.Role == "" {
+					return nil, errorf(http.StatusBadRequest, "%s.role: required", field)
+				}
+				text, aerr := contentText(it.Content, field+".content")
+				if aerr != nil {
+					return nil, aerr
+				}
+				msgs = append(msgs, Message{Role: it.Role, Content: text})
+			case "function_call":
+				msgs = append(msgs, Message{Role: "assistant", Content: it.Name + " " + it.Arguments})
+			case "function_call_output":
+				text, aerr := contentText(it.Output, field+".output")
+				if aerr != nil {
+					return nil, aerr
+				}
+				msgs = append(msgs, Message{Role: "tool", Content: text})
+			}
+		}
+		return msgs, nil
+	case 0:
+		return nil, errorf(http.StatusBadRequest, "input: required")
+	}
+	return nil, errorf(http.StatusBadRequest, "input: must be a string or an array of input items")
+}
+
+// responseObject is the Responses API's response.
+type responseObject struct {
+	ID                 string             `json:"id"`
+	Object             string             `json:"object"`
+	CreatedAt          int64              `json:"created_at"`
+	Status             string             `json:"status"`
+	Background         bool               `json:"background"`
+	Error              any                `json:"error"`
+	IncompleteDetails  *incompleteDetails `json:"incomplete_details"`
+	Instructions       *string            `json:"instructions"`
+	MaxOutputTokens    *int               `json:"max_output_tokens"`
+	Metadata           map[string]string  `json:"metadata"`
+	Model              string             `json:"model"`
+	Output             []responseItem     `json:"output"`
+	ParallelToolCalls  bool               `json:"parallel_tool_calls"`
+	PreviousResponseID *string            `json:"previous_response_id"`
+	Reasoning          any                `json:"reasoning"`
+	ServiceTier        string             `json:"service_tier"`
+	Store              bool               `json:"store"`
+	Temperature        float64            `json:"temperature"`
+	Text               responseText       `json:"text"`
+	ToolChoice         string             `json:"tool_choice"`
+	Tools              []any              `json:"tools"`
+	TopP               float64            `json:"top_p"`
+	Truncation         string             `json:"truncation"`
+	Usage              *responseUsage     `json:"usage"`
+	User               *string            `json:"user"`
+}
+
+type incompleteDetails struct {
+	Reason string `json:"reason"`
+}
+
+type responseText struct {
+	Format struct {
+		Type string `json:"type"`
+	} `json:"format"`
+}
+
+type responseItem struct {
+	Type    string       `json:"type"`
+	ID      string       `json:"id"`
+	Status  string       `json:"status"`
+	Role    string       `json:"role"`
+	Content []outputText `json:"content"`
+}
+
+type outputText struct {
+	Type        string `json:"type"`
+	Text        string `json:"text"`
+	Annotations []any  `json:"annotations"`
+	Logprobs    []any  `json:"logprobs"`
+}
+
+type responseUsage struct {
+	InputTokens        int `json:"input_tokens"`
+	InputTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+	OutputTokens        int `json:"output_tokens"`
+	OutputTokensDetails struct {
+		ReasoningTokens int `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
+	TotalTokens int `json:"total_tokens"`
+}
+
+// responseEvent is any event of a Responses stream; the fields a type does
+// not use are omitted.
+type responseEvent struct {
+	Type           string          `json:"type"`
+	SequenceNumber int             `json:"sequence_number"`
+	Response       *responseObject `json:"response,omitempty"`
+	OutputIndex    *int            `json:"output_index,omitempty"`
+	ItemID         string          `json:"item_id,omitempty"`
+	ContentIndex   *int            `json:"content_index,omitempty"`
+	Item           *responseItem   `json:"item,omitempty"`
+	Part           *outputText     `json:"part,omitempty"`
+	Delta          *string         `json:"delta,omitempty"`
+	Text           *string         `json:"text,omitempty"`
+	Logprobs       *[]any          `json:"logprobs,omitempty"`
+}
+
+// responseBuilder builds the response objects and events of one request.
+type responseBuilder struct {
+	req    *responsesRequest
+	model  string
+	id     string
+	itemID string
+	at     int64
+	seq    int
+}
+
+// object returns the response in a state: "in_progress" (no output, no
+// usage), or the final state of generation g.
+func (b *responseBuilder) object(g *generation, final bool) *responseObject {
+	o := &responseObject{
+		ID: b.id, Object: "response", CreatedAt: b.at, Status: "in_progress",
+		Instructions: b.req.Instructions, MaxOutputTokens: b.req.MaxOutputTokens,
+		Metadata: map[string]string{}, Model: b.model, Output: []responseItem{},
+		ParallelToolCalls: true, PreviousResponseID: b.req.PreviousResponseID,
+		ServiceTier: "auto", Store: true, Temperature: 1, ToolChoice: "auto",
+		Tools: []any{}, TopP: 1, Truncation: "disabled",
+	}
+	o.Text.Format.Type = "text"
+	if !final {
+		return o
+	}
+	o.Status = "completed"
+	if g.p.length {
+		o.Status = "incomplete"
+		o.IncompleteDetails = &incompleteDetails{Reason: "max_output_tokens"}
+	}
+	o.Output = []responseItem{*b.item(g.text(), o.Status)}
+	u := &responseUsage{InputTokens: len(g.p.prompt), OutputTokens: g.emitted, TotalTokens: len(g.p.prompt) + g.emitted}
+	u.InputTokensDetails.CachedTokens = g.cached
+	o.Usage = u
+	return o
+}
+
+func (b *responseBuilder) item(text, status string) *responseItem {
+	it := &responseItem{Type: "message", ID: b.itemID, Status: status, Role: "assistant", Content: []outputText{}}
+	if status != "in_progress" {
+		it.Content = []outputText{*textPart(text)}
+	}
+	return it
+}
+
+func textPart(text string) *outputText {
+	return &outputText{Type: "output_text", Text: text, Annotations: []any{}, Logprobs: []any{}}
+}
+
+// event returns the next event of the stream, numbered in order.
+func (b *responseBuilder) event(typ string) responseEvent {
+	e := responseEvent{Type: typ, SequenceNumber: b.seq}
+	b.seq++
+	return e
+}
+
+// rememberResponse keeps a finished conversation for previous_response_id.
+func (s *Server) rememberResponse(id string, conv []Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.responses == nil {
+		s.responses = make(map[string][]Message)
+	}
+	s.responses[id] = conv
+	s.responseOrder = append(s.responseOrder, id)
+	if len(s.responseOrder) > maxStoredResponses {
+		delete(s.responses, s.responseOrder[0])
+		s.responseOrder = s.responseOrder[1:]
+	}
+}
+
+func (s *Server) storedResponse(id string) ([]Message, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	conv, ok := s.responses[id]
+	return conv, ok
+}
+
+// handleResponses serves POST /v1/responses. A response's conversation is
+// kept in memory (the last 4096), so previous_response_id works on the
+// replica that produced the response and gets 404 on any other, as with a
+// real vLLM whose response store is local.
+func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
+	body, aerr := s.readBody(w, r)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	var req responsesRequest
+	if aerr := decodeJSON(body, &req); aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	turns, aerr := inputMessages(req.Input)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	// history is the conversation a later previous_response_id continues;
+	// instructions lead this request's prompt only, as in OpenAI's API.
+	var history []Message
+	if req.PreviousResponseID != nil {
+		prev, ok := s.storedResponse(*req.PreviousResponseID)
+		if !ok {
+			errorf(http.StatusNotFound, "Response with id '%s' not found.", *req.PreviousResponseID).writeOpenAI(w)
+			return
+		}
+		history = append(history, prev...)
+	}
+	history = append(history, turns...)
+	conv := history
+	if req.Instructions != nil && *req.Instructions != "" {
+		conv = append([]Message{{Role: "system", Content: *req.Instructions}}, history...)
+	}
+	prompt := Tokenize(ChatPrompt(conv))
+	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, req.MaxOutputTokens)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	b := &responseBuilder{req: &req, model: p.model, id: newID("resp_"), itemID: newID("msg_"), at: time.Now().Unix()}
+	ctx := r.Context()
+	remember := func(g *generation) {
+		s.rememberResponse(b.id, append(append([]Message(nil), history...), Message{Role: "assistant", Content: g.text()}))
+	}
+	if !req.Stream {
+		g, err := s.start(ctx, p)
+		if err != nil {
+			return
+		}
+		err = g.drain(ctx)
+		g.close(err)
+		if err != nil {
+			return
+		}
+		remember(g)
+		writeJSON(w, http.StatusOK, b.object(g, true))
+		return
+	}
+
+	sse := startSSE(w)
+	g, err := s.start(ctx, p)
+	if err != nil {
+		return
+	}
+	zero := 0
+	send := func(e responseEvent) {
+		if err == nil {
+			err = sse.write(e.Type, e)
+		}
+	}
+	e := b.event("response.created")
+	e.Response = b.object(g, false)
+	send(e)
+	e = b.event("response.in_progress")
+	e.Response = b.object(g, false)
+	send(e)
+	e = b.event("response.output_item.added")
+	e.OutputIndex, e.Item = &zero, b.item("", "in_progress")
+	send(e)
+	e = b.event("response.content_part.added")
+	e.ItemID, e.OutputIndex, e.ContentIndex, e.Part = b.itemID, &zero, &zero, textPart("")
+	send(e)
+	for err == nil {
+		piece, ok, nerr := g.next(ctx)
+		if err = nerr; !ok || err != nil {
+			break
+		}
+		e = b.event("response.output_text.delta")
+		e.ItemID, e.OutputIndex, e.ContentIndex, e.Delta, e.Logprobs = b.itemID, &zero, &zero, &piece, &[]any{}
+		send(e)
+	}
+	final := b.object(g, true)
+	text := g.text()
+	e = b.event("response.output_text.done")
+	e.ItemID, e.OutputIndex, e.ContentIndex, e.Text, e.Logprobs = b.itemID, &zero, &zero, &text, &[]any{}
+	send(e)
+	e = b.event("response.content_part.done")
+	e.ItemID, e.OutputIndex, e.ContentIndex, e.Part = b.itemID, &zero, &zero, textPart(text)
+	send(e)
+	e = b.event("response.output_item.done")
+	e.OutputIndex, e.Item = &zero, &final.Output[0]
+	send(e)
+	e = b.event("response." + final.Status) // response.completed or response.incomplete
+	e.Response = final
+	send(e)
+	g.close(err)
+	if err == nil {
+		remember(g)
+	}
+}

@@ -1,0 +1,111 @@
+package vllmsim
+
+import (
+	"hash/fnv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// maxPieceRunes is the longest run of letters or digits that [Tokenize] maps
+// to a single token; longer runs are cut into chunks of this many runes, so
+// the token count grows with the text length as with a real BPE vocabulary.
+const maxPieceRunes = 6
+
+// Tokenize turns text into token ids with the simulator's tokenizer. It is a
+// pure function of text, so a gateway or a test can reproduce the ids a
+// simulated replica computes (and hashes into prefix-cache blocks).
+//
+// The text is cut into pieces: each maximal run of Unicode letters and digits
+// (split into chunks of at most 6 runes), and each other rune that is not
+// white space on its own. White space only separates pieces. Each piece maps
+// to the 32-bit FNV-1a hash of its UTF-8 bytes with the top bit cleared, so
+// every id is below 2^31. Invalid UTF-8 bytes count as U+FFFD.
+//
+// Because white space never belongs to a piece, Tokenize(a + " " + b) equals
+// Tokenize(a) followed by Tokenize(b): concatenated turns of a conversation
+// share the token prefix of the earlier turns.
+//
+// Tokenize is safe for concurrent use.
+func Tokenize(text string) []uint32 {
+	ids := make([]uint32, 0, len(text)/4+1)
+	start, runes := -1, 0 // start of the current letter/digit run
+	flush := func(end int) {
+		if start >= 0 {
+			ids = append(ids, pieceID(text[start:end]))
+			start, runes = -1, 0
+		}
+	}
+	for i, r := range text {
+		switch {
+		case unicode.IsLetter(r) || unicode.IsDigit(r):
+			if runes == maxPieceRunes {
+				flush(i)
+			}
+			if start < 0 {
+				start = i
+			}
+			runes++
+		case unicode.IsSpace(r):
+			flush(i)
+		default:
+			flush(i)
+			if r == utf8.RuneError {
+				ids = append(ids, pieceID(string(utf8.RuneError)))
+			} else {
+				ids = append(ids, pieceID(text[i:i+utf8.RuneLen(r)]))
+			}
+		}
+	}
+	flush(len(text))
+	return ids
+}
+
+// pieceID maps one tokenizer piece to its token id.
+func pieceID(piece string) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(piece))
+	return h.Sum32() &^ (1 << 31)
+}
+
+// Message is one turn of a conversation, reduced to what the simulator's chat
+// template reads: a role ("system", "user", "assistant", "tool", ...) and the
+// plain text of its content.
+type Message struct {
+	// Role is the speaker of the turn.
+	Role string
+	// Content is the turn's text; multi-part content is joined with "\n".
+	Content string
+}
+
+// ChatPrompt renders messages with the simulator's chat template and appends
+// the generation prompt for the assistant's reply, as vLLM does by default
+// for chat requests. It equals RenderChat(messages, true).
+func ChatPrompt(messages []Message) string {
+	return RenderChat(messages, true)
+}
+
+// RenderChat renders messages with the simulator's chat template: every turn
+// becomes "<|role|>\ncontent\n". When addGenerationPrompt is true the opening
+// of the assistant's turn, "<|assistant|>\n", follows. All API dialects
+// (OpenAI chat, Anthropic messages, OpenAI responses) go through this one
+// template, so the same conversation yields the same prompt tokens whatever
+// the endpoint. It is a pure function and safe for concurrent use.
+func RenderChat(messages []Message, addGenerationPrompt bool) string {
+	var b strings.Builder
+	for _, m := range messages {
+		writeTurn(&b, m.Role, m.Content)
+	}
+	if addGenerationPrompt {
+		b.WriteString("<|assistant|>\n")
+	}
+	return b.String()
+}
+
+func writeTurn(b *strings.Builder, role, content string) {
+	b.WriteString("<|")
+	b.WriteString(role)
+	b.WriteString("|>\n")
+	b.WriteString(content)
+	b.WriteString("\n")
+}
