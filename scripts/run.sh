@@ -14,6 +14,7 @@ cleanup() {
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   echo "stopped (logs were in $LOGDIR)"
+  exit 0
 }
 trap cleanup INT TERM EXIT
 
