@@ -33,8 +33,11 @@ import (
 //     (2 vs 0 pins, 3 vs 0 spills) and 50% ahead of a busy one (10 vs 7
 //     pins). With loads unknown nothing can be overloaded and affinity stands.
 //
-//  2. Loads known: the first i in E with the least load (load_spill when step
-//     1 found an overloaded match, least_load otherwise).
+//  2. Loads known: an i in E with the least load (load_spill when step 1
+//     found an overloaded match, least_load otherwise); among tied loads the
+//     least warmed (fewest observed prompts), then round robin. (The
+//     reference takes the first minimum by index, which sends every new
+//     prefix to target 0 while queues are empty.)
 //
 //  3. Loads unknown: the first i in E with the fewest observed prompts
 //     (least_warmed); if that is 0, i.e. some eligible target is still cold,
@@ -130,7 +133,7 @@ func (c *cacheAware) Pick(ctx *Context, loads []int, eligible Set) int {
 		} else {
 			c.decisions[decLeastLoad].Add(1)
 		}
-		return leastLoaded(el, loads)
+		return c.leastLoadedSpread(el, loads)
 	}
 	coldest, fewest := -1, uint64(0)
 	for wi, w := range el.w {
@@ -156,6 +159,39 @@ func (c *cacheAware) overloaded(load, min int) bool {
 		limit = min + c.abs
 	}
 	return load > limit && float64(load) > c.rel*float64(min)
+}
+
+// leastLoadedSpread returns a least-loaded member of el. Ties, common when
+// traffic is light and every queue is empty, go to the least-warmed of the
+// tied targets (fewest observed prompts), then rotate: the reference's
+// "first minimum by index" sent every new prefix to target 0 whenever loads
+// were equal, so all groups shared one replica's cache while the others sat
+// cold.
+func (c *cacheAware) leastLoadedSpread(el Set, loads []int) int {
+	minLoad := loads[leastLoaded(el, loads)]
+	var tied Set
+	var fewest uint64
+	first := true
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			i := wi*64 + bitIndex(w)
+			if loads[i] != minLoad {
+				continue
+			}
+			k := c.warm[i].Load()
+			switch {
+			case first || k < fewest:
+				tied, fewest, first = Set{}, k, false
+				tied.Add(i)
+			case k == fewest:
+				tied.Add(i)
+			}
+		}
+	}
+	if tied.Len() == 1 {
+		return tied.Nth(0, c.n)
+	}
+	return rotate(tied, c.n, c.rr.Add(1)-1)
 }
 
 // leastLoaded returns the first member of el (in index order) with the least

@@ -239,8 +239,9 @@ func TestCacheAwareThresholdAndFallbacks(t *testing.T) {
 		decision  string
 	}{
 		{"exactly the threshold pins", 0, map[int]string{1: half}, half + strings.Repeat("b", 50), []int{0, 2, 0}, routing.All(3), []int{1}, routing.DecisionAffinityHit},
-		{"just below falls back to least load", 0, map[int]string{1: half[:49]}, half + strings.Repeat("b", 50), []int{4, 0, 0}, routing.All(3), []int{1}, routing.DecisionLeastLoad},
-		{"least load is the first minimum", 0, nil, "x", []int{4, 1, 1}, routing.All(3), []int{1, 1}, routing.DecisionLeastLoad},
+		{"just below falls back to least load, least warmed among the tied", 0, map[int]string{1: half[:49]}, half + strings.Repeat("b", 50), []int{4, 0, 0}, routing.All(3), []int{2}, routing.DecisionLeastLoad},
+		{"least load, equally warm ties rotate", 0, nil, "x", []int{4, 1, 1}, routing.All(3), []int{1, 2, 1}, routing.DecisionLeastLoad},
+		{"least load, a unique minimum wins", 0, map[int]string{0: "zzz"}, "x", []int{0, 1, 1}, routing.All(3), []int{0, 0}, routing.DecisionLeastLoad},
 		{"custom threshold", 0.9, map[int]string{1: half}, half + strings.Repeat("b", 50), []int{3, 2, 0}, routing.All(3), []int{2}, routing.DecisionLeastLoad},
 		{"best is the first strict maximum", 0, map[int]string{0: "abcdef", 2: "abcdef"}, "abcdef!", []int{0, 0, 0}, eligibleOf(2, 0), []int{0}, routing.DecisionAffinityHit},
 		{"all cold, loads unknown: round robin", 0, nil, "abc", nil, routing.All(3), []int{0, 1, 2, 0}, routing.DecisionCold},

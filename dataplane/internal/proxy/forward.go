@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"rolter.dev/pkg/affinity"
 	"rolter.dev/pkg/backoff"
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/request"
@@ -133,10 +134,9 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		fail(errProviderDenied, fmt.Sprintf("this key may not use any provider of model %q", body.Model))
 		return
 	}
-	x.rctx = routing.Context{
-		SessionKey: r.Header.Get("X-Session-Id"),
-		TokenIDs:   routing.ParseTokenIDs(r.Header.Get(routing.TokenIDsHeader)),
-	}
+	// The route context is built from the body as the client sent it, in
+	// one pass (the conversation text, its whole length and digest).
+	x.rctx = affinity.Build(ep.path, raw, r.Header)
 	p.forward(w, r, x)
 }
 
