@@ -187,6 +187,19 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	var lastErr error
 	timedOut := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if attempt > 0 {
+			if !p.hasUntried(x) {
+				break
+			}
+			// Back off before choosing, so the choice sees the state after
+			// the wait (a cooldown that ended, a breaker that half-opened).
+			d := backoff.Delay(attempt, time.Duration(snap.Retry.BaseBackoffMS)*time.Millisecond,
+				time.Duration(snap.Retry.MaxBackoffMS)*time.Millisecond, rand.Float64())
+			if !sleep(r.Context(), d) {
+				p.clientGone(x)
+				return
+			}
+		}
 		now := time.Now()
 		idx := p.pick(x, loads, now)
 		if idx < 0 {
@@ -194,13 +207,6 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		if attempt > 0 {
 			p.metrics.Retries.WithLabelValues(x.route.cfg.Model).Inc()
-			d := backoff.Delay(attempt, time.Duration(snap.Retry.BaseBackoffMS)*time.Millisecond,
-				time.Duration(snap.Retry.MaxBackoffMS)*time.Millisecond, rand.Float64())
-			if !sleep(r.Context(), d) {
-				p.clientGone(x)
-				return
-			}
-			now = time.Now()
 		}
 		t := &x.route.targets[idx]
 		queueDepth := loads[idx]
@@ -211,6 +217,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		t.state.BreakerAttempt(now, x.rt.breaker)
 		release := t.state.Acquire()
 
+		sent := time.Now()
 		resp, cancel, err := p.send(r, x, t)
 		if err != nil {
 			release()
@@ -251,7 +258,6 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			}
 			p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, outcome).Inc()
 		}
-		sent := time.Now()
 		complete := p.relay(w, r, x, t, resp)
 		resp.Body.Close()
 		cancel()
