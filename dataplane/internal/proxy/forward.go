@@ -14,6 +14,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"rolter.dev/pkg/affinity"
 	"rolter.dev/pkg/backoff"
 	"rolter.dev/pkg/config"
@@ -43,8 +48,18 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	x := &exchange{start: time.Now(), id: w.Header().Get("X-Request-Id"), ep: ep}
 	p.metrics.InFlight.Inc()
 	defer p.metrics.InFlight.Dec()
+	ctx, span := p.tracer.Start(p.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header)), "rolter.request",
+		trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String("http.route", ep.path), attribute.String("rolter.request_id", x.id)))
+	r = r.WithContext(ctx)
 	model := ""
 	defer func() {
+		span.SetAttributes(attribute.Int("http.response.status_code", x.status), attribute.String("rolter.model", model),
+			attribute.Int("rolter.attempts", x.attempts), attribute.String("rolter.provider", x.provider))
+		if x.status >= 500 {
+			span.SetStatus(codes.Error, http.StatusText(x.status))
+		}
+		span.End()
 		code := strconv.Itoa(x.status)
 		p.metrics.Requests.WithLabelValues(ep.path, model, code).Inc()
 		if model != "" {
@@ -67,7 +82,13 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		return
 	}
 	x.rt = rt
+	_, authSpan := p.tracer.Start(ctx, "auth")
 	key, aerr, msg := p.authenticate(rt, r)
+	authSpan.SetAttributes(attribute.Bool("rolter.auth.open", rt.snap.Open()), attribute.Bool("rolter.auth.ok", aerr == nil))
+	if key != nil {
+		authSpan.SetAttributes(attribute.String("rolter.key", key.ID))
+	}
+	authSpan.End()
 	if aerr != nil {
 		fail(*aerr, msg)
 		return
@@ -201,10 +222,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			}
 		}
 		now := time.Now()
+		_, selSpan := p.tracer.Start(r.Context(), "route.select",
+			trace.WithAttributes(attribute.String("rolter.strategy", x.route.cfg.Strategy), attribute.Int("rolter.attempt", attempt+1)))
 		idx := p.pick(x, loads, now)
 		if idx < 0 {
+			selSpan.SetAttributes(attribute.String("rolter.decision", "none"))
+			selSpan.End()
 			break
 		}
+		selSpan.SetAttributes(attribute.String("rolter.decision", "picked"), attribute.Int("rolter.target", idx),
+			attribute.String("rolter.provider", x.route.targets[idx].cfg.Provider.Name), attribute.Int("rolter.target_load", loads[idx]))
+		selSpan.End()
 		if attempt > 0 {
 			p.metrics.Retries.WithLabelValues(x.route.cfg.Model).Inc()
 		}
@@ -218,8 +246,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		release := t.state.Acquire()
 
 		sent := time.Now()
-		resp, cancel, err := p.send(r, x, t)
+		uctx, upSpan := p.tracer.Start(r.Context(), "upstream.request", trace.WithSpanKind(trace.SpanKindClient),
+			trace.WithAttributes(attribute.String("rolter.provider", t.cfg.Provider.Name), attribute.String("gen_ai.request.model", t.cfg.Model)))
+		resp, cancel, err := p.send(r.WithContext(uctx), x, t)
 		if err != nil {
+			upSpan.RecordError(err)
+			upSpan.SetStatus(codes.Error, "transport")
+			upSpan.End()
 			release()
 			if r.Context().Err() != nil {
 				p.clientGone(x)
@@ -243,6 +276,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 				resp.Body.Close()
 				cancel()
+				upSpan.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+				upSpan.SetStatus(codes.Error, "retryable status")
+				upSpan.End()
 				release()
 				lastErr = fmt.Errorf("upstream status %d", resp.StatusCode)
 				continue
@@ -261,6 +297,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		complete := p.relay(w, r, x, t, resp)
 		resp.Body.Close()
 		cancel()
+		upSpan.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode), attribute.Bool("rolter.complete", complete))
+		upSpan.End()
 		release()
 		if l, ok := x.route.balancer.(routing.Learner); ok && complete && resp.StatusCode < 300 {
 			l.Learn(idx, &x.rctx, queueDepth, time.Since(sent))
@@ -378,6 +416,7 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", x.id)
+	p.prop.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	req.ContentLength = int64(len(payload))
 	switch prov.Kind {
 	case config.KindAnthropic:

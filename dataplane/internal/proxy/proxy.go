@@ -16,6 +16,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"rolter.dev/dataplane/internal/metrics"
 	"rolter.dev/pkg/config"
@@ -33,6 +36,9 @@ type Options struct {
 	Transport http.RoundTripper
 	// Registry holds live target state; a new one is made when nil.
 	Registry *reliability.Registry
+	// TracerProvider makes the request spans; nil means no tracing (trace
+	// context is still propagated to upstreams).
+	TracerProvider trace.TracerProvider
 }
 
 // Proxy serves the data plane's HTTP API. Create it with [New] and give it a
@@ -43,6 +49,8 @@ type Proxy struct {
 	gatherer prometheus.Gatherer
 	client   *http.Client
 	reg      *reliability.Registry
+	tracer   trace.Tracer
+	prop     propagation.TextMapPropagator
 
 	rt             atomic.Pointer[runtime]
 	applyMu        sync.Mutex // serializes Apply; never held by requests
@@ -63,7 +71,12 @@ func New(opts Options) *Proxy {
 	if opts.Registry == nil {
 		opts.Registry = reliability.NewRegistry()
 	}
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = noop.NewTracerProvider()
+	}
 	p := &Proxy{
+		tracer:   opts.TracerProvider.Tracer("rolter.dev/dataplane/proxy"),
+		prop:     propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 		log:      opts.Logger.With("component", "proxy"),
 		metrics:  metrics.New(opts.Registerer),
 		gatherer: opts.Gatherer,

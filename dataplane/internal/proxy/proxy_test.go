@@ -80,6 +80,13 @@ func newTestProxy(t *testing.T, doc string) (*Proxy, *httptest.Server) {
 	return p, srv
 }
 
+func newServer(t *testing.T, p *Proxy) string {
+	t.Helper()
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
 func post(t *testing.T, url, key, body string, hdr ...string) (*http.Response, []byte) {
 	t.Helper()
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
