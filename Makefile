@@ -17,7 +17,18 @@ help: ## List the targets
 build: ## Build every binary into bin/
 	@mkdir -p $(BIN)
 	cd dataplane && $(GO) build -o ../$(BIN)/rolter-proxy ./cmd/rolter-proxy
+	cd controlplane && $(GO) build -o ../$(BIN)/rolter-controlplane ./cmd/rolter-controlplane
+	cd controlplane && $(GO) build -o ../$(BIN)/rolterctl ./cmd/rolterctl
 	cd tests && $(GO) build -o ../$(BIN)/vllmsim ./cmd/vllmsim
+	cd tests && $(GO) build -o ../$(BIN)/rolter-sim ./cmd/rolter-sim
+
+.PHONY: proto
+proto: ## Regenerate proto/'s Go code with buf and the plugins pinned in tools/go.mod
+	@mkdir -p $(BIN)/tools
+	cd tools && $(GO) build -o ../$(BIN)/tools/ github.com/bufbuild/buf/cmd/buf google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	cd proto && PATH="$(CURDIR)/$(BIN)/tools:$$PATH" buf lint && PATH="$(CURDIR)/$(BIN)/tools:$$PATH" buf generate
+	cd proto && { echo "# Written by make proto. TestGeneratedCodeIsFresh fails when a file below changed since."; \
+		find . -name '*.proto' -o -name buf.gen.yaml | sed 's|^\./||' | LC_ALL=C sort | xargs sha256sum; } > genstamp.txt
 
 .PHONY: deps
 deps: ## Install what the tests need that this machine lacks (redis-server)
@@ -42,6 +53,12 @@ bench: ## Run the Go benchmarks of every module (numbers, not pass/fail)
 .PHONY: bench-proxy
 bench-proxy: ## Proxy overhead: direct vs httputil.ReverseProxy vs rolter-proxy
 	cd tests && $(GO) run ./cmd/bench-proxy
+
+.PHONY: sim
+sim: ## Build the routing simulator and compare the strategies on gsp (see docs/routing.md)
+	@mkdir -p $(BIN)
+	cd tests && $(GO) build -o ../$(BIN)/rolter-sim ./cmd/rolter-sim
+	./$(BIN)/rolter-sim --workload gsp --capacity 2048 --strategies all
 
 .PHONY: run
 run: build ## Start 3 simulated vLLM replicas and a proxy (file mode); Ctrl-C stops all

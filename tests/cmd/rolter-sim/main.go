@@ -1,0 +1,358 @@
+// Command rolter-sim is the offline routing simulator: it replays a
+// workload against simulated vLLM replicas (the vLLM simulator's prefix
+// cache, a prefill/decode service-time model) under each routing strategy,
+// rolter's real balancers and the peers' published policies, and reports
+// each strategy's token-level prefix-cache hit rate, load imbalance, TTFT
+// and throughput. Runs are deterministic for a seed (except the strategies
+// marked as drawing from the process-wide generator) and use a virtual
+// clock: nothing sleeps.
+//
+//	rolter-sim --workload gsp
+//	rolter-sim --workload trace --trace ../shared/traces/mooncake_conversation_trace.jsonl --json
+//	rolter-sim --workload gsp --strategies round_robin,cache_aware,cache_aware:threshold=0.3,oracle --png gsp.png
+//
+// See docs/routing.md for the model, the peers' constants and the results.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"rolter.dev/tests/sim"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintln(os.Stderr, "rolter-sim:", err)
+		os.Exit(2)
+	}
+}
+
+type options struct {
+	workload   string
+	strategies string
+	jsonOut    bool
+	pngPath    string
+	quiet      bool
+	cfg        sim.Config
+	prefillUS  float64
+	prefillMS  float64
+	itlMS      float64
+	gsp        sim.GSPParams
+	mt         sim.MultiturnParams
+	agent      sim.AgentParams
+	unique     sim.UniqueParams
+	tracePath  string
+	traceLimit int
+	speedup    float64
+	thinkMS    float64
+	toolMS     float64
+}
+
+func parse(args []string, stderr io.Writer) (*options, error) {
+	o := &options{cfg: sim.DefaultConfig(), gsp: sim.DefaultGSP(), mt: sim.DefaultMultiturn(),
+		agent: sim.DefaultAgent(), unique: sim.DefaultUnique()}
+	fs := flag.NewFlagSet("rolter-sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: rolter-sim [flags]\n\nStrategies: %s\n(\"all\", \"rolter\" and \"peers\" name groups; a rolter strategy takes Spec fields as name:key=value:key=value,\ne.g. cache_aware:threshold=0.3:balance_abs=8)\n\nFlags:\n",
+			strings.Join(sim.AllStrategies(), ", "))
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.workload, "workload", "gsp", "workload: gsp, multiturn, agent, unique or trace")
+	fs.StringVar(&o.strategies, "strategies", "all", "comma-separated strategies to compare")
+	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON object per strategy instead of the table")
+	fs.StringVar(&o.pngPath, "png", "", "write a PNG chart of hit rate and imbalance per strategy to this file")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
+
+	c := &o.cfg
+	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "number of replicas")
+	fs.IntVar(&c.CapacityBlocks, "capacity", c.CapacityBlocks, "prefix-cache capacity per replica, in blocks")
+	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "prefix-cache block size, in tokens")
+	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "requests a replica runs at once (vLLM max_num_seqs); more queue")
+	fs.Float64Var(&o.prefillUS, "prefill-us", 50, "prefill time per uncached prompt token, µs")
+	fs.Float64Var(&o.prefillMS, "prefill-base-ms", 5, "fixed prefill time per request, ms")
+	fs.BoolVar(&c.ParallelPrefill, "parallel-prefill", false, "prefill running requests independently (vllmsim's model) instead of one at a time per replica")
+	fs.Float64Var(&o.itlMS, "itl-ms", 20, "decode time per output token, ms")
+	fs.IntVar(&c.Proxies, "proxies", 1, "proxies, each with its own balancer state, behind a random L4 spread")
+	fs.IntVar(&c.Concurrency, "concurrency", 0, "closed-loop clients (0: the workload's default)")
+	fs.Float64Var(&c.Rate, "rate", 0, "open-loop Poisson session arrivals per second instead of the closed loop")
+	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (workload text, arrivals, proxy spread, peers' tie breaks)")
+	fs.BoolVar(&c.SessionKeys, "session-header", false, "send x-session-id with each session's requests")
+
+	fs.IntVar(&o.gsp.Groups, "gsp-groups", o.gsp.Groups, "gsp: groups (system prompts)")
+	fs.IntVar(&o.gsp.PromptsPerGroup, "gsp-prompts", o.gsp.PromptsPerGroup, "gsp: prompts per group")
+	fs.IntVar(&o.gsp.SystemLen, "gsp-system-len", o.gsp.SystemLen, "gsp: system prompt tokens")
+	fs.IntVar(&o.gsp.QuestionLen, "gsp-question-len", o.gsp.QuestionLen, "gsp: question tokens")
+	fs.IntVar(&o.gsp.OutputLen, "gsp-output-len", o.gsp.OutputLen, "gsp: output tokens")
+	fs.BoolVar(&o.gsp.Ordered, "gsp-ordered", false, "gsp: send groups in order instead of shuffled")
+
+	fs.IntVar(&o.mt.Clients, "mt-clients", o.mt.Clients, "multiturn: conversations")
+	fs.IntVar(&o.mt.Rounds, "mt-rounds", o.mt.Rounds, "multiturn: rounds per conversation")
+	fs.IntVar(&o.mt.RequestLen, "mt-request-len", o.mt.RequestLen, "multiturn: mean new user tokens per round")
+	fs.IntVar(&o.mt.OutputLen, "mt-output-len", o.mt.OutputLen, "multiturn: mean output tokens per round")
+	fs.IntVar(&o.mt.SystemLen, "mt-system-len", o.mt.SystemLen, "multiturn: shared system prompt tokens")
+	fs.Float64Var(&o.thinkMS, "mt-think-ms", 0, "multiturn: client think time between rounds, ms")
+	fs.Float64Var(&o.mt.Spread, "mt-spread", o.mt.Spread, "multiturn: lengths uniform in mean*(1±spread)")
+
+	fs.IntVar(&o.agent.Agents, "agent-agents", o.agent.Agents, "agent: sessions")
+	fs.IntVar(&o.agent.Turns, "agent-turns", o.agent.Turns, "agent: model calls per session")
+	fs.IntVar(&o.agent.SystemLen, "agent-system-len", o.agent.SystemLen, "agent: shared system prompt (tool definitions) tokens")
+	fs.IntVar(&o.agent.TaskLen, "agent-task-len", o.agent.TaskLen, "agent: task tokens")
+	fs.IntVar(&o.agent.ToolLen, "agent-tool-len", o.agent.ToolLen, "agent: mean tool result tokens (lognormal)")
+	fs.IntVar(&o.agent.OutputLen, "agent-output-len", o.agent.OutputLen, "agent: output tokens per call")
+	fs.Float64Var(&o.toolMS, "agent-tool-ms", 500, "agent: tool execution time between calls, ms")
+
+	fs.IntVar(&o.unique.Requests, "unique-requests", o.unique.Requests, "unique: requests")
+	fs.IntVar(&o.unique.PromptLen, "unique-len", o.unique.PromptLen, "unique: mean prompt tokens")
+	fs.IntVar(&o.unique.OutputLen, "unique-output-len", o.unique.OutputLen, "unique: mean output tokens")
+	fs.Float64Var(&o.unique.Spread, "unique-spread", o.unique.Spread, "unique: lengths uniform in mean*(1±spread)")
+
+	fs.StringVar(&o.tracePath, "trace", "../shared/traces/mooncake_conversation_trace.jsonl", "trace: Mooncake JSONL file")
+	fs.IntVar(&o.traceLimit, "trace-limit", 0, "trace: replay only the first N records (0: all)")
+	fs.Float64Var(&o.speedup, "speedup", 1, "trace: divide the timestamps by this")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	c.PrefillPerToken = time.Duration(o.prefillUS * float64(time.Microsecond))
+	c.PrefillBase = time.Duration(o.prefillMS * float64(time.Millisecond))
+	c.DecodePerToken = time.Duration(o.itlMS * float64(time.Millisecond))
+	o.mt.Think = time.Duration(o.thinkMS * float64(time.Millisecond))
+	o.agent.ToolTime = time.Duration(o.toolMS * float64(time.Millisecond))
+	return o, nil
+}
+
+func (o *options) buildWorkload() (*sim.Workload, error) {
+	seed := o.cfg.Seed
+	switch o.workload {
+	case "gsp":
+		return sim.GSP(o.gsp, seed), nil
+	case "multiturn":
+		return sim.Multiturn(o.mt, seed), nil
+	case "agent":
+		return sim.Agent(o.agent, seed), nil
+	case "unique":
+		return sim.Unique(o.unique, seed), nil
+	case "trace":
+		recs, err := sim.ReadTraceFile(o.tracePath, o.traceLimit)
+		if err != nil {
+			return nil, fmt.Errorf("trace: %w", err)
+		}
+		return sim.TraceWorkload(recs, o.speedup, seed), nil
+	}
+	return nil, fmt.Errorf("unknown workload %q (want gsp, multiturn, agent, unique or trace)", o.workload)
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	o, err := parse(args, stderr)
+	if err != nil {
+		return err
+	}
+	strategies, err := sim.ParseStrategies(o.strategies)
+	if err != nil {
+		return err
+	}
+	w, err := o.buildWorkload()
+	if err != nil {
+		return err
+	}
+	bar := newProgress(stderr, !o.quiet && isTerminal(stderr), w.Requests()*len(strategies))
+	unbounded := sim.UnboundedHitRate(w, o.cfg.BlockSize)
+	var results []sim.Result
+	for _, st := range strategies {
+		cfg := o.cfg
+		bar.label = st.Name
+		cfg.Progress = bar.step
+		res, err := sim.Run(cfg, w, st)
+		if err != nil {
+			bar.clear()
+			return err
+		}
+		results = append(results, res)
+	}
+	bar.clear()
+	oracle := -1.0
+	for _, r := range results {
+		if r.Strategy == sim.Oracle {
+			oracle = r.HitRate
+		}
+	}
+	if o.jsonOut {
+		enc := json.NewEncoder(stdout)
+		for _, r := range results {
+			if err := enc.Encode(o.jsonRecord(r, unbounded, oracle)); err != nil {
+				return err
+			}
+		}
+	} else {
+		o.printTable(stdout, w, results, unbounded, oracle)
+	}
+	if o.pngPath != "" {
+		f, err := os.Create(o.pngPath)
+		if err != nil {
+			return err
+		}
+		title := fmt.Sprintf("rolter-sim %s: %d replicas x %d blocks of %d tokens, %d prox%s, seed %d",
+			w.Name, o.cfg.Replicas, o.cfg.CapacityBlocks, o.cfg.BlockSize, o.cfg.Proxies, plural(o.cfg.Proxies, "y", "ies"), o.cfg.Seed)
+		if err := sim.WriteChart(f, title, results); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
+func (o *options) jsonRecord(r sim.Result, unbounded, oracle float64) map[string]any {
+	rec := map[string]any{
+		"strategy":           r.Strategy,
+		"workload":           r.Workload,
+		"token_hit_rate":     r.HitRate,
+		"load_imbalance":     r.LoadImbalance,
+		"ttft_p50_ms":        ms(r.TTFTP50),
+		"ttft_p99_ms":        ms(r.TTFTP99),
+		"throughput_rps":     r.Throughput,
+		"proxies":            r.Proxies,
+		"share":              "off",
+		"ttft_mean_ms":       ms(r.TTFTMean),
+		"inflight_imbalance": r.InflightImbalance,
+		"unbounded_hit_rate": unbounded,
+		"hit_vs_unbounded":   ratio(r.HitRate, unbounded),
+		"output_tps":         r.OutputTPS,
+		"requests":           r.Requests,
+		"replicas":           o.cfg.Replicas,
+		"capacity_blocks":    o.cfg.CapacityBlocks,
+		"block_size":         o.cfg.BlockSize,
+		"seed":               o.cfg.Seed,
+		"deterministic":      r.Deterministic,
+	}
+	if oracle >= 0 {
+		rec["hit_vs_oracle"] = ratio(r.HitRate, oracle)
+	}
+	if r.Decisions != nil {
+		rec["decisions"] = r.Decisions
+	}
+	return rec
+}
+
+func (o *options) printTable(out io.Writer, w *sim.Workload, results []sim.Result, unbounded, oracle float64) {
+	fmt.Fprintf(out, "workload %s: %d requests; %d replicas x %d blocks of %d tokens; max batch %d; %d prox%s; seed %d\n",
+		w.Name, w.Requests(), o.cfg.Replicas, o.cfg.CapacityBlocks, o.cfg.BlockSize, o.cfg.MaxBatch,
+		o.cfg.Proxies, plural(o.cfg.Proxies, "y", "ies"), o.cfg.Seed)
+	fmt.Fprintf(out, "unbounded single-cache hit rate: %.1f%%\n\n", 100*unbounded)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "strategy\thit %\t/unbounded\t/oracle\timbalance\tinflight imb\tTTFT mean ms\tp50 ms\tp99 ms\treq/s\t")
+	for _, r := range results {
+		name := r.Strategy
+		if !r.Deterministic {
+			name += " *"
+		}
+		vo := "-"
+		if oracle >= 0 {
+			vo = fmt.Sprintf("%.2f", ratio(r.HitRate, oracle))
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.2f\t%s\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.2f\t\n",
+			name, 100*r.HitRate, ratio(r.HitRate, unbounded), vo, r.LoadImbalance, r.InflightImbalance,
+			ms(r.TTFTMean), ms(r.TTFTP50), ms(r.TTFTP99), r.Throughput)
+	}
+	tw.Flush()
+	for _, r := range results {
+		if !r.Deterministic {
+			fmt.Fprintln(out, "\n* draws from the process-wide math/rand/v2 generator in pkg/routing: not reproducible run to run")
+			break
+		}
+	}
+	for _, r := range results {
+		if len(r.Decisions) > 0 {
+			fmt.Fprintf(out, "decisions %s: %s\n", r.Strategy, formatDecisions(r.Decisions))
+		}
+	}
+}
+
+func formatDecisions(d map[string]uint64) string {
+	var parts []string
+	for _, k := range []string{"affinity_hit", "load_spill", "least_load", "least_warmed", "cold", "predicted", "unpredicted"} {
+		if v, ok := d[k]; ok && v > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", k, v))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// progress draws a bar on stderr.
+type progress struct {
+	w      io.Writer
+	on     bool
+	total  int
+	done   int
+	label  string
+	last   time.Time
+	drawn  bool
+	width  int
+	format string
+}
+
+func newProgress(w io.Writer, on bool, total int) *progress {
+	return &progress{w: w, on: on, total: max(total, 1), width: 30}
+}
+
+func (p *progress) step() {
+	p.done++
+	if !p.on {
+		return
+	}
+	if now := time.Now(); now.Sub(p.last) >= 100*time.Millisecond || p.done == p.total {
+		p.last = now
+		filled := p.done * p.width / p.total
+		fmt.Fprintf(p.w, "\r[%s%s] %3d%% %-40s", strings.Repeat("=", filled), strings.Repeat(" ", p.width-filled),
+			100*p.done/p.total, p.label)
+		p.drawn = true
+	}
+}
+
+func (p *progress) clear() {
+	if p.drawn {
+		fmt.Fprintf(p.w, "\r%s\r", strings.Repeat(" ", p.width+50))
+		p.drawn = false
+	}
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

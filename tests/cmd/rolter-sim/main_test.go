@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var small = []string{"--quiet", "--replicas", "3", "--gsp-groups", "3", "--gsp-prompts", "3", "--gsp-system-len", "200",
+	"--gsp-question-len", "10", "--gsp-output-len", "4"}
+
+func TestJSON(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := append([]string{"--workload", "gsp", "--json", "--proxies", "2", "--strategies", "round_robin,cache_aware:threshold=0.3,sglang,oracle"}, small...)
+	if err := run(args, &out, &errb); err != nil {
+		t.Fatal(err, errb.String())
+	}
+	sc := bufio.NewScanner(&out)
+	var names []string
+	for sc.Scan() {
+		var rec map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		for _, k := range []string{"strategy", "workload", "token_hit_rate", "load_imbalance", "ttft_p50_ms", "ttft_p99_ms", "throughput_rps", "proxies", "share"} {
+			if _, ok := rec[k]; !ok {
+				t.Fatalf("record %v has no %q", rec, k)
+			}
+		}
+		if rec["proxies"] != 2.0 || rec["share"] != "off" || rec["workload"] != "gsp" {
+			t.Fatalf("record %v", rec)
+		}
+		names = append(names, rec["strategy"].(string))
+	}
+	if strings.Join(names, ",") != "round_robin,cache_aware:threshold=0.3,sglang,oracle" {
+		t.Fatalf("strategies %v", names)
+	}
+	if errb.Len() != 0 {
+		t.Fatalf("stderr %q with --quiet", errb.String())
+	}
+}
+
+func TestTableAndChart(t *testing.T) {
+	var out, errb bytes.Buffer
+	path := filepath.Join(t.TempDir(), "chart.png")
+	args := append([]string{"--workload", "multiturn", "--mt-clients", "4", "--mt-rounds", "2", "--mt-request-len", "50",
+		"--strategies", "all", "--png", path}, small...)
+	if err := run(args, &out, &errb); err != nil {
+		t.Fatal(err, errb.String())
+	}
+	for _, want := range []string{"workload multiturn: 8 requests", "unbounded single-cache hit rate", "cache_aware", "oracle_greedy", "hit %"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTraceWorkloadFlag(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"--quiet", "--workload", "trace", "--trace", "../../sim/testdata/mooncake_excerpt.jsonl", "--json", "--strategies", "cache_aware"}
+	if err := run(args, &out, &errb); err != nil {
+		t.Fatal(err, errb.String())
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rec); err != nil || rec["workload"] != "trace" {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+}
+
+func TestErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--workload", "nope"},
+		{"--strategies", "nope"},
+		{"--replicas", "0"},
+		{"--workload", "trace", "--trace", "/nonexistent.jsonl"},
+		{"extra"},
+	} {
+		var out, errb bytes.Buffer
+		if err := run(append(args, "--quiet"), &out, &errb); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}

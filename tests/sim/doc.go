@@ -1,0 +1,56 @@
+// Package sim is rolter's offline routing simulator: an event-driven,
+// seeded simulation (a virtual clock, nothing sleeps) of clients sending a
+// workload through one or more proxies to N simulated vLLM replicas, run once
+// per routing strategy so that the strategies are compared on identical
+// traffic. cmd/rolter-sim is its command line; docs/routing.md has the model,
+// the peers' constants with their sources, and the results.
+//
+// # Replicas
+//
+// Each replica has the vLLM simulator's prefix cache ([vllmsim.Cache]: full
+// blocks of Config.BlockSize tokens addressed by chained hashes, LRU over
+// Config.CapacityBlocks, blocks pinned while their request runs) and a
+// service-time model: at most Config.MaxBatch requests run, the rest wait
+// first in first out; an admitted request is looked up in the cache and
+// prefills its uncached tokens at Config.PrefillPerToken each plus
+// Config.PrefillBase, one request at a time per replica (prefill is compute
+// bound; Config.ParallelPrefill gives the vLLM simulator's independent
+// prefills), then decodes its output at Config.DecodePerToken per token.
+// Prompt token ids are exactly vllmsim.Tokenize(vllmsim.ChatPrompt(...)) of
+// the request's messages, so the simulator and the HTTP simulator hit the
+// same blocks for the same conversation.
+//
+// # Clients and proxies
+//
+// A [Workload] is a list of sessions of turns (a turn is sent after the
+// previous one completed, plus a think time). Sessions are run by a closed
+// loop of clients (Workload.Concurrency or Config.Concurrency), by Poisson
+// arrivals (Config.Rate), or at their trace timestamps. Every request goes
+// to a uniformly random proxy of Config.Proxies; each proxy has its own
+// policy instance and counts its own requests in flight per replica, the
+// load it hands to its balancer.
+//
+// # Strategies
+//
+// rolter's strategies run the real pkg/routing balancers: Pick with the
+// proxy's loads, Observe right after, Learn on completion. The peers' policies
+// (sglang, llmd_approx, dynamo, aibrix) are re-implemented here with their
+// published defaults, and the oracle reads the replicas' true caches. See
+// [ParseStrategy] for the names and parameters.
+//
+// # Text
+//
+// Prompts are built from a fixed vocabulary of words that are one token each,
+// named by [Segment]s (a key and a word count), so that a million-token trace
+// costs a few bytes per block and equal keys mean equal text. [RouteContext]
+// builds the routing context from the messages the way pkg/affinity does for a
+// chat body.
+//
+// # Determinism
+//
+// A run is a pure function of its Config (seed included), workload and
+// strategy, except for the pkg/routing strategies that draw from the
+// process-wide math/rand/v2 generator (random, power_of_two, and the random
+// tie breaks of pipeline and predicted_latency); Strategy.Deterministic is
+// false for those.
+package sim

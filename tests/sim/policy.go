@@ -1,0 +1,272 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"rolter.dev/pkg/routing"
+	"rolter.dev/tests/vllmsim"
+)
+
+// Flight is one request in flight through a simulated proxy.
+type Flight struct {
+	// Req is the request; Ctx its routing context.
+	Req *Request
+	Ctx routing.Context
+	// Proxy is the proxy that routed it, Target the replica it chose.
+	Proxy, Target int
+	// Issued, Started, FirstToken and Done are virtual times: sent by the
+	// client, admitted to a batch slot, first token, completion.
+	Issued, Started, FirstToken, Done time.Duration
+	// Depth is the proxy's in-flight count of Target read for the pick.
+	Depth int
+	// Cached is the number of prompt tokens the replica served from cache.
+	Cached int
+
+	lease *vllmsim.Lease
+	sess  *sessionState
+}
+
+// View is what a policy may look at when it picks. Rolter's balancers get
+// only Loads; the peers' policies get what their systems read (SGLang,
+// Dynamo, AIBrix: router-tracked in-flight = Loads; llm-d's queue scorer:
+// the replicas' waiting queues); the oracle reads the replicas' caches.
+type View struct {
+	Now time.Duration
+	// Loads is the proxy's own in-flight count per replica (incremented at
+	// dispatch, decremented at completion): what a proxy can count.
+	Loads []int
+	// Waiting is each replica's true number of requests waiting for a batch
+	// slot (vLLM's num_requests_waiting).
+	Waiting []int
+	// Caches are the replicas' prefix caches (oracle only).
+	Caches []*vllmsim.Cache
+	// BlockSize is the replicas' cache block size.
+	BlockSize int
+}
+
+// Policy chooses a replica for a request.
+type Policy interface {
+	// Pick returns a replica index in [0, n).
+	Pick(f *Flight, v *View) int
+	// Observe is called right after Pick with its result, before dispatch.
+	Observe(target int, f *Flight, v *View)
+}
+
+// lifecycle is implemented by policies that track requests after dispatch.
+type lifecycle interface {
+	FirstToken(f *Flight, now time.Duration)
+	Done(f *Flight, now time.Duration)
+}
+
+// Env is what a policy is built with.
+type Env struct {
+	Replicas  int
+	BlockSize int
+	// Seed seeds the policy's own randomness (tie breaks), so the peers'
+	// policies are reproducible.
+	Seed uint64
+}
+
+// Strategy names a policy and builds one instance per proxy.
+type Strategy struct {
+	// Name is the strategy as written on the command line, parameters
+	// included ("cache_aware:threshold=0.3:balance_abs=8").
+	Name string
+	// Base is the strategy name without parameters.
+	Base string
+	// Deterministic is false for strategies whose pkg/routing code draws
+	// from the process-wide math/rand/v2 generator, which cannot be seeded:
+	// their results vary from run to run.
+	Deterministic bool
+	// New builds one instance.
+	New func(env Env) (Policy, error)
+}
+
+// Names of the strategies implemented in the simulator.
+const (
+	SGLang       = "sglang"
+	LLMDApprox   = "llmd_approx"
+	Dynamo       = "dynamo"
+	AIBrix       = "aibrix"
+	Oracle       = "oracle"
+	OracleGreedy = "oracle_greedy"
+)
+
+// RolterStrategies are pkg/routing's strategies the simulator runs.
+var RolterStrategies = []string{
+	routing.RoundRobin, routing.Random, routing.Weighted, routing.PowerOfTwo, routing.LeastLoad,
+	routing.ConsistentHash, routing.CacheAware, routing.Pipeline, routing.PredictedLatency,
+}
+
+// PeerStrategies are the peers' published policies and the oracle.
+var PeerStrategies = []string{SGLang, LLMDApprox, Dynamo, AIBrix, Oracle, OracleGreedy}
+
+// AllStrategies lists every strategy name.
+func AllStrategies() []string { return append(slices.Clone(RolterStrategies), PeerStrategies...) }
+
+// nondeterministic are the pkg/routing strategies that use the unseedable
+// global generator (random picks, power-of-two draws, random tie breaks).
+var nondeterministic = map[string]bool{
+	routing.Random: true, routing.PowerOfTwo: true, routing.Pipeline: true, routing.PredictedLatency: true,
+}
+
+// ParseStrategy reads "name" or "name:key=value:key=value". For pkg/routing
+// strategies the keys are Spec fields: threshold, balance_abs, balance_rel,
+// max_trie_nodes, and pipeline scorer weights by scorer name (prefix_cache,
+// least_load, session_affinity, static_weight). The peers take no
+// parameters: they run with their published defaults.
+func ParseStrategy(s string) (Strategy, error) {
+	s = strings.TrimSpace(s)
+	base, params, _ := strings.Cut(s, ":")
+	st := Strategy{Name: s, Base: base, Deterministic: !nondeterministic[base]}
+	if base == Oracle && params != "" {
+		return parseOracle(st, params)
+	}
+	if slices.Contains(PeerStrategies, base) {
+		if params != "" {
+			return st, fmt.Errorf("strategy %q: %s takes no parameters", s, base)
+		}
+		st.New = peerFactory(base)
+		return st, nil
+	}
+	if !slices.Contains(RolterStrategies, base) {
+		return st, fmt.Errorf("unknown strategy %q (want one of %s)", base, strings.Join(AllStrategies(), ", "))
+	}
+	spec := routing.Spec{Strategy: base}
+	if params != "" {
+		for kv := range strings.SplitSeq(params, ":") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				return st, fmt.Errorf("strategy %q: parameter %q is not key=value", s, kv)
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return st, fmt.Errorf("strategy %q: %s: %w", s, k, err)
+			}
+			switch k {
+			case "threshold":
+				spec.Threshold = f
+			case "balance_abs":
+				spec.BalanceAbs = int(f)
+			case "balance_rel":
+				spec.BalanceRel = f
+			case "max_trie_nodes":
+				spec.MaxTrieNodes = int(f)
+			default:
+				if spec.Scorers == nil {
+					spec.Scorers = map[string]float64{}
+				}
+				spec.Scorers[k] = f
+			}
+		}
+	}
+	// Validate once with a single target so errors surface at parse time.
+	probe := spec
+	probe.Weights = []int{1}
+	if _, err := routing.New(probe); err != nil {
+		return st, fmt.Errorf("strategy %q: %w", s, err)
+	}
+	st.New = func(env Env) (Policy, error) {
+		sp := spec
+		sp.Weights = make([]int, env.Replicas)
+		for i := range sp.Weights {
+			sp.Weights[i] = 1
+		}
+		b, err := routing.New(sp)
+		if err != nil {
+			return nil, err
+		}
+		return &balancer{b: b, all: routing.All(env.Replicas)}, nil
+	}
+	return st, nil
+}
+
+// parseOracle reads the oracle's guard margins (balance_abs, balance_rel).
+func parseOracle(st Strategy, params string) (Strategy, error) {
+	abs, rel := oracleBalanceAbs, oracleBalanceRel
+	for kv := range strings.SplitSeq(params, ":") {
+		k, v, _ := strings.Cut(kv, "=")
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 {
+			return st, fmt.Errorf("strategy %q: %s: want a number >= 0", st.Name, kv)
+		}
+		switch k {
+		case "balance_abs":
+			abs = int(f)
+		case "balance_rel":
+			rel = f
+		default:
+			return st, fmt.Errorf("strategy %q: unknown parameter %q (want balance_abs, balance_rel)", st.Name, k)
+		}
+	}
+	st.New = func(env Env) (Policy, error) {
+		rng := rand.New(rand.NewPCG(env.Seed, Key(uint64(len(Oracle)), uint64(Oracle[0]))))
+		return &oracle{n: env.Replicas, rng: rng, abs: abs, rel: rel}, nil
+	}
+	return st, nil
+}
+
+// ParseStrategies reads a comma-separated list of strategies (see
+// ParseStrategy); the words "all", "rolter" and "peers" stand for
+// AllStrategies, RolterStrategies and PeerStrategies.
+func ParseStrategies(list string) ([]Strategy, error) {
+	var out []Strategy
+	for _, f := range strings.FieldsFunc(list, func(r rune) bool { return r == ',' || r == ' ' }) {
+		var names []string
+		switch f {
+		case "all":
+			names = AllStrategies()
+		case "rolter":
+			names = RolterStrategies
+		case "peers":
+			names = PeerStrategies
+		default:
+			names = []string{f}
+		}
+		for _, n := range names {
+			st, err := ParseStrategy(n)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, st)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no strategy given")
+	}
+	return out, nil
+}
+
+// balancer runs one of pkg/routing's balancers, as the proxy does: Pick over
+// every target with the proxy's in-flight counts, Observe right after, and
+// Learn on success with the load read for the pick and the request's
+// latency from dispatch to completion.
+type balancer struct {
+	b   routing.Balancer
+	all routing.Set
+}
+
+func (p *balancer) Pick(f *Flight, v *View) int { return p.b.Pick(&f.Ctx, v.Loads, p.all) }
+
+func (p *balancer) Observe(target int, f *Flight, _ *View) { p.b.Observe(target, &f.Ctx) }
+
+func (p *balancer) FirstToken(*Flight, time.Duration) {}
+
+func (p *balancer) Done(f *Flight, now time.Duration) {
+	if l, ok := p.b.(routing.Learner); ok {
+		l.Learn(f.Target, &f.Ctx, f.Depth, now-f.Issued)
+	}
+}
+
+// Decisions returns the balancer's decision counts, if it keeps any.
+func (p *balancer) Decisions() map[string]uint64 {
+	if d, ok := p.b.(routing.DecisionCounter); ok {
+		return d.Decisions()
+	}
+	return nil
+}

@@ -1,0 +1,481 @@
+package sim
+
+import (
+	"container/heap"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"rolter.dev/tests/vllmsim"
+)
+
+// Config describes the simulated fleet and client population.
+type Config struct {
+	// Replicas is the number of vLLM replicas (8).
+	Replicas int
+	// BlockSize and CapacityBlocks size each replica's prefix cache
+	// (vllmsim defaults: 16 tokens, 4096 blocks).
+	BlockSize      int
+	CapacityBlocks int
+	// MaxBatch is the number of requests a replica runs at once (vLLM's
+	// max_num_seqs); more wait in its queue, first in first out.
+	MaxBatch int
+	// PrefillPerToken is the prefill time of one uncached prompt token, and
+	// PrefillBase a fixed time per request (vllmsim's TTFT). Prefill is
+	// compute bound, so a replica prefills one request at a time unless
+	// ParallelPrefill (vllmsim's model: every running request prefills on
+	// its own).
+	PrefillPerToken time.Duration
+	PrefillBase     time.Duration
+	ParallelPrefill bool
+	// DecodePerToken is the time between two output tokens (vllmsim's ITL).
+	DecodePerToken time.Duration
+	// Proxies is the number of proxies, each with its own balancer state and
+	// its own in-flight counts; every request goes to a uniformly random one
+	// (an L4 spread).
+	Proxies int
+	// Concurrency overrides the workload's number of closed-loop clients.
+	Concurrency int
+	// Rate > 0 replaces the closed loop by open-loop Poisson arrivals of
+	// sessions per second (later turns still follow their predecessor).
+	Rate float64
+	// Seed drives every random choice of the simulator and of the peers'
+	// policies.
+	Seed uint64
+	// SessionKeys sends each session's x-session-id.
+	SessionKeys bool
+	// Progress, if set, is called once per completed request.
+	Progress func()
+}
+
+// DefaultConfig returns the default fleet: 8 replicas with the vLLM
+// simulator's cache (16-token blocks, 4096 blocks = 65,536 tokens each), 64
+// running requests per replica, 50 µs per uncached prompt token (20,000
+// tokens/s), 5 ms per request, 20 ms per output token.
+func DefaultConfig() Config {
+	return Config{
+		Replicas: 8, BlockSize: vllmsim.DefaultBlockSize, CapacityBlocks: vllmsim.DefaultCapacityBlocks,
+		MaxBatch: 64, PrefillPerToken: 50 * time.Microsecond, PrefillBase: 5 * time.Millisecond,
+		DecodePerToken: 20 * time.Millisecond, Proxies: 1, Seed: 1,
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.Replicas < 1 || c.Replicas > 256, "replicas: %d, want 1..256", c.Replicas)
+	check(c.BlockSize < 1, "block size: %d, want >= 1", c.BlockSize)
+	check(c.CapacityBlocks < 1, "capacity: %d blocks, want >= 1", c.CapacityBlocks)
+	check(c.MaxBatch < 1, "max batch: %d, want >= 1", c.MaxBatch)
+	check(c.PrefillPerToken < 0 || c.PrefillBase < 0 || c.DecodePerToken < 0, "negative service time")
+	check(c.Proxies < 1, "proxies: %d, want >= 1", c.Proxies)
+	check(c.Concurrency < 0, "concurrency: %d, want >= 0", c.Concurrency)
+	check(c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0), "rate: %v, want a finite number >= 0", c.Rate)
+	return errors.Join(errs...)
+}
+
+// ReplicaStats are one replica's totals.
+type ReplicaStats struct {
+	Requests     int           `json:"requests"`
+	PromptTokens int64         `json:"prompt_tokens"`
+	CachedTokens int64         `json:"cached_tokens"`
+	Busy         time.Duration `json:"busy_ns"`
+	// InflightArea is the time integral of the replica's requests in flight
+	// (waiting or running), in request-seconds.
+	InflightArea float64 `json:"inflight_area"`
+}
+
+// Result is one strategy's run on one workload.
+type Result struct {
+	Strategy string
+	Workload string
+	Proxies  int
+	Requests int
+	// PromptTokens and CachedTokens add up every request's prompt tokens and
+	// the prefix-cache hits the replicas reported.
+	PromptTokens, CachedTokens int64
+	// HitRate is CachedTokens / PromptTokens.
+	HitRate float64
+	// LoadImbalance is max/mean over replicas of the busy time: the prefill
+	// and decode time of the requests each replica served.
+	LoadImbalance float64
+	// InflightImbalance is max/mean of the time-averaged requests in flight.
+	InflightImbalance float64
+	// TTFT statistics: from the client's send to the first token.
+	TTFTMean, TTFTP50, TTFTP99 time.Duration
+	// Makespan runs from the first send to the last completion.
+	Makespan time.Duration
+	// Throughput is completed requests per second of makespan; OutputTPS
+	// the output tokens per second.
+	Throughput, OutputTPS float64
+	// Replicas has per-replica totals.
+	Replicas []ReplicaStats
+	// Decisions sums the balancers' decision counts over proxies (rolter
+	// strategies that count them).
+	Decisions map[string]uint64
+	// Deterministic is false when the strategy's code uses an unseedable
+	// random source.
+	Deterministic bool
+}
+
+// replica is one simulated vLLM replica.
+type replica struct {
+	cache       *vllmsim.Cache
+	queue       []*Flight
+	running     int
+	inflight    int
+	lastChange  time.Duration
+	prefillFree time.Duration
+	stats       ReplicaStats
+}
+
+type proxy struct {
+	policy Policy
+	loads  []int
+}
+
+// event kinds
+const (
+	evIssue = iota // a session's next turn is sent
+	evReady        // a closed-loop session is ready for its next turn
+	evFirstToken
+	evDone
+)
+
+type event struct {
+	at   time.Duration
+	seq  uint64
+	kind uint8
+	s    *sessionState
+	f    *Flight
+}
+
+type eventQueue []event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+type sessionState struct {
+	s    *Session
+	next int // next turn to send
+}
+
+// run is the state of one simulation.
+type run struct {
+	cfg      Config
+	strategy Strategy
+	w        *Workload
+	now      time.Duration
+	seq      uint64
+	events   eventQueue
+	rng      *rand.Rand
+	replicas []*replica
+	proxies  []*proxy
+	caches   []*vllmsim.Cache
+	waiting  []int
+
+	closed     bool
+	clients    int
+	active     int
+	ready      []*sessionState
+	ttfts      []time.Duration
+	first      time.Duration
+	firstSet   bool
+	last       time.Duration
+	completed  int
+	outputToks int64
+}
+
+// Run simulates the workload under one strategy and returns its result.
+// The workload is not modified; the same workload can be run with every
+// strategy.
+func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
+	if err := cfg.validate(); err != nil {
+		return Result{}, err
+	}
+	if st.New == nil {
+		return Result{}, fmt.Errorf("strategy %q has no constructor", st.Name)
+	}
+	r := &run{cfg: cfg, strategy: st, w: w, rng: rand.New(rand.NewPCG(cfg.Seed, 0x73696d))}
+	for range cfg.Replicas {
+		c := vllmsim.NewCache(cfg.BlockSize, cfg.CapacityBlocks, nil)
+		r.replicas = append(r.replicas, &replica{cache: c})
+		r.caches = append(r.caches, c)
+	}
+	r.waiting = make([]int, cfg.Replicas)
+	for p := range cfg.Proxies {
+		pol, err := st.New(Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, Seed: Key(cfg.Seed, uint64(p))})
+		if err != nil {
+			return Result{}, fmt.Errorf("strategy %q: %w", st.Name, err)
+		}
+		r.proxies = append(r.proxies, &proxy{policy: pol, loads: make([]int, cfg.Replicas)})
+	}
+	r.start()
+	for r.events.Len() > 0 {
+		e := heap.Pop(&r.events).(event)
+		r.now = e.at
+		switch e.kind {
+		case evIssue:
+			r.issue(e.s)
+		case evReady:
+			r.ready = append(r.ready, e.s)
+			r.fill()
+		case evFirstToken:
+			r.firstToken(e.f)
+		case evDone:
+			r.done(e.f)
+		}
+	}
+	return r.result(), nil
+}
+
+func (r *run) push(at time.Duration, kind uint8, s *sessionState, f *Flight) {
+	r.seq++
+	heap.Push(&r.events, event{at: at, seq: r.seq, kind: kind, s: s, f: f})
+}
+
+// start schedules the first turns: at the sessions' trace times, as a
+// Poisson process, or through a closed loop of clients.
+func (r *run) start() {
+	hasStarts := len(r.w.Sessions) > 0 && r.w.Sessions[0].Start >= 0
+	switch {
+	case r.cfg.Rate > 0:
+		at := time.Duration(0)
+		for _, s := range r.w.Sessions {
+			at += time.Duration(r.rng.ExpFloat64() / r.cfg.Rate * float64(time.Second))
+			r.push(at, evIssue, &sessionState{s: s}, nil)
+		}
+	case r.cfg.Concurrency == 0 && r.w.Concurrency == 0 && hasStarts:
+		for _, s := range r.w.Sessions {
+			r.push(max(s.Start, 0), evIssue, &sessionState{s: s}, nil)
+		}
+	default:
+		r.closed = true
+		r.clients = r.cfg.Concurrency
+		if r.clients == 0 {
+			r.clients = r.w.Concurrency
+		}
+		if r.clients == 0 {
+			r.clients = 1
+		}
+		for _, s := range r.w.Sessions {
+			r.ready = append(r.ready, &sessionState{s: s})
+		}
+		r.fill()
+	}
+}
+
+// fill lets idle closed-loop clients pick up ready sessions in order.
+func (r *run) fill() {
+	for r.active < r.clients && len(r.ready) > 0 {
+		s := r.ready[0]
+		r.ready = r.ready[1:]
+		r.active++
+		r.issue(s)
+	}
+}
+
+// issue sends a session's next turn through a proxy to a replica.
+func (r *run) issue(s *sessionState) {
+	t := s.s.Turns[s.next]
+	req := &Request{Session: s.s, Turn: s.next, Messages: t.Messages, Output: max(t.Output, 1)}
+	s.next++
+	f := &Flight{Req: req, Issued: r.now}
+	f.Ctx = RouteContext(req, r.cfg.SessionKeys)
+	if !r.firstSet {
+		r.first, r.firstSet = r.now, true
+	}
+	p := 0
+	if len(r.proxies) > 1 {
+		p = r.rng.IntN(len(r.proxies))
+	}
+	px := r.proxies[p]
+	v := &View{Now: r.now, Loads: px.loads, Waiting: r.waiting, Caches: r.caches, BlockSize: r.cfg.BlockSize}
+	target := px.policy.Pick(f, v)
+	if target < 0 || target >= len(r.replicas) {
+		panic(fmt.Sprintf("sim: strategy %s picked replica %d of %d", r.strategy.Name, target, len(r.replicas)))
+	}
+	f.Proxy, f.Target, f.Depth = p, target, px.loads[target]
+	px.policy.Observe(target, f, v)
+	px.loads[target]++
+	f.sess = s
+
+	rep := r.replicas[target]
+	r.account(rep)
+	rep.inflight++
+	rep.queue = append(rep.queue, f)
+	r.waiting[target]++
+	r.schedule(target)
+}
+
+// account adds the replica's in-flight area up to now.
+func (r *run) account(rep *replica) {
+	rep.stats.InflightArea += float64(rep.inflight) * (r.now - rep.lastChange).Seconds()
+	rep.lastChange = r.now
+}
+
+// schedule admits waiting requests to free batch slots: the prefix cache
+// serves what it holds, the rest is prefilled, then the output is decoded.
+func (r *run) schedule(i int) {
+	rep := r.replicas[i]
+	for rep.running < r.cfg.MaxBatch && len(rep.queue) > 0 {
+		f := rep.queue[0]
+		rep.queue = rep.queue[1:]
+		r.waiting[i]--
+		rep.running++
+		toks := f.Req.Tokens()
+		f.Cached, f.lease = rep.cache.Admit(toks)
+		f.Started = r.now
+		prefill := r.cfg.PrefillBase + time.Duration(len(toks)-f.Cached)*r.cfg.PrefillPerToken
+		end := r.now + prefill
+		if !r.cfg.ParallelPrefill {
+			end = max(r.now, rep.prefillFree) + prefill
+			rep.prefillFree = end
+		}
+		decode := time.Duration(f.Req.Output-1) * r.cfg.DecodePerToken
+		rep.stats.Busy += prefill + decode
+		rep.stats.Requests++
+		rep.stats.PromptTokens += int64(len(toks))
+		rep.stats.CachedTokens += int64(f.Cached)
+		r.push(end, evFirstToken, nil, f)
+		r.push(end+decode, evDone, nil, f)
+	}
+}
+
+func (r *run) firstToken(f *Flight) {
+	f.FirstToken = r.now
+	r.ttfts = append(r.ttfts, r.now-f.Issued)
+	if l, ok := r.proxies[f.Proxy].policy.(lifecycle); ok {
+		l.FirstToken(f, r.now)
+	}
+}
+
+func (r *run) done(f *Flight) {
+	f.Done = r.now
+	rep := r.replicas[f.Target]
+	rep.cache.Release(f.lease)
+	f.lease = nil
+	r.account(rep)
+	rep.inflight--
+	rep.running--
+	px := r.proxies[f.Proxy]
+	px.loads[f.Target]--
+	if l, ok := px.policy.(lifecycle); ok {
+		l.Done(f, r.now)
+	}
+	f.Req.release()
+	r.completed++
+	r.outputToks += int64(f.Req.Output)
+	r.last = r.now
+	if r.cfg.Progress != nil {
+		r.cfg.Progress()
+	}
+	s := f.sess
+	f.sess = nil
+	if r.closed {
+		r.active--
+		if s.next < len(s.s.Turns) {
+			r.push(r.now+s.s.Turns[s.next].Think, evReady, s, nil)
+		}
+	} else if s.next < len(s.s.Turns) {
+		r.push(r.now+s.s.Turns[s.next].Think, evIssue, s, nil)
+	}
+	r.schedule(f.Target)
+	if r.closed {
+		r.fill()
+	}
+}
+
+func (r *run) result() Result {
+	res := Result{
+		Strategy: r.strategy.Name, Workload: r.w.Name, Proxies: r.cfg.Proxies, Requests: r.completed,
+		Deterministic: r.strategy.Deterministic,
+	}
+	var busy, area []float64
+	for _, rep := range r.replicas {
+		r.account(rep)
+		res.Replicas = append(res.Replicas, rep.stats)
+		res.PromptTokens += rep.stats.PromptTokens
+		res.CachedTokens += rep.stats.CachedTokens
+		busy = append(busy, rep.stats.Busy.Seconds())
+		area = append(area, rep.stats.InflightArea)
+	}
+	if res.PromptTokens > 0 {
+		res.HitRate = float64(res.CachedTokens) / float64(res.PromptTokens)
+	}
+	res.LoadImbalance = maxOverMean(busy)
+	res.InflightImbalance = maxOverMean(area)
+	if len(r.ttfts) > 0 {
+		slices.Sort(r.ttfts)
+		var sum time.Duration
+		for _, t := range r.ttfts {
+			sum += t
+		}
+		res.TTFTMean = sum / time.Duration(len(r.ttfts))
+		res.TTFTP50 = percentile(r.ttfts, 0.50)
+		res.TTFTP99 = percentile(r.ttfts, 0.99)
+	}
+	res.Makespan = r.last - r.first
+	if s := res.Makespan.Seconds(); s > 0 {
+		res.Throughput = float64(r.completed) / s
+		res.OutputTPS = float64(r.outputToks) / s
+	}
+	for _, px := range r.proxies {
+		d, ok := px.policy.(interface{ Decisions() map[string]uint64 })
+		if !ok {
+			continue
+		}
+		for k, v := range d.Decisions() {
+			if res.Decisions == nil {
+				res.Decisions = map[string]uint64{}
+			}
+			res.Decisions[k] += v
+		}
+	}
+	return res
+}
+
+// percentile returns the nearest-rank p-quantile of sorted values.
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	k := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(k, 0), len(sorted)-1)]
+}
+
+// maxOverMean returns max(v)/mean(v), 1 for an all-zero or empty v.
+func maxOverMean(v []float64) float64 {
+	if len(v) == 0 {
+		return 1
+	}
+	var sum, hi float64
+	for _, x := range v {
+		sum += x
+		hi = max(hi, x)
+	}
+	if sum == 0 {
+		return 1
+	}
+	return hi / (sum / float64(len(v)))
+}

@@ -1,0 +1,324 @@
+package sim
+
+import (
+	"bytes"
+	"image/png"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func mustStrategy(t *testing.T, name string) Strategy {
+	t.Helper()
+	st, err := ParseStrategy(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func mustRun(t *testing.T, cfg Config, w *Workload, name string) Result {
+	t.Helper()
+	res, err := Run(cfg, w, mustStrategy(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests != w.Requests() {
+		t.Fatalf("%s: %d requests completed of %d", name, res.Requests, w.Requests())
+	}
+	return res
+}
+
+func smallConfig() Config {
+	cfg := DefaultConfig()
+	cfg.Replicas = 4
+	cfg.CapacityBlocks = 1 << 16 // ample: nothing is evicted
+	return cfg
+}
+
+func deterministicStrategies() []string {
+	var out []string
+	for _, name := range AllStrategies() {
+		if mustStrategyQuiet(name).Deterministic {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+func mustStrategyQuiet(name string) Strategy {
+	st, err := ParseStrategy(name)
+	if err != nil {
+		panic(err)
+	}
+	return st
+}
+
+// Same seed, same results, for every strategy whose code draws only from
+// seeded sources; another seed changes the workload and so the results.
+func TestDeterminism(t *testing.T) {
+	cfg := smallConfig()
+	cfg.CapacityBlocks = 300 // some eviction, so that order matters
+	for _, name := range deterministicStrategies() {
+		for _, wname := range []string{"gsp", "multiturn"} {
+			t.Run(name+"/"+wname, func(t *testing.T) {
+				a := mustRun(t, cfg, smallWorkloads()[wname], name)
+				b := mustRun(t, cfg, smallWorkloads()[wname], name)
+				if !reflect.DeepEqual(a, b) {
+					t.Fatalf("two runs differ:\n%+v\n%+v", a, b)
+				}
+			})
+		}
+	}
+	for _, name := range []string{"random", "power_of_two", "pipeline", "predicted_latency"} {
+		if mustStrategy(t, name).Deterministic {
+			t.Errorf("%s draws from the process-wide generator but is marked deterministic", name)
+		}
+	}
+	cfg2 := cfg
+	cfg2.Seed = 2
+	w1 := GSP(GSPParams{Groups: 3, PromptsPerGroup: 3, SystemLen: 300, QuestionLen: 20, OutputLen: 5, Concurrency: 4}, cfg.Seed)
+	w2 := GSP(GSPParams{Groups: 3, PromptsPerGroup: 3, SystemLen: 300, QuestionLen: 20, OutputLen: 5, Concurrency: 4}, cfg2.Seed)
+	if reflect.DeepEqual(mustRun(t, cfg, w1, "sglang"), mustRun(t, cfg2, w2, "sglang")) {
+		t.Fatal("seeds 1 and 2 give identical results")
+	}
+}
+
+// With caches that hold everything, the oracle hits every cached prefix:
+// no strategy beats it, and the greedy oracle reaches the unbounded rate.
+func TestOracleBoundsEveryStrategy(t *testing.T) {
+	cfg := smallConfig()
+	for wname, w := range smallWorkloads() {
+		t.Run(wname, func(t *testing.T) {
+			unbounded := UnboundedHitRate(w, cfg.BlockSize)
+			greedy := mustRun(t, cfg, w, OracleGreedy)
+			guarded := mustRun(t, cfg, w, Oracle)
+			if greedy.HitRate != unbounded {
+				t.Fatalf("greedy oracle %.4f, unbounded %.4f", greedy.HitRate, unbounded)
+			}
+			for _, name := range AllStrategies() {
+				r := mustRun(t, cfg, w, name)
+				if r.HitRate > greedy.HitRate+1e-12 || r.HitRate > unbounded+1e-12 {
+					t.Errorf("%s hits %.4f, above the oracle's %.4f", name, r.HitRate, greedy.HitRate)
+				}
+			}
+			if guarded.HitRate > greedy.HitRate+1e-12 {
+				t.Errorf("guarded oracle %.4f above the greedy one %.4f", guarded.HitRate, greedy.HitRate)
+			}
+		})
+	}
+}
+
+func TestRoundRobinSpreadsLoadEvenly(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Replicas = 5
+	for _, tc := range []struct {
+		name string
+		w    *Workload
+	}{
+		{"same sizes", Unique(UniqueParams{Requests: 103, PromptLen: 100, OutputLen: 10, Concurrency: 7}, 1)},
+		{"spread sizes", Unique(UniqueParams{Requests: 103, PromptLen: 100, OutputLen: 10, Spread: 0.5, Concurrency: 7}, 1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := mustRun(t, cfg, tc.w, "round_robin")
+			lo, hi := r.Replicas[0].Requests, r.Replicas[0].Requests
+			for _, rep := range r.Replicas {
+				lo, hi = min(lo, rep.Requests), max(hi, rep.Requests)
+			}
+			if hi-lo > 1 {
+				t.Fatalf("requests per replica from %d to %d", lo, hi)
+			}
+			if r.LoadImbalance > 1.12 {
+				t.Fatalf("load imbalance %.3f", r.LoadImbalance)
+			}
+		})
+	}
+}
+
+// One replica, two requests of one session: the service-time model and the
+// cache agree with the vLLM simulator's numbers.
+func TestServiceModel(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Replicas = 1
+	cfg.PrefillPerToken = time.Millisecond
+	cfg.PrefillBase = 10 * time.Millisecond
+	cfg.DecodePerToken = 5 * time.Millisecond
+	sys := Message{Role: "system", Content: []Segment{{Key(9), 160 - hdr("system")}}}
+	q1 := Message{Role: "user", Content: []Segment{{Key(10), 30}}}
+	s := &Session{Start: -1, Turns: []Turn{
+		{Messages: []Message{sys, q1}, Output: 4},
+		{Messages: []Message{sys, q1}, Output: 4, Think: time.Second},
+	}}
+	w := &Workload{Name: "hand", Sessions: []*Session{s}, Concurrency: 1}
+	r := mustRun(t, cfg, w, "round_robin")
+	n := hdr("system") + (160 - hdr("system")) + hdr("user") + 30 + hdr("assistant")
+	// First: all n tokens computed. Second: every full block but the one
+	// holding the last token is cached.
+	cached := (n - 1) / 16 * 16
+	if r.PromptTokens != int64(2*n) || r.CachedTokens != int64(cached) {
+		t.Fatalf("prompt %d cached %d, want %d and %d", r.PromptTokens, r.CachedTokens, 2*n, cached)
+	}
+	ttft1 := cfg.PrefillBase + time.Duration(n)*cfg.PrefillPerToken
+	ttft2 := cfg.PrefillBase + time.Duration(n-cached)*cfg.PrefillPerToken
+	if want := (ttft1 + ttft2) / 2; r.TTFTMean != want {
+		t.Fatalf("mean TTFT %v, want %v", r.TTFTMean, want)
+	}
+	decode := 3 * cfg.DecodePerToken
+	if want := ttft1 + decode + time.Second + ttft2 + decode; r.Makespan != want {
+		t.Fatalf("makespan %v, want %v", r.Makespan, want)
+	}
+}
+
+// Prefill is one request at a time per replica: the second of two
+// simultaneous requests waits for the first's prefill.
+func TestSerialPrefill(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Replicas = 1
+	cfg.PrefillPerToken, cfg.PrefillBase = time.Millisecond, 0
+	w := Unique(UniqueParams{Requests: 2, PromptLen: 100, OutputLen: 1, Concurrency: 2}, 1)
+	n := time.Duration(hdr("user")+100+hdr("assistant")) * time.Millisecond
+	if r := mustRun(t, cfg, w, "round_robin"); r.TTFTP99 != 2*n || r.TTFTP50 != n {
+		t.Fatalf("TTFT p50 %v p99 %v, want %v and %v", r.TTFTP50, r.TTFTP99, n, 2*n)
+	}
+	cfg.ParallelPrefill = true
+	if r := mustRun(t, cfg, w, "round_robin"); r.TTFTP99 != n {
+		t.Fatalf("parallel prefill: TTFT p99 %v, want %v", r.TTFTP99, n)
+	}
+}
+
+// loadProbe wraps round robin and records the busiest moment it saw.
+type loadProbe struct {
+	Policy
+	maxInflight *int
+}
+
+func (p loadProbe) Pick(f *Flight, v *View) int {
+	sum := 0
+	for _, l := range v.Loads {
+		sum += l
+	}
+	*p.maxInflight = max(*p.maxInflight, sum+1)
+	return p.Policy.Pick(f, v)
+}
+
+func (p loadProbe) Observe(target int, f *Flight, v *View) { p.Policy.Observe(target, f, v) }
+
+func TestClosedLoopConcurrency(t *testing.T) {
+	for _, c := range []int{1, 3, 8} {
+		peak := 0
+		rr := mustStrategy(t, "round_robin")
+		st := Strategy{Name: "probe", Deterministic: true, New: func(env Env) (Policy, error) {
+			p, err := rr.New(env)
+			return loadProbe{p, &peak}, err
+		}}
+		cfg := smallConfig()
+		cfg.Concurrency = c
+		w := smallWorkloads()["multiturn"]
+		if _, err := Run(cfg, w, st); err != nil {
+			t.Fatal(err)
+		}
+		if peak != min(c, len(w.Sessions)) {
+			t.Fatalf("concurrency %d: %d requests in flight at most", c, peak)
+		}
+	}
+}
+
+func TestOpenLoop(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Rate = 2 // sessions per second
+	w := Unique(UniqueParams{Requests: 200, PromptLen: 50, OutputLen: 2}, 1)
+	r := mustRun(t, cfg, w, "least_load")
+	// 200 Poisson arrivals at 2/s take about 100 s.
+	if r.Makespan < 80*time.Second || r.Makespan > 125*time.Second {
+		t.Fatalf("makespan %v for 200 arrivals at 2/s", r.Makespan)
+	}
+}
+
+// P proxies each keep their own balancer state; the affinity they learn
+// separately is worth less than one proxy's.
+func TestProxies(t *testing.T) {
+	cfg := smallConfig()
+	cfg.CapacityBlocks = 400
+	w := GSP(GSPParams{Groups: 8, PromptsPerGroup: 8, SystemLen: 600, QuestionLen: 30, OutputLen: 20, Concurrency: 8}, 3)
+	one := mustRun(t, cfg, w, "cache_aware")
+	cfg.Proxies = 4
+	four := mustRun(t, cfg, w, "cache_aware")
+	if four.Proxies != 4 || one.Proxies != 1 {
+		t.Fatalf("proxies %d and %d", one.Proxies, four.Proxies)
+	}
+	if four.HitRate >= one.HitRate {
+		t.Fatalf("4 proxies hit %.3f, 1 proxy %.3f: separate state should cost hits", four.HitRate, one.HitRate)
+	}
+}
+
+func TestParseStrategy(t *testing.T) {
+	for _, tc := range []struct {
+		in, err string
+	}{
+		{"cache_aware", ""},
+		{"cache_aware:threshold=0.3:balance_abs=8:balance_rel=2:max_trie_nodes=1000", ""},
+		{"pipeline:prefix_cache=2:least_load=0.5", ""},
+		{"oracle:balance_rel=3", ""},
+		{"oracle_greedy", ""},
+		{"nope", "unknown strategy"},
+		{"cache_aware:threshold", "not key=value"},
+		{"cache_aware:threshold=-1", "threshold"},
+		{"pipeline:bogus=1", "unknown scorer"},
+		{"sglang:threshold=0.5", "takes no parameters"},
+		{"oracle:foo=1", "unknown parameter"},
+	} {
+		_, err := ParseStrategy(tc.in)
+		if (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("ParseStrategy(%q) error %v, want %q", tc.in, err, tc.err)
+		}
+	}
+	all, err := ParseStrategies("rolter,peers")
+	if err != nil || len(all) != len(AllStrategies()) {
+		t.Fatalf("%d strategies, %v", len(all), err)
+	}
+	if _, err := ParseStrategies(" , "); err == nil {
+		t.Fatal("an empty list parses")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, mutate := range []func(*Config){
+		func(c *Config) { c.Replicas = 0 },
+		func(c *Config) { c.BlockSize = 0 },
+		func(c *Config) { c.CapacityBlocks = 0 },
+		func(c *Config) { c.MaxBatch = 0 },
+		func(c *Config) { c.Proxies = 0 },
+		func(c *Config) { c.DecodePerToken = -1 },
+		func(c *Config) { c.Rate = -1 },
+	} {
+		cfg := DefaultConfig()
+		mutate(&cfg)
+		if _, err := Run(cfg, smallWorkloads()["unique"], mustStrategy(t, "round_robin")); err == nil {
+			t.Errorf("config %+v accepted", cfg)
+		}
+	}
+}
+
+func TestChart(t *testing.T) {
+	cfg := smallConfig()
+	w := smallWorkloads()["gsp"]
+	var results []Result
+	for _, name := range []string{"round_robin", "cache_aware:threshold=0.3", "sglang", "oracle"} {
+		results = append(results, mustRun(t, cfg, w, name))
+	}
+	var buf bytes.Buffer
+	if err := WriteChart(&buf, "test", results); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() < 800 || b.Dy() < chartTop+4*chartRow {
+		t.Fatalf("chart of %v", b)
+	}
+	if err := WriteChart(&buf, "none", nil); err == nil {
+		t.Fatal("a chart of nothing")
+	}
+}

@@ -1,0 +1,156 @@
+package sim
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReadTraceExcerpt(t *testing.T) {
+	recs, err := ReadTraceFile("testdata/mooncake_excerpt.jsonl", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 6 {
+		t.Fatalf("%d records, want 6 (the blank line skipped)", len(recs))
+	}
+	want := TraceRecord{Timestamp: 250, InputLength: 2000, OutputLength: 300, HashIDs: []int64{0, 1, 2, 5}}
+	if got := recs[2]; got.Timestamp != want.Timestamp || got.InputLength != want.InputLength ||
+		got.OutputLength != want.OutputLength || len(got.HashIDs) != 4 || got.HashIDs[3] != 5 {
+		t.Fatalf("record 3 = %+v, want %+v", got, want)
+	}
+	if limited, err := ReadTraceFile("testdata/mooncake_excerpt.jsonl", 2); err != nil || len(limited) != 2 {
+		t.Fatalf("limit 2: %d records, %v", len(limited), err)
+	}
+}
+
+func TestReadTraceErrors(t *testing.T) {
+	for _, tc := range []struct{ name, in, msg string }{
+		{"not json", "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n{oops}\n", "line 2"},
+		{"no blocks", `{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": []}`, "no hash_ids"},
+		{"no input", `{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": [1]}`, "input_length"},
+		{"time goes back", "{\"timestamp\": 9, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n" +
+			"{\"timestamp\": 8, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n", "before"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ReadTrace(strings.NewReader(tc.in), 0)
+			if err == nil || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("error %v, want one mentioning %q", err, tc.msg)
+			}
+		})
+	}
+}
+
+// The excerpt's unbounded hit rates, worked out by hand.
+func TestTraceUnboundedHitRateHandmade(t *testing.T) {
+	recs, err := ReadTraceFile("testdata/mooncake_excerpt.jsonl", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Blocks: [0 1 2] 0/3, [0 3 4] 1/3, [0 1 2 5] 3/4, [6 7] 0/2,
+	// [0 3 4 8 9] 3/5, [6] 1/1: 8 of 18.
+	if got := TraceBlockHitRate(recs); math.Abs(got-8.0/18) > 1e-12 {
+		t.Fatalf("block hit rate %v, want 8/18", got)
+	}
+	// Tokens, 16 per cache block, each prompt framed by the chat template's
+	// "<|user|>" (5 tokens) and "<|assistant|>" (6 tokens):
+	//   [0 3 4] shares 5+512 tokens with [0 1 2]: 32 blocks = 512 tokens;
+	//   [0 1 2 5] shares 5+1500 with [0 1 2] (its partial block 2): 1504;
+	//   [0 3 4 8 9] shares 5+1300 with [0 3 4]: 1296;
+	//   [6] shares 5+512 with [6 7]: 512.
+	if hdr("user") != 5 || hdr("assistant") != 6 {
+		t.Fatalf("template markers of %d and %d tokens", hdr("user"), hdr("assistant"))
+	}
+	w := TraceWorkload(recs, 1, 1)
+	want := float64(512+1504+1296+512) / float64(1500+1300+2000+700+2500+512+6*11)
+	if got := UnboundedHitRate(w, 16); math.Abs(got-want) > 1e-12 {
+		t.Fatalf("token hit rate %v, want %v", got, want)
+	}
+}
+
+func TestTraceWorkload(t *testing.T) {
+	recs, err := ReadTraceFile("testdata/mooncake_excerpt.jsonl", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := TraceWorkload(recs, 2, 1)
+	if w.Concurrency != 0 || len(w.Sessions) != len(recs) {
+		t.Fatalf("concurrency %d, %d sessions", w.Concurrency, len(w.Sessions))
+	}
+	for i, s := range w.Sessions {
+		r := recs[i]
+		m := s.Turns[0].Messages
+		if len(m) != 1 || m[0].Tokens() != r.InputLength || len(m[0].Content) != len(r.HashIDs) {
+			t.Fatalf("record %d: %d tokens in %d segments", i, m[0].Tokens(), len(m[0].Content))
+		}
+		if want := time.Duration(r.Timestamp) * time.Millisecond / 2; s.Start != want {
+			t.Fatalf("record %d starts at %v, want %v (speedup 2)", i, s.Start, want)
+		}
+		if s.Turns[0].Output != max(r.OutputLength, 1) {
+			t.Fatalf("record %d: output %d", i, s.Turns[0].Output)
+		}
+	}
+	// Equal ids give equal text: [6 7] and [6] share block 6's 512 words.
+	a, b := PromptTokens(w.Sessions[3].Turns[0].Messages), PromptTokens(w.Sessions[5].Turns[0].Messages)
+	if c := commonPrefix(a, b); c != hdr("user")+512 {
+		t.Fatalf("records sharing block 6 share %d tokens", c)
+	}
+	// Different seeds give different text for the same ids.
+	other := TraceWorkload(recs, 1, 2)
+	if commonPrefix(PromptTokens(other.Sessions[0].Turns[0].Messages), PromptTokens(w.Sessions[0].Turns[0].Messages)) > 10 {
+		t.Fatal("the block text does not depend on the seed")
+	}
+}
+
+// sharedTrace finds ../shared/traces beside the repository root (the
+// directory holding go.work).
+func sharedTrace(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.work")); err == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Skip("no go.work above the test directory: cannot locate ../shared/traces")
+		}
+		dir = parent
+	}
+	path := filepath.Join(dir, "..", "shared", "traces", "mooncake_conversation_trace.jsonl")
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("the shared Mooncake trace is not at %s (%v): skipping the full-trace check", path, err)
+	}
+	return path
+}
+
+func TestSharedMooncakeTrace(t *testing.T) {
+	path := sharedTrace(t)
+	recs, err := ReadTraceFile(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 12031 {
+		t.Fatalf("%d records, want 12031", len(recs))
+	}
+	if got := TraceBlockHitRate(recs); math.Abs(got-0.3664) > 0.0001 {
+		t.Fatalf("unbounded block hit rate %.4f, want 0.3664 (the published 36.64 %%)", got)
+	}
+	span := time.Duration(recs[len(recs)-1].Timestamp) * time.Millisecond
+	if span < 55*time.Minute || span > 62*time.Minute {
+		t.Fatalf("the trace spans %v, want about an hour", span)
+	}
+	// The synthesized text keeps the sharing structure: on its first 300
+	// requests the token-level unbounded hit rate tracks the block level.
+	head := recs[:300]
+	tok, blk := UnboundedHitRate(TraceWorkload(head, 1, 1), 16), TraceBlockHitRate(head)
+	if math.Abs(tok-blk) > 0.03 {
+		t.Fatalf("first 300 requests: token hit rate %.3f, block hit rate %.3f", tok, blk)
+	}
+}
