@@ -85,6 +85,12 @@ type Cache struct {
 	Namespace      string `toml:"namespace"`
 	// MaxEntryBytes caps a stored body; 0 means no limit.
 	MaxEntryBytes int64 `toml:"max_entry_bytes"`
+	// TimeoutMS bounds every Redis operation, so the cache never holds a
+	// request up for longer; a slower answer is a miss.
+	TimeoutMS int `toml:"timeout_ms"`
+	// MemoryMaxBytes caps the in-process backend used when redis_url is
+	// empty.
+	MemoryMaxBytes int64 `toml:"memory_max_bytes"`
 }
 
 // Provider kinds.
@@ -178,15 +184,21 @@ type Semantic struct {
 	Model         string   `toml:"model"`
 	Threshold     *float64 `toml:"threshold"`
 	MaxCandidates *int     `toml:"max_candidates"`
+	// TimeoutMS bounds the embedding call; past it the lookup is exact-only.
+	TimeoutMS int `toml:"timeout_ms"`
 }
 
 // VirtualKey is a client credential with its permissions. The secret is
-// given as Key or read from KeyEnv; after [Compile] only its peppered digest
-// is kept.
+// given as Key or read from KeyEnv, or only its digest is given as KeyDigest
+// (how the control plane stores keys); after [Compile] only the peppered
+// digest is kept.
 type VirtualKey struct {
 	Name   string `toml:"name"`
 	Key    string `toml:"key"`
 	KeyEnv string `toml:"key_env"`
+	// KeyDigest is the hex of [DigestKey] of the secret under the pepper in
+	// use; the secret itself is then never known to this process.
+	KeyDigest string `toml:"key_digest"`
 	// Models and Providers are allow-lists; empty means all.
 	Models    []string   `toml:"models"`
 	Providers []string   `toml:"providers"`

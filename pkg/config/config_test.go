@@ -311,3 +311,46 @@ func TestSnapshotHoldsNoSecretOfKeys(t *testing.T) {
 		t.Fatal("snapshot retains the key secret")
 	}
 }
+
+func TestKeyDigest(t *testing.T) {
+	pepper := []byte("pepper-of-the-control-plane")
+	secret := "sk-rolter-digest-only-secret"
+	digest := config.DigestKey(pepper, secret).String()
+	tests := []struct {
+		name    string
+		key     string
+		wantErr string
+	}{
+		{name: "ok: digest authenticates the secret", key: "key_digest = \"" + digest + "\"\n"},
+		{name: "error: digest not hex", key: "key_digest = \"" + strings.Repeat("zz", 32) + "\"\n", wantErr: "virtual_keys[0].key_digest: must be hex"},
+		{name: "error: digest too short", key: "key_digest = \"abcd\"\n", wantErr: "virtual_keys[0].key_digest: must be 64 hex characters, got 4"},
+		{name: "error: digest and key", key: "key_digest = \"" + digest + "\"\nkey = \"" + secret + "\"\n", wantErr: "virtual_keys[0]: set one of key, key_env and key_digest, not several"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.Parse([]byte(minimal + "[server]\nkey_pepper = \"" + string(pepper) + "\"\n[[virtual_keys]]\nname = \"k\"\n" + tc.key))
+			if err != nil {
+				t.Fatal(err)
+			}
+			snap, err := config.Compile(cfg, config.CompileOptions{LookupEnv: func(string) (string, bool) { return "", false }})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k, err := snap.Authenticate(secret, time.Now()); err != nil || k.ID != "k" {
+				t.Fatalf("authenticate: %v, %v", k, err)
+			}
+			if _, err := snap.Authenticate(secret+"x", time.Now()); err == nil {
+				t.Fatal("a wrong secret authenticated")
+			}
+		})
+	}
+	if a, b := config.PepperCheck(pepper), config.PepperCheck([]byte("other")); a == b || len(a) != 16 {
+		t.Errorf("pepper checks %q and %q", a, b)
+	}
+}

@@ -36,7 +36,7 @@ func Default() Config {
 		Timeouts: Timeouts{ConnectSecs: 10, RequestSecs: 60},
 		Cache: Cache{
 			Enabled: false, DefaultTTLSecs: 60, Namespace: "rolter:cache",
-			MaxEntryBytes: 1 << 20,
+			MaxEntryBytes: 1 << 20, TimeoutMS: 50, MemoryMaxBytes: 64 << 20,
 		},
 	}
 }
@@ -89,6 +89,9 @@ func applyDefaults(c *Config) {
 				}
 				if s.MaxCandidates == nil {
 					s.MaxCandidates = ptr(DefaultSemanticMaxCands)
+				}
+				if s.TimeoutMS == 0 {
+					s.TimeoutMS = 1000
 				}
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,6 +88,7 @@ type CompiledSemantic struct {
 	Model         string
 	Threshold     float64
 	MaxCandidates int
+	Timeout       time.Duration
 }
 
 // Digest is the peppered digest of a virtual key secret.
@@ -209,6 +211,7 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 				cc.Semantic = &CompiledSemantic{
 					Provider: s.providers[sem.Provider], Model: sem.Model,
 					Threshold: *sem.Threshold, MaxCandidates: *sem.MaxCandidates,
+					Timeout: time.Duration(sem.TimeoutMS) * time.Millisecond,
 				}
 			}
 			cr.Cache = cc
@@ -218,16 +221,20 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 	}
 	for i, k := range cfg.VirtualKeys {
 		path := fmt.Sprintf("virtual_keys[%d]", i)
-		secret := k.Key
-		if k.KeyEnv != "" {
+		var d Digest
+		switch {
+		case k.KeyDigest != "":
+			d, _ = ParseDigest(k.KeyDigest) // Validate checked it
+		case k.KeyEnv != "":
 			val, ok := opts.LookupEnv(k.KeyEnv)
 			if !ok || len(val) < 16 {
 				v.add(path+".key_env", "environment variable %q is not set or shorter than 16 characters", k.KeyEnv)
 				continue
 			}
-			secret = val
+			d = s.digest(val)
+		default:
+			d = s.digest(k.Key)
 		}
-		d := s.digest(secret)
 		if _, dup := s.keys[d]; dup {
 			v.add(path+".key", "same secret as another key")
 			continue
@@ -272,6 +279,29 @@ func DigestKey(pepper []byte, secret string) Digest {
 	var d Digest
 	copy(d[:], mac.Sum(nil))
 	return d
+}
+
+// String is the lowercase hex of the digest, the form of
+// virtual_keys[].key_digest.
+func (d Digest) String() string { return hex.EncodeToString(d[:]) }
+
+// ParseDigest parses the hex form of a [Digest].
+func ParseDigest(s string) (Digest, error) {
+	var d Digest
+	if len(s) != 2*len(d) {
+		return d, fmt.Errorf("must be %d hex characters, got %d", 2*len(d), len(s))
+	}
+	if _, err := hex.Decode(d[:], []byte(s)); err != nil {
+		return d, errors.New("must be hex")
+	}
+	return d, nil
+}
+
+// PepperCheck fingerprints a pepper without revealing it, so that two
+// processes can tell whether they digest keys with the same pepper.
+func PepperCheck(pepper []byte) string {
+	d := DigestKey(pepper, "rolter:pepper-check:v1")
+	return hex.EncodeToString(d[:8])
 }
 
 func (s *Snapshot) digest(secret string) Digest { return DigestKey(s.pepper, secret) }

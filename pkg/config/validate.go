@@ -40,6 +40,10 @@ func (c *Config) Validate() error {
 		}
 		validateProvider(v, path, p)
 	}
+	kinds := make([]string, len(c.Providers))
+	for i := range c.Providers {
+		kinds[i] = c.Providers[i].Kind
+	}
 	routes := make(map[string]int, len(c.Routes))
 	for i := range c.Routes {
 		r := &c.Routes[i]
@@ -49,7 +53,7 @@ func (c *Config) Validate() error {
 		} else {
 			routes[r.Model] = i
 		}
-		validateRoute(v, path, r, providers)
+		validateRoute(v, path, r, providers, kinds)
 	}
 	keyNames := make(map[string]int, len(c.VirtualKeys))
 	for i := range c.VirtualKeys {
@@ -101,6 +105,10 @@ func (c *Config) validateSections(v *validator) {
 	if c.Cache.MaxEntryBytes < 0 {
 		v.add("cache.max_entry_bytes", "must be >= 0, got %d", c.Cache.MaxEntryBytes)
 	}
+	v.between("cache.timeout_ms", c.Cache.TimeoutMS, 1, 60000)
+	if c.Cache.MemoryMaxBytes < 1 {
+		v.add("cache.memory_max_bytes", "must be > 0, got %d", c.Cache.MemoryMaxBytes)
+	}
 	if u := c.Cache.RedisURL; u != "" {
 		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "redis" && pu.Scheme != "rediss" && pu.Scheme != "unix") {
 			v.add("cache.redis_url", "must be a redis://, rediss:// or unix:// URL, got %q", redact(u))
@@ -150,7 +158,7 @@ func validateProvider(v *validator, path string, p *Provider) {
 	}
 }
 
-func validateRoute(v *validator, path string, r *Route, providers map[string]int) {
+func validateRoute(v *validator, path string, r *Route, providers map[string]int, kinds []string) {
 	if r.Model == "" {
 		v.add(path+".model", "must not be empty")
 	}
@@ -205,8 +213,13 @@ func validateRoute(v *validator, path string, r *Route, providers map[string]int
 			sp := cp + ".semantic"
 			if s.Provider == "" {
 				v.add(sp+".provider", "must not be empty")
-			} else if _, ok := providers[s.Provider]; !ok {
+			} else if i, ok := providers[s.Provider]; !ok {
 				v.add(sp+".provider", "unknown provider %q", s.Provider)
+			} else if kinds[i] == KindAnthropic {
+				v.add(sp+".provider", "provider %q is of kind anthropic, which has no /v1/embeddings", s.Provider)
+			}
+			if s.TimeoutMS < 0 || s.TimeoutMS > 60000 {
+				v.add(sp+".timeout_ms", "must be in [0, 60000], got %d", s.TimeoutMS)
 			}
 			if s.Model == "" {
 				v.add(sp+".model", "must not be empty")
@@ -225,13 +238,23 @@ func validateKey(v *validator, path string, k *VirtualKey, providers, routes map
 	if k.Name == "" {
 		v.add(path+".name", "must not be empty")
 	}
+	set := 0
+	for _, s := range []string{k.Key, k.KeyEnv, k.KeyDigest} {
+		if s != "" {
+			set++
+		}
+	}
 	switch {
-	case k.Key != "" && k.KeyEnv != "":
-		v.add(path, "set one of key and key_env, not both")
-	case k.Key == "" && k.KeyEnv == "":
-		v.add(path, "set one of key and key_env")
+	case set > 1:
+		v.add(path, "set one of key, key_env and key_digest, not several")
+	case set == 0:
+		v.add(path, "set one of key, key_env and key_digest")
 	case k.Key != "" && len(k.Key) < 16:
 		v.add(path+".key", "must be at least 16 characters")
+	case k.KeyDigest != "":
+		if _, err := ParseDigest(k.KeyDigest); err != nil {
+			v.add(path+".key_digest", "%v", err)
+		}
 	}
 	for j, m := range k.Models {
 		if _, ok := routes[m]; !ok {

@@ -290,6 +290,10 @@ func (c *Cache) Store(ctx context.Context, l *Lookup, e *Entry) error {
 	return nil
 }
 
+// NoteTooLarge counts a response that was served but not stored because it
+// outgrew MaxEntryBytes before the caller buffered it whole.
+func (c *Cache) NoteTooLarge() { c.st.tooLarge.Add(1) }
+
 // NewRecorder returns an sse.Recorder capped at MaxEntryBytes, for teeing a
 // cacheable streamed response through.
 func (c *Cache) NewRecorder() *sse.Recorder { return sse.NewRecorder(c.maxEntry) }

@@ -25,7 +25,34 @@ var (
 		"Prompts evicted from a target's prefix tree to stay under max_trie_nodes.", []string{"model", "provider"}, nil)
 )
 
+var cacheDescs = map[string]*prometheus.Desc{}
+
+func cacheDesc(name, help string) *prometheus.Desc {
+	d := prometheus.NewDesc("rolter_"+name, help, nil, nil)
+	cacheDescs[name] = d
+	return d
+}
+
+var (
+	cacheHits        = cacheDesc("cache_hits_total", "Requests answered from the exact response cache.")
+	cacheMisses      = cacheDesc("cache_misses_total", "Cacheable requests not found in the exact cache.")
+	cacheStores      = cacheDesc("cache_stores_total", "Responses stored in the exact cache.")
+	cacheTooLarge    = cacheDesc("cache_too_large_total", "Responses served but not stored because they exceeded cache.max_entry_bytes.")
+	cacheIncomplete  = cacheDesc("cache_incomplete_total", "Streamed responses not stored because they did not complete (upstream error, client gone).")
+	cacheDecodeErrs  = cacheDesc("cache_decode_errors_total", "Stored entries that did not decode (served as misses).")
+	cacheBackendErrs = cacheDesc("cache_backend_errors_total", "Failed cache backend operations (served as misses).")
+	cacheBackendSkip = cacheDesc("cache_backend_skips_total", "Cache operations skipped while the backend was failing.")
+	semHits          = cacheDesc("semantic_cache_hits_total", "Requests answered from the semantic cache.")
+	semMisses        = cacheDesc("semantic_cache_misses_total", "Semantic lookups with an embedding but no entry above the threshold.")
+	semStores        = cacheDesc("semantic_cache_stores_total", "Entries stored in the semantic cache.")
+	semBypasses      = cacheDesc("semantic_cache_bypasses_total", "Requests whose meaning text alone would not capture (tools, media, …): exact cache only, no embedding call.")
+	embedErrs        = cacheDesc("semantic_cache_embedding_errors_total", "Failed embedding calls (exact cache only for that request).")
+)
+
 func (c *inflightCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range cacheDescs {
+		ch <- d
+	}
 	ch <- inflightDesc
 	ch <- decisionsDesc
 	ch <- treeNodesDesc
@@ -36,6 +63,15 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 	rt := c.p.rt.Load()
 	if rt == nil {
 		return
+	}
+	st := c.p.cacheTotals.total(rt.cache)
+	for d, v := range map[*prometheus.Desc]uint64{
+		cacheHits: st.Hits, cacheMisses: st.Misses, cacheStores: st.Stores, cacheTooLarge: st.TooLarge,
+		cacheIncomplete: st.Incomplete, cacheDecodeErrs: st.DecodeErrors, cacheBackendErrs: st.BackendErrors,
+		cacheBackendSkip: st.BackendSkips, semHits: st.SemanticHits, semMisses: st.SemanticMisses,
+		semStores: st.SemanticStores, semBypasses: st.SemanticBypasses, embedErrs: st.EmbeddingErrors,
+	} {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
 	}
 	for _, rc := range rt.snap.Routes {
 		r := rt.routes[rc.Model]

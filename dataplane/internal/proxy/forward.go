@@ -23,11 +23,15 @@ import (
 	"rolter.dev/pkg/backoff"
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/request"
+	"rolter.dev/pkg/respcache"
 	"rolter.dev/pkg/routing"
 )
 
 // exchange is the state of one client request across its attempts.
 type exchange struct {
+	ctx      context.Context
+	lookup   *respcache.Lookup // nil unless the request is cacheable
+	cache    string            // "exact" or "semantic" on a hit
 	start    time.Time
 	id       string
 	ep       *endpoint
@@ -68,6 +72,7 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		p.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
 			slog.String("request_id", x.id), slog.String("endpoint", ep.path), slog.String("model", model),
 			slog.String("provider", x.provider), slog.Int("status", x.status), slog.Int("attempts", x.attempts),
+			slog.String("cache", x.cache),
 			slog.Float64("duration_ms", float64(time.Since(x.start).Microseconds())/1000),
 			slog.Float64("ttft_ms", float64(x.ttft.Microseconds())/1000))
 	}()
@@ -158,6 +163,24 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	// The route context is built from the body as the client sent it, in
 	// one pass (the conversation text, its whole length and digest).
 	x.rctx = affinity.Build(ep.path, raw, r.Header)
+	x.ctx = ctx
+	if x.rt.cache != nil {
+		cctx, cspan := p.tracer.Start(ctx, "cache.lookup")
+		l := p.lookupCache(cctx, x, raw)
+		cspan.SetAttributes(attribute.Bool("rolter.cache.cacheable", l != nil))
+		if l != nil {
+			cspan.SetAttributes(attribute.Bool("rolter.cache.hit", l.Hit()), attribute.String("rolter.cache.kind", l.Source.String()))
+		}
+		cspan.End()
+		if l != nil && l.Hit() {
+			p.serveHit(w, r, x, l)
+			return
+		}
+		if l != nil {
+			x.lookup = l
+			w.Header().Set("X-Rolter-Cache", "MISS")
+		}
+	}
 	p.forward(w, r, x)
 }
 
@@ -478,6 +501,10 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 	h.Set("X-Request-Id", x.id)
 	h.Set("X-Rolter-Provider", t.cfg.Provider.Name)
 	h.Set("X-Rolter-Model", x.route.cfg.Model)
+	rec := p.newRecorder(x, x.lookup, resp)
+	if rec != nil && rec.stream == nil {
+		return p.relayBuffered(w, r, x, t, resp, rec)
+	}
 	x.status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
 	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
@@ -489,6 +516,11 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 	defer copyBufs.Put(bufp)
 	buf := *bufp
 	first := true
+	end := func(err error) {
+		if rec != nil {
+			rec.finish(err)
+		}
+	}
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -497,21 +529,31 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 				x.ttft = time.Since(x.start)
 				p.metrics.TTFT.WithLabelValues(x.route.cfg.Model).Observe(x.ttft.Seconds())
 			}
+			if rec != nil {
+				// Recorded before it is written, so a stream whose terminal
+				// event is in this chunk is stored before the client can see
+				// its end and ask again.
+				rec.write(buf[:n])
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				p.clientGone(x)
+				end(werr)
 				return false
 			}
 			if stream {
 				if err := rc.Flush(); err != nil {
 					p.clientGone(x)
+					end(err)
 					return false
 				}
 			}
 		}
 		if rerr != nil {
 			if errors.Is(rerr, io.EOF) {
+				end(nil)
 				return true
 			}
+			end(rerr)
 			if r.Context().Err() != nil {
 				p.clientGone(x)
 				return false

@@ -57,6 +57,7 @@ type Proxy struct {
 	draining       atomic.Bool
 	openWarned     atomic.Bool
 	connectTimeout atomic.Int64 // nanoseconds, from the current snapshot
+	cacheTotals    cacheTotals
 }
 
 // New builds a Proxy with no config; it answers 503 until [Proxy.Apply].
@@ -137,13 +138,20 @@ func (p *Proxy) Apply(snap *config.Snapshot) error {
 	p.applyMu.Lock()
 	defer p.applyMu.Unlock()
 	prev := p.rt.Load()
-	rt, err := newRuntime(snap, p.reg, prev)
+	rt, err := newRuntime(snap, p.reg, prev, p.log)
 	if err != nil {
 		return err
 	}
 	p.connectTimeout.Store(int64(time.Duration(snap.Timeouts.ConnectSecs) * time.Second))
 	p.rt.Store(rt)
 	rt.retain(p.reg)
+	if prev != nil && prev.cache != nil && prev.cache != rt.cache {
+		// Requests still on prev may store into it; their errors are misses.
+		p.cacheTotals.retire(prev.cache.cache.Stats())
+		if err := prev.cache.close(); err != nil {
+			p.log.Warn("closing the previous cache backend", "err", err)
+		}
+	}
 	p.metrics.ConfigVersion.Set(float64(rt.generation))
 	p.metrics.ConfigInfo.Reset()
 	p.metrics.ConfigInfo.WithLabelValues(snap.Version).Set(1)

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -18,6 +19,8 @@ type runtime struct {
 	generation int64
 	routes     map[string]*route
 	breaker    reliability.BreakerConfig
+	// cache is nil when [cache] enabled is false.
+	cache *responseCache
 }
 
 type route struct {
@@ -38,7 +41,7 @@ type target struct {
 // newRuntime compiles a snapshot into a runtime. Balancers of routes whose
 // strategy and targets are unchanged since prev are kept, so a reload that
 // touches one route does not reset the learned affinity of the others.
-func newRuntime(snap *config.Snapshot, reg *reliability.Registry, prev *runtime) (*runtime, error) {
+func newRuntime(snap *config.Snapshot, reg *reliability.Registry, prev *runtime, log *slog.Logger) (*runtime, error) {
 	rt := &runtime{
 		snap:   snap,
 		routes: make(map[string]*route, len(snap.Routes)),
@@ -52,6 +55,17 @@ func newRuntime(snap *config.Snapshot, reg *reliability.Registry, prev *runtime)
 		rt.generation = prev.generation + 1
 	} else {
 		rt.generation = 1
+	}
+	if snap.Cache.Enabled {
+		if prev != nil && prev.cache != nil && prev.cache.cfg == snap.Cache {
+			rt.cache = prev.cache
+		} else {
+			c, err := newResponseCache(snap.Cache, log)
+			if err != nil {
+				return nil, err
+			}
+			rt.cache = c
+		}
 	}
 	for i, rc := range snap.Routes {
 		r := &route{cfg: rc, fingerprint: fingerprint(rc)}
