@@ -4,6 +4,7 @@ go 1.26.7
 
 require (
 	github.com/anthropics/anthropic-sdk-go/v2 v2.15.0
+	github.com/go-zeromq/zmq4 v0.17.0
 	github.com/openai/openai-go/v3 v3.99.0
 	github.com/prometheus/common v0.74.0
 	github.com/zeebo/xxh3 v1.1.0
@@ -74,7 +75,6 @@ require (
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-zeromq/goczmq/v4 v4.2.2 // indirect
-	github.com/go-zeromq/zmq4 v0.17.0 // indirect
 	github.com/invopop/jsonschema v0.14.0 // indirect
 	github.com/klauspost/cpuid/v2 v2.4.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect

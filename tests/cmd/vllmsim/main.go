@@ -6,6 +6,11 @@
 //
 //	vllmsim --listen 127.0.0.1:8000 --model llama-3.1-8b --ttft 50ms --itl 10ms
 //
+// With --kv-events it also publishes its prefix cache's KV events as vLLM
+// does (ZMQ PUB, msgpack KVEventBatch, optional replay ROUTER):
+//
+//	vllmsim --kv-events 'tcp://*:5557' --kv-topic kv@pod-a@llama --kv-replay 'tcp://*:5558' --kv-format map
+//
 // Run vllmsim --help for every flag.
 package main
 
@@ -44,6 +49,9 @@ type config struct {
 	listen   string
 	logLevel slog.Level
 	opts     vllmsim.Options
+	// kv configures the KV event publisher; kv.Endpoint is empty when
+	// --kv-events is not given.
+	kv vllmsim.KVPublisherOptions
 }
 
 // modelList is a flag.Value collecting --model, which may be repeated and
@@ -82,6 +90,14 @@ func parseFlags(args []string, output io.Writer) (config, error) {
 	fs.BoolVar(&c.opts.CacheOutput, "cache-output", false, "also cache the full blocks of generated tokens, as vLLM does")
 	fs.Uint64Var(&c.opts.Seed, "seed", 0, "seed of the fail-rate draws")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn or error")
+	fs.StringVar(&c.kv.Endpoint, "kv-events", "", "publish KV cache events as vLLM does on this ZMQ endpoint, e.g. 'tcp://*:5557' (bound unless --kv-connect); empty = off")
+	fs.StringVar(&c.kv.Topic, "kv-topic", "", "topic frame of the KV event messages (vLLM's default is empty)")
+	fs.StringVar(&c.kv.ReplayEndpoint, "kv-replay", "", "bind a replay ROUTER socket here, e.g. 'tcp://*:5558'")
+	kvFormat := fs.String("kv-format", "array", "KV event encoding: array (vLLM <= 0.23, e.g. 0.22) or map (vLLM >= 0.24)")
+	fs.BoolVar(&c.kv.Connect, "kv-connect", false, "connect to the --kv-events endpoint (a watcher bound there) instead of binding it")
+	fs.BoolVar(&c.kv.LegacyReplay, "kv-replay-legacy", false, "replay replies without the topic frame, as vLLM <= 0.25")
+	fs.IntVar(&c.kv.DataParallelRank, "kv-dp-rank", 0, "data_parallel_rank sent in every KV event batch")
+	fs.IntVar(&c.kv.BufferSteps, "kv-buffer-steps", vllmsim.DefaultKVBufferSteps, "KV event batches kept for replay")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -89,6 +105,11 @@ func parseFlags(args []string, output io.Writer) (config, error) {
 		return config{}, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 	c.opts.Models = models
+	layout, err := vllmsim.ParseKVFormat(*kvFormat)
+	if err != nil {
+		return config{}, err
+	}
+	c.kv.Layout = layout
 	return c, nil
 }
 
@@ -100,6 +121,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevel}))
 	c.opts.Logger = logger
+	var kv *vllmsim.KVPublisher
+	if c.kv.Endpoint != "" {
+		c.kv.Logger = logger
+		if kv, err = vllmsim.NewKVPublisher(c.kv); err != nil {
+			return err
+		}
+		// Closed after the server: the last requests' events are sent.
+		defer kv.Close()
+		c.opts.Listener = kv
+	}
 	sim, err := vllmsim.New(c.opts)
 	if err != nil {
 		return err
@@ -116,6 +147,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	logger.Info("serving", "addr", ln.Addr().String(), "models", strings.Join(sim.Models(), ","))
+	if kv != nil {
+		logger.Info("publishing kv events", "endpoint", kv.Endpoint(), "connect", c.kv.Connect, "topic", c.kv.Topic,
+			"replay", kv.ReplayEndpoint(), "format", c.kv.Layout.Form.String())
+	}
 	errc := make(chan error, 1) // buffered: Serve's result is read at most once
 	go func() { errc <- srv.Serve(ln) }()
 	select {
