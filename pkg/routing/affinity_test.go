@@ -12,7 +12,7 @@ import (
 )
 
 // affinityStrategies are the strategies that read the request context.
-var affinityStrategies = []string{routing.ConsistentHash, routing.CacheAware, routing.Pipeline, routing.PredictedLatency}
+var affinityStrategies = []string{routing.ConsistentHash, routing.CacheAware, routing.Pipeline, routing.PredictedLatency, routing.PreciseCacheAware, routing.LMCacheAware}
 
 // randomContext returns a context drawn from a small pool, so prompts share
 // prefixes, sessions repeat and digests collide now and then.

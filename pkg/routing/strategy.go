@@ -70,6 +70,15 @@ type Spec struct {
 	// [ScorerStaticWeight]). A scorer that is not named has weight 1; weight
 	// 0 turns it off.
 	Scorers map[string]float64
+
+	// KV feeds precise_cache_aware; nil leaves it neutral (least load).
+	KV KVSource
+	// LMCache feeds lmcache_aware; nil leaves it neutral (least load).
+	LMCache LMCacheSource
+	// SignalWeight and LoadWeight weigh the cache signal and least load in
+	// precise_cache_aware and lmcache_aware; 0 means the defaults 1.0 and
+	// 0.25.
+	SignalWeight, LoadWeight float64
 }
 
 // params are a Spec's per-route parameters with defaults applied.
@@ -151,6 +160,23 @@ func New(spec Spec) (Balancer, error) {
 		return newPipeline(spec.Weights, p), nil
 	case PredictedLatency:
 		return newPredictedLatency(n), nil
+	case PreciseCacheAware, LMCacheAware:
+		if spec.SignalWeight < 0 || spec.LoadWeight < 0 {
+			return nil, fmt.Errorf("routing: negative signal or load weight")
+		}
+		s := &signalScored{name: spec.Strategy, n: n, wSignal: spec.SignalWeight, wLoad: spec.LoadWeight}
+		if s.wSignal == 0 {
+			s.wSignal = DefaultSignalWeight
+		}
+		if s.wLoad == 0 {
+			s.wLoad = DefaultSignalLoadWeight
+		}
+		if spec.Strategy == PreciseCacheAware {
+			s.kv = spec.KV
+		} else {
+			s.lm = spec.LMCache
+		}
+		return s, nil
 	default:
 		return nil, fmt.Errorf("%w %q", ErrUnknownStrategy, spec.Strategy)
 	}

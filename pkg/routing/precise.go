@@ -1,0 +1,121 @@
+package routing
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+var signalBufs = sync.Pool{New: func() any { return new([MaxTargets]float64) }}
+
+// KVSource tells precise_cache_aware which of a request's leading KV blocks
+// each target holds, from the engines' own KV events. The data plane
+// implements it over its NATS-fed index for one route's targets.
+type KVSource interface {
+	// KVScores sets scores[i], for each target i, to the fraction of the
+	// request's leading blocks (from its token ids) resident on target i,
+	// in [0, 1]. It reports false when no target has fresh state: the
+	// scores are then neutral and must not be used.
+	KVScores(tokenIDs []uint32, scores []float64) bool
+	// Speculate records that target is about to hold the request's blocks,
+	// closing the blind spot until its engine's events confirm them.
+	Speculate(target int, tokenIDs []uint32)
+}
+
+// LMCacheSource gives lmcache_aware each target's LMCache headroom.
+type LMCacheSource interface {
+	// LMCacheScores sets scores[i] to 1 - occupancy for an available
+	// target and 0 for an unavailable one; a stale target scores 0. It
+	// reports false when no target is fresh (neutral).
+	LMCacheScores(scores []float64) bool
+}
+
+// Default weights of the precise_cache_aware and lmcache_aware stacks (the
+// reference's: cache signal 1.0, least load 0.25).
+const (
+	DefaultSignalWeight     = 1.0
+	DefaultSignalLoadWeight = 0.25
+)
+
+// signalScored is precise_cache_aware or lmcache_aware: score_i = w_s ·
+// signal_i + w_l · (1 - load_i / max load), argmax over the eligible
+// targets with uniform tie-break. Without a signal (no token ids, no fresh
+// provider, no source configured) only the least-load term remains, so
+// least load decides. Observe feeds the KV source's speculative insert.
+type signalScored struct {
+	name    string
+	n       int
+	kv      KVSource
+	lm      LMCacheSource
+	wSignal float64
+	wLoad   float64
+	scored  atomic.Uint64 // picks decided with a signal
+	neutral atomic.Uint64 // picks without one
+}
+
+var (
+	_ Balancer        = (*signalScored)(nil)
+	_ DecisionCounter = (*signalScored)(nil)
+)
+
+// Name implements Balancer.
+func (s *signalScored) Name() string { return s.name }
+
+// Pick implements Balancer.
+func (s *signalScored) Pick(ctx *Context, loads []int, eligible Set) int {
+	if s.n <= 0 {
+		return -1
+	}
+	el := eligible.OrAll(s.n)
+	var buf [MaxTargets]float64
+	scores := buf[:s.n]
+	ok := false
+	if (s.kv != nil && ctx != nil && len(ctx.TokenIDs) > 0) || s.lm != nil {
+		// The source is an interface, so its buffer would escape: pooled.
+		sigp := signalBufs.Get().(*[MaxTargets]float64)
+		sig := sigp[:s.n]
+		clear(sig)
+		if s.kv != nil {
+			ok = s.kv.KVScores(ctx.TokenIDs, sig)
+		} else {
+			ok = s.lm.LMCacheScores(sig)
+		}
+		for i := range scores {
+			scores[i] = s.wSignal * min(max(sig[i], 0), 1)
+		}
+		signalBufs.Put(sigp)
+	}
+	if ok {
+		s.scored.Add(1)
+	} else {
+		clear(scores)
+		s.neutral.Add(1)
+	}
+	wl := s.wLoad
+	if !ok && wl == 0 {
+		wl = 1 // no signal and no load weight: still spread by load
+	}
+	addLeastLoad(scores, el, loads, s.n, wl)
+	return argmax(el, scores)
+}
+
+// Observe implements Balancer: the chosen target is about to create the
+// request's blocks.
+func (s *signalScored) Observe(target int, ctx *Context) {
+	if s.kv != nil && ctx != nil && len(ctx.TokenIDs) > 0 && target >= 0 && target < s.n {
+		s.kv.Speculate(target, ctx.TokenIDs)
+	}
+}
+
+// Decisions implements DecisionCounter.
+func (s *signalScored) Decisions() map[string]uint64 {
+	return map[string]uint64{DecisionScored: s.scored.Load(), DecisionNeutral: s.neutral.Load()}
+}
+
+// Decision outcomes of precise_cache_aware and lmcache_aware.
+const (
+	// DecisionScored: the cache signal was fresh and weighed in.
+	DecisionScored = "scored"
+	// DecisionNeutral: no signal (no token ids, stale or missing state):
+	// least load decided.
+	DecisionNeutral = "neutral"
+)
