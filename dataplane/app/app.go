@@ -5,7 +5,9 @@
 //
 // # Lifecycle
 //
-// [Start] returns once the listener is bound and the first config applied.
+// [Start] returns once the listener is bound and the first config applied
+// (in control-plane mode: the cached snapshot, if any; until a snapshot
+// arrives the proxy answers 503 and /readyz fails).
 // Cancelling its context drains: /readyz turns 503, the listener closes,
 // in-flight requests and streams get up to DrainTimeout to finish, then the
 // background goroutines stop. [App.Wait] returns when all of that is done.
@@ -13,6 +15,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,15 +27,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"rolter.dev/dataplane/internal/cpfollow"
 	"rolter.dev/dataplane/internal/filewatch"
 	"rolter.dev/dataplane/internal/health"
 	"rolter.dev/dataplane/internal/proxy"
+	"rolter.dev/pkg/config"
 )
 
 // Options configures a data-plane process.
 type Options struct {
-	// ConfigPath is the TOML file (file mode). Required.
+	// ConfigPath is the TOML file (file mode). Required unless
+	// ControlPlane is set.
 	ConfigPath string
+	// ControlPlane, when set, makes the proxy follow control planes
+	// instead of a file.
+	ControlPlane *ControlPlaneOptions
 	// Listen overrides server.listen from the config.
 	Listen string
 	// Logger receives the process's logs. Required.
@@ -40,6 +49,25 @@ type Options struct {
 	// DrainTimeout bounds how long in-flight requests may take after
 	// shutdown starts (default 30 s).
 	DrainTimeout time.Duration
+}
+
+// ControlPlaneOptions configures control-plane mode (see package cpfollow).
+type ControlPlaneOptions struct {
+	// Addrs are the control planes' gRPC addresses, tried in turn.
+	Addrs []string
+	// Token is the bearer token of the snapshot service.
+	Token string
+	// TLS, when set, dials with TLS; nil dials in plaintext.
+	TLS *tls.Config
+	// NodeID names this proxy to the control plane (default hostname-pid).
+	NodeID string
+	// CacheFile keeps the last applied snapshot, served at startup while
+	// no control plane answers. Empty disables it.
+	CacheFile string
+	// KeyPepper must be the control plane's, for virtual keys to work.
+	KeyPepper []byte
+	// MaxBackoff caps the wait between reconnect rounds (default 5 s).
+	MaxBackoff time.Duration
 }
 
 // App is a running data plane.
@@ -59,13 +87,30 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p := proxy.New(proxy.Options{Logger: log, Registerer: reg, Gatherer: reg})
-	w := filewatch.New(opts.ConfigPath, p, p.Metrics(), log)
-	if err := w.Load(); err != nil {
-		return nil, fmt.Errorf("load config %s: %w", opts.ConfigPath, err)
+	var source func(context.Context) // runs the config source until ctx ends
+	if cp := opts.ControlPlane; cp != nil {
+		f := cpfollow.New(cpfollow.Options{
+			Addrs: cp.Addrs, Token: cp.Token, TLS: cp.TLS, NodeID: cp.NodeID, CacheFile: cp.CacheFile,
+			KeyPepper: cp.KeyPepper, MaxBackoff: cp.MaxBackoff,
+			Applier: p, Metrics: p.Metrics(), Registerer: reg, Logger: log,
+		})
+		if err := f.LoadCache(); err != nil {
+			log.Warn("snapshot cache unusable; waiting for a control plane", "err", err)
+		}
+		source = f.Run
+	} else {
+		w := filewatch.New(opts.ConfigPath, p, p.Metrics(), log)
+		if err := w.Load(); err != nil {
+			return nil, fmt.Errorf("load config %s: %w", opts.ConfigPath, err)
+		}
+		source = w.Run
 	}
 	listen := opts.Listen
 	if listen == "" {
-		listen = p.Snapshot().Server.Listen
+		listen = config.DefaultListen
+		if snap := p.Snapshot(); snap != nil {
+			listen = snap.Server.Listen
+		}
 	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -80,11 +125,15 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	a := &App{addr: ln.Addr(), proxy: p, done: make(chan struct{})}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
-	wg.Go(func() { w.Run(bg) })
+	wg.Go(func() { source(bg) })
 	wg.Go(func() { health.New(p.Snapshot, p.Registry(), p.Metrics(), log).Run(bg) })
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }() // owned: Shutdown below ends it and we read serveErr
-	log.Info("rolter-proxy listening", "addr", a.addr.String(), "config", opts.ConfigPath, "version", p.Snapshot().Version)
+	version := "none yet"
+	if snap := p.Snapshot(); snap != nil {
+		version = snap.Version
+	}
+	log.Info("rolter-proxy listening", "addr", a.addr.String(), "config", opts.ConfigPath, "version", version)
 	go func() { // owned: closes a.done after everything else has stopped
 		defer close(a.done)
 		select {

@@ -1,0 +1,5 @@
+package store_test
+
+import "errors"
+
+func errorsAs[T error](err error, target *T) bool { return errors.As(err, target) }

@@ -1,0 +1,5 @@
+// Package tools pins the code-generation tools of the rolter workspace as
+// `tool` directives in go.mod (buf, protoc-gen-go, protoc-gen-go-grpc). Run
+// them with `go tool -modfile=tools/go.mod NAME` or from this directory with
+// `go tool NAME`; they never enter a product module's go.mod.
+package tools
