@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# `make run`: three simulated vLLM replicas and one rolter-proxy in file mode,
-# on this machine. Ctrl-C stops everything.
+# `make run`: the split system on one machine: a control plane with an
+# embedded etcd, three simulated vLLM replicas, and a rolter-proxy that
+# follows the control plane. The example config is applied through the admin
+# API. Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${ROLTER_CONFIG:-rolter.example.toml}
 PROXY_ADDR=${ROLTER_LISTEN:-127.0.0.1:8080}
-LOGDIR=$(mktemp -d -t rolter-run.XXXXXX)
+CP_ADDR=${ROLTER_CONTROLPLANE:-127.0.0.1:7070}
+WORK=$(mktemp -d -t rolter-run.XXXXXX)
+# Dev credentials for this run only: the admin token (rolterctl), the node
+# token (the proxy) and the virtual-key pepper shared by both.
+export ROLTER_ADMIN_TOKENS="dev-admin-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+export ROLTER_NODE_TOKENS="dev-node-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+export ROLTER_KEY_PEPPER="dev-pepper-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 pids=()
 cleanup() {
   trap - INT TERM EXIT
@@ -13,42 +21,62 @@ cleanup() {
   echo "stopping..."
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  echo "stopped (logs were in $LOGDIR)"
+  echo "stopped (logs and etcd data were in $WORK)"
   exit 0
 }
 trap cleanup INT TERM EXIT
 
-for i in 1 2 3; do
-  ./bin/vllmsim --listen "127.0.0.1:800$i" --model sim-model --ttft 20ms --itl 5ms --prefill-tps 20000 \
-    >"$LOGDIR/vllm-$i.log" 2>&1 &
-  pids+=($!)
-done
-./bin/rolter-proxy --config "$CONFIG" --listen "$PROXY_ADDR" >"$LOGDIR/proxy.log" 2>&1 &
-pids+=($!)
-
-wait_ready() {
-  for _ in $(seq 1 100); do
+wait_http() {
+  for _ in $(seq 1 150); do
     curl -fsS "$1" >/dev/null 2>&1 && return 0
     sleep 0.1
   done
-  echo "not ready: $1 (see $LOGDIR)" >&2
+  echo "not ready: $1 (see $WORK)" >&2
   return 1
 }
-for i in 1 2 3; do wait_ready "http://127.0.0.1:800$i/health"; done
-wait_ready "http://$PROXY_ADDR/readyz"
+
+for i in 1 2 3; do
+  ./bin/vllmsim --listen "127.0.0.1:800$i" --model sim-model --ttft 20ms --itl 5ms --prefill-tps 20000 \
+    >"$WORK/vllm-$i.log" 2>&1 &
+  pids+=($!)
+done
+./bin/rolter-controlplane --dev --embed-etcd "$WORK/etcd" --embed-etcd-listen 127.0.0.1:0 --listen "$CP_ADDR" \
+  >"$WORK/controlplane.log" 2>&1 &
+pids+=($!)
+for i in 1 2 3; do wait_http "http://127.0.0.1:800$i/health"; done
+
+export ROLTER_CONTROLPLANE=$CP_ADDR ROLTER_TOKEN=$ROLTER_ADMIN_TOKENS
+applied=""
+for _ in $(seq 1 150); do # the control plane may still be starting
+  if ./bin/rolterctl apply -f "$CONFIG" >"$WORK/apply.log" 2>&1; then applied=1; break; fi
+  sleep 0.1
+done
+[[ -n $applied ]] || { echo "applying $CONFIG failed:" >&2; cat "$WORK/apply.log" >&2; exit 1; }
+
+ROLTER_NODE_TOKEN=$ROLTER_NODE_TOKENS ./bin/rolter-proxy --controlplane "$CP_ADDR" --listen "$PROXY_ADDR" \
+  --snapshot-cache "$WORK/snapshot.json" >"$WORK/proxy.log" 2>&1 &
+pids+=($!)
+wait_http "http://$PROXY_ADDR/readyz"
 
 cat <<MSG
 
-rolter is running: 3 simulated vLLM replicas (127.0.0.1:8001-8003) behind rolter-proxy on $PROXY_ADDR
-config: $CONFIG (edit it: changes apply live)   logs: $LOGDIR
+rolter is running on this machine:
+  control plane   $CP_ADDR (embedded etcd in $WORK/etcd)
+  rolter-proxy    http://$PROXY_ADDR (follows the control plane)
+  vLLM replicas   127.0.0.1:8001-8003 (simulated)
+  logs            $WORK
 
+Send a request:
   curl -s http://$PROXY_ADDR/v1/chat/completions -H 'content-type: application/json' \\
     -d '{"model":"llama-3.1-8b","messages":[{"role":"user","content":"Hello!"}]}'
 
-  streaming: add "stream":true      models: curl -s http://$PROXY_ADDR/v1/models
-  metrics:   http://$PROXY_ADDR/metrics
+Change the config through the control plane (the proxy follows within a second):
+  export ROLTER_CONTROLPLANE=$CP_ADDR ROLTER_TOKEN=$ROLTER_ADMIN_TOKENS
+  bin/rolterctl list routes
+  bin/rolterctl apply -f $CONFIG --dry-run        # edit the file first, see the diff
+  bin/rolterctl status                             # which node runs which version
 
-Press Ctrl-C to stop.
+Metrics: http://$PROXY_ADDR/metrics        Press Ctrl-C to stop.
 MSG
 wait -n "${pids[@]}" || true
-echo "a process exited; see $LOGDIR" >&2
+echo "a process exited; see $WORK" >&2
