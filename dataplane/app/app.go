@@ -31,6 +31,8 @@ import (
 	"rolter.dev/dataplane/internal/filewatch"
 	"rolter.dev/dataplane/internal/health"
 	"rolter.dev/dataplane/internal/proxy"
+	"rolter.dev/dataplane/internal/tracing"
+	"rolter.dev/pkg/respcache"
 	"rolter.dev/pkg/config"
 )
 
@@ -86,7 +88,12 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	p := proxy.New(proxy.Options{Logger: log, Registerer: reg, Gatherer: reg})
+	tp, stopTracing, err := tracing.Setup(ctx, "rolter-proxy")
+	if err != nil {
+		return nil, err
+	}
+	respcache.SetRedisLogger(log.With("component", "redis"))
+	p := proxy.New(proxy.Options{Logger: log, Registerer: reg, Gatherer: reg, TracerProvider: tp})
 	var source func(context.Context) // runs the config source until ctx ends
 	if cp := opts.ControlPlane; cp != nil {
 		f := cpfollow.New(cpfollow.Options{
@@ -142,6 +149,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			a.err = err
 			stopBG()
 			wg.Wait()
+			flushTraces(stopTracing)
 			return
 		}
 		p.SetDraining(true)
@@ -157,9 +165,17 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}
 		stopBG()
 		wg.Wait()
+		flushTraces(stopTracing)
 		log.Info("stopped")
 	}()
 	return a, nil
+}
+
+// flushTraces sends the spans still buffered, for a few seconds at most.
+func flushTraces(stop func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = stop(ctx)
 }
 
 // Addr is the bound listen address.
