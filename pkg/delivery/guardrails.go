@@ -1,0 +1,189 @@
+package delivery
+
+import (
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+)
+
+// Headers that report guardrail matches. Their values are rule names,
+// comma-separated, never matched text.
+const (
+	HeaderGuardrailMatched  = "X-Rolter-Guardrail-Matched"
+	HeaderGuardrailRedacted = "X-Rolter-Guardrail-Redacted"
+)
+
+// rule is a compiled guardrail rule.
+type rule struct {
+	name          string
+	det           detector
+	action        string
+	replacement   string
+	includeSystem bool
+}
+
+// guard holds the compiled rules of one stage.
+type guard struct {
+	rules   []rule
+	maxScan int
+}
+
+// compileGuards compiles the rules of a validated config into the pre_call
+// and post_call guards; a stage without rules is nil.
+func compileGuards(c *GuardrailsConfig) (pre, post *guard, err error) {
+	if !c.Enabled {
+		return nil, nil, nil
+	}
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		cr := rule{name: r.Name, action: r.Action, replacement: r.Replacement, includeSystem: r.IncludeSystem}
+		var def string
+		if r.Builtin != "" {
+			cr.det, def = builtinDetector(r.Builtin)
+			if cr.det == nil {
+				return nil, nil, fmt.Errorf("guardrails.rules[%d].builtin: unknown detector %q", i, r.Builtin)
+			}
+		} else {
+			re, err := regexp.Compile(r.Pattern)
+			if err != nil {
+				return nil, nil, fmt.Errorf("guardrails.rules[%d].pattern: invalid regexp: %w", i, err)
+			}
+			cr.det, def = reDetector{re: re}, DefaultPatternRedaction
+		}
+		if cr.replacement == "" {
+			cr.replacement = def
+		}
+		g := &post
+		if r.Stage == StagePreCall {
+			g = &pre
+		}
+		if *g == nil {
+			*g = &guard{maxScan: c.MaxScanBytes}
+		}
+		(*g).rules = append((*g).rules, cr)
+	}
+	return pre, post, nil
+}
+
+// scanText is one text under scan: the window that is scanned (the part
+// within the scan budget) and the tail past it, which is kept as it is.
+type scanText struct {
+	window, tail string
+	instruction  bool
+}
+
+// verdict is the outcome of running a guard over a set of texts.
+type verdict struct {
+	blocked   string   // the first block rule that matched, or ""
+	matched   []string // annotate rules that matched
+	redacted  []string // redact rules that changed some text
+	changed   []bool   // per text: rewritten by a redaction
+	truncated bool     // some text lay past max_scan_bytes
+}
+
+// windows splits texts into scanned windows and tails within the budget,
+// cutting on a UTF-8 boundary.
+func (g *guard) windows(texts []string, instruction []bool) ([]scanText, bool) {
+	out := make([]scanText, len(texts))
+	budget, truncated := g.maxScan, false
+	for i, t := range texts {
+		n := min(len(t), budget)
+		for n > 0 && n < len(t) && !utf8.RuneStart(t[n]) {
+			n--
+		}
+		if n < len(t) {
+			truncated = true
+		}
+		budget -= n
+		out[i] = scanText{window: t[:n], tail: t[n:], instruction: instruction != nil && instruction[i]}
+	}
+	return out, truncated
+}
+
+// run applies the guard to texts (rewriting them for redact rules).
+// Block and annotate rules are matched against the original text; redact
+// rules are applied in order, each to the output of the previous. A block
+// decides alone: nothing is redacted then.
+func (g *guard) run(texts []string, instruction []bool) verdict {
+	win, truncated := g.windows(texts, instruction)
+	v := verdict{changed: make([]bool, len(texts)), truncated: truncated}
+	applies := func(r *rule, t *scanText) bool { return !t.instruction || r.includeSystem }
+	for i := range g.rules {
+		r := &g.rules[i]
+		if r.action == ActionRedact {
+			continue
+		}
+		for j := range win {
+			if applies(r, &win[j]) && len(r.det.find(win[j].window)) > 0 {
+				if r.action == ActionBlock {
+					if v.blocked == "" {
+						v.blocked = r.name
+					}
+				} else {
+					v.matched = append(v.matched, r.name)
+				}
+				break
+			}
+		}
+	}
+	if v.blocked != "" {
+		return v
+	}
+	for i := range g.rules {
+		r := &g.rules[i]
+		if r.action != ActionRedact {
+			continue
+		}
+		hit := false
+		for j := range win {
+			t := &win[j]
+			if !applies(r, t) {
+				continue
+			}
+			ms := r.det.find(t.window)
+			if len(ms) == 0 {
+				continue
+			}
+			var b strings.Builder
+			last := 0
+			for _, m := range ms {
+				b.WriteString(t.window[last:m[0]])
+				b.WriteString(r.replacement)
+				last = m[1]
+			}
+			b.WriteString(t.window[last:])
+			t.window = b.String()
+			v.changed[j], hit = true, true
+		}
+		if hit {
+			v.redacted = append(v.redacted, r.name)
+		}
+	}
+	for j := range win {
+		if v.changed[j] {
+			texts[j] = win[j].window + win[j].tail
+		}
+	}
+	return v
+}
+
+// annotate adds the verdict's rule names to h.
+func (v *verdict) annotate(h http.Header) {
+	if len(v.matched) > 0 {
+		h.Set(HeaderGuardrailMatched, strings.Join(v.matched, ", "))
+	}
+	if len(v.redacted) > 0 {
+		h.Set(HeaderGuardrailRedacted, strings.Join(v.redacted, ", "))
+	}
+}
+
+// rewrite applies a guard to the chosen leaves of doc and returns the
+// verdict and the body with the changed strings spliced in (body itself
+// when nothing changed).
+func (g *guard) rewrite(body []byte, doc *textDoc, idx []int, instruction []bool) (verdict, []byte) {
+	texts := doc.values(idx)
+	v := g.run(texts, instruction)
+	return v, spliceTexts(body, doc, idx, texts)
+}

@@ -1,0 +1,83 @@
+package delivery_test
+
+import (
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"rolter.dev/pkg/delivery"
+)
+
+func TestMain(m *testing.M) {
+	before := runtime.NumGoroutine()
+	code := m.Run()
+	// The fuzzing engine keeps a signal goroutine of its own.
+	if fuzz := flag.Lookup("test.fuzz"); code == 0 && (fuzz == nil || fuzz.Value.String() == "") {
+		code = checkGoroutines(before)
+	}
+	os.Exit(code)
+}
+
+// checkGoroutines fails the run when goroutines started by the tests (test
+// servers, client connections) outlive them.
+func checkGoroutines(before int) int {
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			fmt.Fprintf(os.Stderr, "goroutines leaked: %d > %d\n%s\n", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+			return 1
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return 0
+}
+
+// baseConfig returns a configuration with every section default.
+func baseConfig() delivery.Config {
+	return delivery.Config{Guardrails: delivery.DefaultGuardrails(), PII: delivery.DefaultPII()}
+}
+
+// newPolicy builds a policy from cfg (New applies the list defaults) with
+// a client whose idle connections are closed when the test ends.
+func newPolicy(t *testing.T, cfg delivery.Config, opts ...delivery.Option) *delivery.Policy {
+	t.Helper()
+	client := &http.Client{}
+	t.Cleanup(client.CloseIdleConnections)
+	p, err := delivery.New(cfg, client, nil, opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return p
+}
+
+// mustSend asserts that d is a Send and returns it.
+func mustSend(t *testing.T, d delivery.Delivery) delivery.Send {
+	t.Helper()
+	s, ok := d.(delivery.Send)
+	if !ok {
+		t.Fatalf("delivery = %#v, want Send", d)
+	}
+	return s
+}
+
+// mustRefuse asserts that d is a Refuse with the status and code.
+func mustRefuse(t *testing.T, d delivery.Delivery, status int, code string) delivery.Refuse {
+	t.Helper()
+	r, ok := d.(delivery.Refuse)
+	if !ok {
+		t.Fatalf("delivery = Send, want Refuse %d %s", status, code)
+	}
+	if r.Status != status || r.Code != code {
+		t.Fatalf("refuse = %d %s (%q), want %d %s", r.Status, r.Code, r.Reason, status, code)
+	}
+	return r
+}
+
+var req = delivery.Request{RequestID: "req-1", Model: "gpt-x", Route: "gpt-x", KeyID: "key-1"}
+
+const jsonCT = "application/json"
