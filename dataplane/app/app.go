@@ -165,6 +165,9 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}
 		stopBG()
 		wg.Wait()
+		if err := p.Close(); err != nil {
+			log.Warn("flushing usage records", "err", err)
+		}
 		flushTraces(stopTracing)
 		log.Info("stopped")
 	}()

@@ -1,6 +1,11 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"rolter.dev/pkg/delivery"
+	"rolter.dev/pkg/usage"
+)
 
 // Config is a configuration as written: the TOML file, or the objects the
 // control plane keeps in etcd. Optional list-element fields whose zero value
@@ -16,6 +21,14 @@ type Config struct {
 	Providers   []Provider   `toml:"providers"`
 	Routes      []Route      `toml:"routes"`
 	VirtualKeys []VirtualKey `toml:"virtual_keys"`
+
+	// The post-response delivery policy (pkg/delivery) and accounting
+	// (pkg/usage): their schemas live with the code that runs them.
+	Guardrails  delivery.GuardrailsConfig `toml:"guardrails"`
+	Plugins     []delivery.PluginConfig   `toml:"plugins"`
+	PII         delivery.PIIConfig        `toml:"pii_sanitizer"`
+	ModelPrices []usage.ModelPrice        `toml:"model_prices"`
+	Accounting  usage.AccountingConfig    `toml:"accounting"`
 }
 
 // Server configures the data plane's HTTP listener and auth.

@@ -1,5 +1,10 @@
 package config
 
+import (
+	"rolter.dev/pkg/delivery"
+	"rolter.dev/pkg/usage"
+)
+
 // Defaults of the reference gateway (rolter-behaviour.md §2.6, §3.7–3.9).
 const (
 	DefaultListen           = ":8080"
@@ -33,7 +38,10 @@ func Default() Config {
 			Enabled: false, IntervalSecs: 10, TimeoutSecs: 2,
 			ConsecutiveFailureThreshold: 3, RecoverySuccessThreshold: 2,
 		},
-		Timeouts: Timeouts{ConnectSecs: 10, RequestSecs: 60},
+		Timeouts:   Timeouts{ConnectSecs: 10, RequestSecs: 60},
+		Guardrails: delivery.DefaultGuardrails(),
+		PII:        delivery.DefaultPII(),
+		Accounting: usage.DefaultAccounting(),
 		Cache: Cache{
 			Enabled: false, DefaultTTLSecs: 60, Namespace: "rolter:cache",
 			MaxEntryBytes: 1 << 20, TimeoutMS: 50, MemoryMaxBytes: 64 << 20,
@@ -44,6 +52,8 @@ func Default() Config {
 // applyDefaults fills the defaults of list elements (providers, routes,
 // targets, keys), which Default cannot pre-fill. It is idempotent.
 func applyDefaults(c *Config) {
+	c.Guardrails.ApplyDefaults()
+	delivery.ApplyPluginDefaults(c.Plugins)
 	for i := range c.Providers {
 		p := &c.Providers[i]
 		if p.Kind == KindAnthropic && p.AnthropicVersion == "" {

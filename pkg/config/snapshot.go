@@ -2,6 +2,7 @@ package config
 
 import (
 	"crypto/hmac"
+
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,6 +10,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"rolter.dev/pkg/delivery"
+	"rolter.dev/pkg/usage"
 	"strings"
 	"time"
 )
@@ -28,6 +31,12 @@ type Snapshot struct {
 	Health   Health
 	Timeouts Timeouts
 	Cache    Cache
+
+	// Delivery is the post-response policy's config; ModelPrices and
+	// Accounting drive usage records.
+	Delivery    delivery.Config
+	ModelPrices []usage.ModelPrice
+	Accounting  usage.AccountingConfig
 
 	// Providers and Routes are in config order.
 	Providers []*CompiledProvider
@@ -136,17 +145,24 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 	}
 	v := &validator{}
 	s := &Snapshot{
-		Version:   opts.Version,
-		Server:    cfg.Server,
-		Retry:     cfg.Retry,
-		Cooldown:  cfg.Cooldown,
-		Breaker:   cfg.Breaker,
-		Health:    cfg.Health,
-		Timeouts:  cfg.Timeouts,
-		Cache:     cfg.Cache,
-		providers: make(map[string]*CompiledProvider, len(cfg.Providers)),
-		routes:    make(map[string]*CompiledRoute, len(cfg.Routes)),
-		keys:      make(map[Digest]*Key, len(cfg.VirtualKeys)),
+		Version:  opts.Version,
+		Server:   cfg.Server,
+		Retry:    cfg.Retry,
+		Cooldown: cfg.Cooldown,
+		Breaker:  cfg.Breaker,
+		Health:   cfg.Health,
+		Timeouts: cfg.Timeouts,
+		Cache:    cfg.Cache,
+		Delivery: delivery.Config{
+			Guardrails: cfg.Guardrails,
+			Plugins:    append([]delivery.PluginConfig(nil), cfg.Plugins...),
+			PII:        cfg.PII,
+		},
+		ModelPrices: append([]usage.ModelPrice(nil), cfg.ModelPrices...),
+		Accounting:  cfg.Accounting,
+		providers:   make(map[string]*CompiledProvider, len(cfg.Providers)),
+		routes:      make(map[string]*CompiledRoute, len(cfg.Routes)),
+		keys:        make(map[Digest]*Key, len(cfg.VirtualKeys)),
 	}
 	s.Server.KeyPepper = ""
 	s.pepper = []byte(cfg.Server.KeyPepper)

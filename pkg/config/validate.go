@@ -2,9 +2,12 @@ package config
 
 import (
 	"errors"
+
 	"fmt"
 	"net/url"
 	"regexp"
+	"rolter.dev/pkg/delivery"
+	"rolter.dev/pkg/usage"
 	"strings"
 )
 
@@ -70,6 +73,11 @@ func (c *Config) Validate() error {
 }
 
 func (c *Config) validateSections(v *validator) {
+	v.errs = append(v.errs, c.Guardrails.Validate("guardrails")...)
+	v.errs = append(v.errs, delivery.ValidatePlugins("plugins", c.Plugins)...)
+	v.errs = append(v.errs, c.PII.Validate("pii_sanitizer")...)
+	v.errs = append(v.errs, usage.ValidatePrices("model_prices", c.ModelPrices)...)
+	v.errs = append(v.errs, c.Accounting.Validate("accounting")...)
 	s := c.Server
 	if s.Listen == "" {
 		v.add("server.listen", "must not be empty")

@@ -16,6 +16,7 @@ import (
 	"rolter.dev/pkg/respcache"
 	"rolter.dev/pkg/respcache/semantic"
 	"rolter.dev/pkg/respcache/sse"
+	"rolter.dev/pkg/usage"
 )
 
 // responseCache is the response cache built from a snapshot's [cache]
@@ -151,12 +152,22 @@ func (p *Proxy) serveHit(w http.ResponseWriter, r *http.Request, x *exchange, l 
 	}
 	x.status = l.Entry.Status
 	x.cache = l.Source.String()
-	w.WriteHeader(l.Entry.Status)
 	x.ttft = time.Since(x.start)
+	if !l.Entry.IsSSE() && l.Entry.Status < 300 && x.rt.policy.Active(x.dreq) {
+		// The same policy as a live response, run on the stored upstream
+		// bytes for this delivery (a reload's new rules reach old entries).
+		p.deliver(w, r, x, l.Entry.Status, l.Entry.ContentType, l.Entry.Body)
+		return
+	}
+	w.WriteHeader(l.Entry.Status)
 	if err := l.Entry.WriteBody(r.Context(), w); err != nil {
 		p.clientGone(x)
 	}
 }
+
+func isEventStream(ctype string) bool { return respcache.IsEventStream(ctype) }
+
+func itoa(n int) string { return strconv.Itoa(n) }
 
 // recorder captures a cacheable response while it is relayed, without
 // holding back a byte, and stores it when it ended well.
@@ -172,34 +183,43 @@ type recorder struct {
 	done   bool
 }
 
-// relayBuffered answers a cacheable non-streamed response: the body is read
-// whole (a client of a JSON response waits for all of it anyway), stored,
-// then sent, so the next identical request hits. A body that outgrows
-// cache.max_entry_bytes is relayed as it comes and not stored.
+// relayBuffered answers a non-streamed successful response that is
+// cacheable or that the delivery policy may change: the body is read whole
+// (a client of a JSON response waits for all of it anyway), stored as the
+// upstream sent it, then delivered through the policy, so the next identical
+// request hits and sees the same policy. A body too large to buffer is
+// relayed as it comes, not stored, and not post-processed.
 func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchange, t *target, resp *http.Response, rec *recorder) bool {
-	max := x.rt.cache.cache.MaxEntryBytes()
-	limit := int64(64 << 20) // bounds memory even with max_entry_bytes = 0
-	if max > 0 {
-		limit = max
+	limit := int64(maxBufferedBody)
+	if rec != nil {
+		if max := x.rt.cache.cache.MaxEntryBytes(); max > 0 && !x.rt.policy.Active(x.dreq) {
+			limit = max
+		}
 	}
-	_, err := rec.buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
+	var buf bytes.Buffer
+	_, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
 	x.ttft = time.Since(x.start)
 	p.metrics.TTFT.WithLabelValues(x.route.cfg.Model).Observe(x.ttft.Seconds())
 	x.status = resp.StatusCode
+	ctype := resp.Header.Get("Content-Type")
 	if err != nil {
 		// The upstream failed mid-body: what we have goes out; nothing is stored.
-		rec.done = true
+		if rec != nil {
+			rec.done = true
+		}
 		w.WriteHeader(resp.StatusCode)
-		_, _ = w.Write(rec.buf.Bytes())
+		_, _ = w.Write(buf.Bytes())
 		p.metrics.UpstreamErrors.WithLabelValues(t.cfg.Provider.Name, "body").Inc()
 		return false
 	}
-	if int64(rec.buf.Len()) > limit {
+	if int64(buf.Len()) > limit {
 		// Too large to keep: send what was read, then stream the rest.
-		rec.finish(errTooLargeToStore)
-		x.rt.cache.cache.NoteTooLarge()
+		if rec != nil {
+			rec.finish(errTooLargeToStore)
+			x.rt.cache.cache.NoteTooLarge()
+		}
 		w.WriteHeader(resp.StatusCode)
-		if _, err := w.Write(rec.buf.Bytes()); err != nil {
+		if _, err := w.Write(buf.Bytes()); err != nil {
 			p.clientGone(x)
 			return false
 		}
@@ -211,15 +231,18 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 		}
 		return true
 	}
-	rec.finish(nil)
-	w.Header().Set("Content-Length", strconv.Itoa(rec.buf.Len()))
-	w.WriteHeader(resp.StatusCode)
-	if _, err := w.Write(rec.buf.Bytes()); err != nil {
-		p.clientGone(x)
-		return false
+	if rec != nil {
+		rec.buf = buf
+		rec.finish(nil) // Store counts a body over max_entry_bytes as too large
 	}
-	return true
+	x.usage = usage.Parse(ctype, buf.Bytes())
+	p.deliver(w, r, x, resp.StatusCode, ctype, buf.Bytes())
+	return x.withheld == ""
 }
+
+// maxBufferedBody bounds a body buffered for the cache or the delivery
+// policy; larger ones pass through untouched.
+const maxBufferedBody = 64 << 20
 
 var errTooLargeToStore = errors.New("proxy: response larger than cache.max_entry_bytes")
 

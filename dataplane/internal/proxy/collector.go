@@ -47,6 +47,14 @@ var (
 	semStores        = cacheDesc("semantic_cache_stores_total", "Entries stored in the semantic cache.")
 	semBypasses      = cacheDesc("semantic_cache_bypasses_total", "Requests whose meaning text alone would not capture (tools, media, …): exact cache only, no embedding call.")
 	embedErrs        = cacheDesc("semantic_cache_embedding_errors_total", "Failed embedding calls (exact cache only for that request).")
+
+	withheld        = cacheDesc("withheld_responses_total", "Responses the delivery policy refused (the upstream call, if any, is still billed).")
+	guardBlocks     = cacheDesc("guardrail_blocks_total", "Requests and responses blocked by guardrail rules.")
+	guardRedactions = cacheDesc("guardrail_redactions_total", "Guardrail redactions applied to requests and responses.")
+	pluginBlocks    = cacheDesc("plugin_blocks_total", "Responses blocked by post_response plugins.")
+	pluginErrors    = cacheDesc("plugin_errors_total", "Failed plugin calls (unreachable, timeout, malformed reply).")
+	piiErrors       = cacheDesc("pii_sanitizer_errors_total", "Failed PII sanitizer or restore calls.")
+	usageDropped    = cacheDesc("usage_records_dropped_total", "Usage records dropped because the accounting queue was full or a write failed.")
 )
 
 func (c *inflightCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -72,6 +80,21 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 		semStores: st.SemanticStores, semBypasses: st.SemanticBypasses, embedErrs: st.EmbeddingErrors,
 	} {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	ds := &c.p.deliveryStats
+	for d, v := range map[*prometheus.Desc]uint64{
+		withheld:        ds.Withheld.Load(),
+		guardBlocks:     ds.GuardrailBlocks.Load() + ds.GuardrailOutputBlocks.Load(),
+		guardRedactions: ds.GuardrailRedactions.Load() + ds.GuardrailOutputRedactions.Load(),
+		pluginBlocks:    ds.PluginBlocks.Load(),
+		pluginErrors:    ds.PluginErrors.Load(),
+		piiErrors:       ds.PIIErrors.Load() + ds.PIIRestoreErrors.Load(),
+	} {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	if rt.accounting != nil {
+		st := rt.accounting.sink.Stats()
+		ch <- prometheus.MustNewConstMetric(usageDropped, prometheus.CounterValue, float64(st.Dropped+st.Errors))
 	}
 	for _, rc := range rt.snap.Routes {
 		r := rt.routes[rc.Model]

@@ -22,34 +22,42 @@ import (
 	"rolter.dev/pkg/affinity"
 	"rolter.dev/pkg/backoff"
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/delivery"
 	"rolter.dev/pkg/request"
 	"rolter.dev/pkg/respcache"
 	"rolter.dev/pkg/routing"
+	"rolter.dev/pkg/usage"
 )
 
 // exchange is the state of one client request across its attempts.
 type exchange struct {
-	ctx      context.Context
-	lookup   *respcache.Lookup // nil unless the request is cacheable
-	cache    string            // "exact" or "semantic" on a hit
-	start    time.Time
-	id       string
-	ep       *endpoint
-	rt       *runtime
-	route    *route
-	body     *request.Body
-	rctx     routing.Context
-	key      *config.Key
-	allowed  routing.Set // targets the key may use and that serve the endpoint
-	tried    routing.Set
-	attempts int
-	status   int
-	provider string
-	ttft     time.Duration
+	ctx         context.Context
+	dreq        delivery.Request // what the delivery policy knows of the request
+	extraHeader http.Header      // annotations of the request legs
+	usage       usage.Usage
+	withheld    string // the refusal's code and reason, when the policy refused
+	errCode     string
+	targetModel string
+	lookup      *respcache.Lookup // nil unless the request is cacheable
+	cache       string            // "exact" or "semantic" on a hit
+	start       time.Time
+	id          string
+	ep          *endpoint
+	rt          *runtime
+	route       *route
+	body        *request.Body
+	rctx        routing.Context
+	key         *config.Key
+	allowed     routing.Set // targets the key may use and that serve the endpoint
+	tried       routing.Set
+	attempts    int
+	status      int
+	provider    string
+	ttft        time.Duration
 }
 
 func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
-	x := &exchange{start: time.Now(), id: w.Header().Get("X-Request-Id"), ep: ep}
+	x := &exchange{start: time.Now(), id: w.Header().Get("X-Request-Id"), ep: ep, extraHeader: http.Header{}}
 	p.metrics.InFlight.Inc()
 	defer p.metrics.InFlight.Dec()
 	ctx, span := p.tracer.Start(p.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header)), "rolter.request",
@@ -69,6 +77,7 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		if model != "" {
 			p.metrics.Latency.WithLabelValues(model).Observe(time.Since(x.start).Seconds())
 		}
+		p.record(x, model)
 		p.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
 			slog.String("request_id", x.id), slog.String("endpoint", ep.path), slog.String("model", model),
 			slog.String("provider", x.provider), slog.Int("status", x.status), slog.Int("attempts", x.attempts),
@@ -78,6 +87,7 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	}()
 	fail := func(e apiError, msg string) {
 		x.status = e.status
+		x.errCode = e.code
 		writeError(w, ep.dialect, e, msg)
 	}
 
@@ -160,7 +170,30 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		fail(errProviderDenied, fmt.Sprintf("this key may not use any provider of model %q", body.Model))
 		return
 	}
-	// The route context is built from the body as the client sent it, in
+	x.dreq = delivery.Request{
+		RequestID: x.id, Model: body.Model, Route: rte.cfg.Model, Stream: body.Stream,
+		PIIRestoreOptIn: delivery.RestoreOptIn(r.Header),
+	}
+	if key != nil {
+		x.dreq.KeyID = key.ID
+	}
+	fwd, ref := p.requestLegs(r, x, raw)
+	if ref != nil {
+		// Refused before any upstream call: an error, not a withheld answer.
+		fail(refusal(*ref), ref.Message)
+		return
+	}
+	if &fwd[0] != &raw[0] || len(fwd) != len(raw) {
+		if !reparse(x, fwd) || !x.body.HasModel {
+			fail(errUpstream, "a request transform produced an invalid body")
+			return
+		}
+		raw = fwd
+	}
+	for k, vs := range x.extraHeader {
+		w.Header()[k] = vs
+	}
+	// The route context is built from the body as it will be forwarded, in
 	// one pass (the conversation text, its whole length and digest).
 	x.rctx = affinity.Build(ep.path, raw, r.Header)
 	x.ctx = ctx
@@ -265,6 +298,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		x.tried.Add(idx)
 		x.attempts++
 		x.provider = t.cfg.Provider.Name
+		x.targetModel = t.cfg.Model
 		t.state.BreakerAttempt(now, x.rt.breaker)
 		release := t.state.Acquire()
 
@@ -502,9 +536,12 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 	h.Set("X-Rolter-Provider", t.cfg.Provider.Name)
 	h.Set("X-Rolter-Model", x.route.cfg.Model)
 	rec := p.newRecorder(x, x.lookup, resp)
-	if rec != nil && rec.stream == nil {
+	ctype := resp.Header.Get("Content-Type")
+	if resp.StatusCode < 400 && !isEventStream(ctype) && (rec != nil || x.rt.policy.Active(x.dreq)) {
 		return p.relayBuffered(w, r, x, t, resp, rec)
 	}
+	tap := newUsageTap(ctype)
+	defer func() { x.usage = tap.result() }()
 	x.status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
 	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
@@ -535,6 +572,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 				// its end and ask again.
 				rec.write(buf[:n])
 			}
+			tap.write(buf[:n])
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				p.clientGone(x)
 				end(werr)

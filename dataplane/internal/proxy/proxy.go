@@ -22,6 +22,7 @@ import (
 
 	"rolter.dev/dataplane/internal/metrics"
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/delivery"
 	"rolter.dev/pkg/reliability"
 )
 
@@ -58,6 +59,7 @@ type Proxy struct {
 	openWarned     atomic.Bool
 	connectTimeout atomic.Int64 // nanoseconds, from the current snapshot
 	cacheTotals    cacheTotals
+	deliveryStats  delivery.Stats
 }
 
 // New builds a Proxy with no config; it answers 503 until [Proxy.Apply].
@@ -138,7 +140,7 @@ func (p *Proxy) Apply(snap *config.Snapshot) error {
 	p.applyMu.Lock()
 	defer p.applyMu.Unlock()
 	prev := p.rt.Load()
-	rt, err := newRuntime(snap, p.reg, prev, p.log)
+	rt, err := p.newRuntime(snap, prev)
 	if err != nil {
 		return err
 	}
@@ -150,6 +152,13 @@ func (p *Proxy) Apply(snap *config.Snapshot) error {
 		p.cacheTotals.retire(prev.cache.cache.Stats())
 		if err := prev.cache.close(); err != nil {
 			p.log.Warn("closing the previous cache backend", "err", err)
+		}
+	}
+	if prev != nil && prev.accounting != nil && prev.accounting != rt.accounting {
+		// Records of requests still on prev are dropped (and counted) once
+		// it is closed; Close flushes what is queued.
+		if err := prev.accounting.sink.Close(); err != nil {
+			p.log.Warn("closing the previous accounting sink", "err", err)
 		}
 	}
 	p.metrics.ConfigVersion.Set(float64(rt.generation))
@@ -164,6 +173,15 @@ func (p *Proxy) Apply(snap *config.Snapshot) error {
 			h = 1
 		}
 		p.metrics.ProviderHealthy.WithLabelValues(pr.Name).Set(h)
+	}
+	return nil
+}
+
+// Close flushes and stops the accounting sink. Call it once the server has
+// stopped serving.
+func (p *Proxy) Close() error {
+	if rt := p.rt.Load(); rt != nil && rt.accounting != nil {
+		return rt.accounting.sink.Close()
 	}
 	return nil
 }

@@ -2,13 +2,14 @@ package proxy
 
 import (
 	"fmt"
-	"log/slog"
 	"slices"
 	"time"
 
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/delivery"
 	"rolter.dev/pkg/reliability"
 	"rolter.dev/pkg/routing"
+	"rolter.dev/pkg/usage"
 )
 
 // runtime is everything a request needs from one config snapshot: the
@@ -21,6 +22,11 @@ type runtime struct {
 	breaker    reliability.BreakerConfig
 	// cache is nil when [cache] enabled is false.
 	cache *responseCache
+	// policy finalises every buffered successful body (pkg/delivery).
+	policy *delivery.Policy
+	// prices bill usage records; accounting writes them.
+	prices     *usage.PriceTable
+	accounting *accounting
 }
 
 type route struct {
@@ -41,7 +47,8 @@ type target struct {
 // newRuntime compiles a snapshot into a runtime. Balancers of routes whose
 // strategy and targets are unchanged since prev are kept, so a reload that
 // touches one route does not reset the learned affinity of the others.
-func newRuntime(snap *config.Snapshot, reg *reliability.Registry, prev *runtime, log *slog.Logger) (*runtime, error) {
+func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, error) {
+	reg, log := p.reg, p.log
 	rt := &runtime{
 		snap:   snap,
 		routes: make(map[string]*route, len(snap.Routes)),
@@ -55,6 +62,21 @@ func newRuntime(snap *config.Snapshot, reg *reliability.Registry, prev *runtime,
 		rt.generation = prev.generation + 1
 	} else {
 		rt.generation = 1
+	}
+	pol, err := delivery.New(snap.Delivery, p.client, log, delivery.WithStats(&p.deliveryStats))
+	if err != nil {
+		return nil, err
+	}
+	rt.policy = pol
+	rt.prices = usage.NewPriceTable(snap.ModelPrices)
+	if prev != nil && prev.accounting != nil && prev.accounting.cfg == snap.Accounting {
+		rt.accounting = prev.accounting
+	} else {
+		sink, err := usage.Open(snap.Accounting, log)
+		if err != nil {
+			return nil, fmt.Errorf("accounting: %w", err)
+		}
+		rt.accounting = &accounting{cfg: snap.Accounting, sink: sink}
 	}
 	if snap.Cache.Enabled {
 		if prev != nil && prev.cache != nil && prev.cache.cfg == snap.Cache {

@@ -1,0 +1,154 @@
+package proxy
+
+import (
+	"bytes"
+	"net/http"
+	"time"
+
+	"rolter.dev/pkg/delivery"
+	"rolter.dev/pkg/request"
+	"rolter.dev/pkg/usage"
+)
+
+// accounting is the usage-record sink built from [accounting]; kept across
+// reloads while that section is unchanged (it owns a writer goroutine).
+type accounting struct {
+	cfg  usage.AccountingConfig
+	sink *usage.JSONLines
+}
+
+// refusal turns a delivery-policy refusal into a catalogue entry in both
+// dialects.
+func refusal(r delivery.Refuse) apiError {
+	e := apiError{status: r.Status, code: r.Code, openaiType: "invalid_request_error", anthropicType: "invalid_request_error"}
+	switch {
+	case r.Status == http.StatusForbidden:
+		e.openaiType, e.anthropicType = "permission_error", "permission_error"
+	case r.Status >= 500:
+		e.openaiType, e.anthropicType = "api_error", "api_error"
+	}
+	return e
+}
+
+// requestLegs runs the request side of the delivery policy: a stream that
+// no post-response stage can handle is refused up front, pre-call
+// guardrails, then the PII sanitizer's request leg. It returns the body to
+// forward, or a refusal.
+func (p *Proxy) requestLegs(r *http.Request, x *exchange, raw []byte) ([]byte, *delivery.Refuse) {
+	pol := x.rt.policy
+	if x.body.Stream {
+		if ok, ref := pol.StreamDecision(x.dreq); !ok {
+			return nil, &ref
+		}
+	}
+	g, ref := pol.GuardRequest(x.dreq, raw)
+	if ref != nil {
+		return nil, ref
+	}
+	for k, vs := range g.Header {
+		x.extraHeader[k] = vs
+	}
+	if g.Changed {
+		raw = g.Body
+	}
+	leg, ref := pol.SanitizeRequest(r.Context(), x.dreq, raw)
+	if ref != nil {
+		return nil, ref
+	}
+	x.dreq.PIITicket = leg.Ticket
+	if leg.Changed {
+		raw = leg.Body
+	}
+	return raw, nil
+}
+
+// reparse refreshes the exchange's parsed body after a request leg rewrote
+// it; a leg that produced invalid JSON is an internal fault, answered 502.
+func reparse(x *exchange, raw []byte) bool {
+	b, err := request.Parse(raw)
+	if err != nil {
+		return false
+	}
+	x.body = b
+	return true
+}
+
+// deliver sends a buffered successful body through the delivery policy:
+// the (possibly transformed) body, or the refusal in the endpoint's dialect.
+func (p *Proxy) deliver(w http.ResponseWriter, r *http.Request, x *exchange, status int, ctype string, body []byte) {
+	d := x.rt.policy.Apply(r.Context(), x.dreq, status, ctype, body)
+	switch d := d.(type) {
+	case delivery.Refuse:
+		x.withheld = d.Code + ": " + d.Reason
+		x.status = d.Status
+		w.Header().Del("Content-Length")
+		writeError(w, x.ep.dialect, refusal(d), d.Message)
+	case delivery.Send:
+		for k, vs := range d.Header {
+			w.Header()[k] = vs
+		}
+		w.Header().Set("Content-Length", itoa(len(d.Body)))
+		x.status = status
+		w.WriteHeader(status)
+		if _, err := w.Write(d.Body); err != nil {
+			p.clientGone(x)
+		}
+	}
+}
+
+// usageTap measures a response's usage from the bytes relayed to the
+// client: SSE incrementally, JSON from a bounded copy.
+type usageTap struct {
+	sse  *usage.SSEParser
+	json bytes.Buffer
+	over bool
+}
+
+const usageTapMax = 1 << 20 // JSON usage sits in small bodies; larger ones are not parsed
+
+func newUsageTap(ctype string) *usageTap {
+	if isEventStream(ctype) {
+		return &usageTap{sse: &usage.SSEParser{}}
+	}
+	return &usageTap{}
+}
+
+func (u *usageTap) write(b []byte) {
+	if u.sse != nil {
+		_, _ = u.sse.Write(b)
+		return
+	}
+	if !u.over && u.json.Len()+len(b) <= usageTapMax {
+		u.json.Write(b)
+	} else {
+		u.over = true
+	}
+}
+
+func (u *usageTap) result() usage.Usage {
+	if u.sse != nil {
+		return u.sse.End()
+	}
+	if u.over {
+		return usage.Usage{}
+	}
+	return usage.ParseJSON(u.json.Bytes())
+}
+
+// record writes the request's usage record.
+func (p *Proxy) record(x *exchange, model string) {
+	if x.rt == nil || x.rt.accounting == nil || model == "" {
+		return
+	}
+	rec := usage.Record{
+		TS: time.Now(), RequestID: x.id, Model: model, Provider: x.provider, TargetModel: x.targetModel,
+		Status: x.status, Stream: x.body != nil && x.body.Stream,
+		LatencyMS: usage.Millis(time.Since(x.start)), TTFTMS: usage.Millis(x.ttft),
+		CacheHit: x.cache, Withheld: x.withheld != "", WithheldReason: x.withheld, Error: x.errCode,
+	}
+	if x.key != nil {
+		rec.KeyID = x.key.ID
+	}
+	x.rt.prices.Bill(&rec, x.usage)
+	x.rt.accounting.sink.Write(rec)
+}
