@@ -14,6 +14,8 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/delivery"
+	"rolter.dev/pkg/usage"
 )
 
 // Kind is a kind of stored object.
@@ -71,6 +73,14 @@ type Settings struct {
 	Health   config.Health   `toml:"health"`
 	Timeouts config.Timeouts `toml:"timeouts"`
 	Cache    config.Cache    `toml:"cache"`
+
+	// The delivery policy and accounting sections, kept with the other
+	// global sections.
+	Guardrails  delivery.GuardrailsConfig `toml:"guardrails"`
+	Plugins     []delivery.PluginConfig   `toml:"plugins"`
+	PII         delivery.PIIConfig        `toml:"pii_sanitizer"`
+	ModelPrices []usage.ModelPrice        `toml:"model_prices"`
+	Accounting  usage.AccountingConfig    `toml:"accounting"`
 }
 
 // State is the stored configuration at one revision.
@@ -100,6 +110,8 @@ func settingsOf(c *config.Config) Settings {
 	return Settings{
 		Server: c.Server, Retry: c.Retry, Cooldown: c.Cooldown, Breaker: c.Breaker,
 		Health: c.Health, Timeouts: c.Timeouts, Cache: c.Cache,
+		Guardrails: c.Guardrails, Plugins: slices.Clone(c.Plugins), PII: c.PII,
+		ModelPrices: slices.Clone(c.ModelPrices), Accounting: c.Accounting,
 	}
 }
 
@@ -151,6 +163,8 @@ func (s *State) Config() *config.Config {
 	return &config.Config{
 		Server: st.Server, Retry: st.Retry, Cooldown: st.Cooldown, Breaker: st.Breaker,
 		Health: st.Health, Timeouts: st.Timeouts, Cache: st.Cache,
+		Guardrails: st.Guardrails, Plugins: slices.Clone(st.Plugins), PII: st.PII,
+		ModelPrices: slices.Clone(st.ModelPrices), Accounting: st.Accounting,
 		Providers:   slices.Clone(s.Providers),
 		Routes:      slices.Clone(s.Routes),
 		VirtualKeys: slices.Clone(s.Keys),
