@@ -22,6 +22,7 @@ type Metrics struct {
 	ClientDisconnects prometheus.Counter
 	Latency           *prometheus.HistogramVec // model
 	TTFT              *prometheus.HistogramVec // model
+	CacheLookup       *prometheus.HistogramVec // result
 	ConfigVersion     prometheus.Gauge
 	ConfigInfo        *prometheus.GaugeVec // version
 	ConfigReloads     prometheus.Counter
@@ -64,6 +65,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "rolter_request_ttft_seconds", Help: "Time from request to the first response byte sent to the client.", Buckets: latencyBuckets,
 		}, []string{"model"}),
+		CacheLookup: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rolter_cache_lookup_seconds", Help: "Time of a response-cache lookup (exact, then semantic with its embedding call), by result.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"result"}),
 		ConfigVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rolter_config_version", Help: "Generation of the config snapshot in use (increments on every applied change).",
 		}),
@@ -77,7 +82,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "rolter_config_reload_failures_total", Help: "Config changes refused; the previous snapshot kept serving.",
 		}),
 	}
-	reg.MustRegister(m.ProviderHealthy, m.InFlight, m.ClientDisconnects, m.Latency, m.TTFT,
+	reg.MustRegister(m.ProviderHealthy, m.InFlight, m.ClientDisconnects, m.Latency, m.TTFT, m.CacheLookup,
 		m.ConfigVersion, m.ConfigInfo, m.ConfigReloads, m.ConfigFailures)
 	return m
 }

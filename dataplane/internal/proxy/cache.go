@@ -126,10 +126,16 @@ func (p *Proxy) lookupCache(ctx context.Context, x *exchange, raw []byte) *respc
 	if ttl <= 0 {
 		return nil
 	}
+	start := time.Now()
 	l, err := x.rt.cache.cache.Lookup(ctx, respcache.Request{
 		Path: x.ep.path, Scope: scope, Route: x.route.cfg.Model, Body: raw,
 		Stream: x.body.Stream, TTL: ttl, Semantic: sem,
 	})
+	result := "error"
+	if err == nil {
+		result = l.Source.String()
+	}
+	p.metrics.CacheLookup.WithLabelValues(result).Observe(time.Since(start).Seconds())
 	if err != nil {
 		if !errors.Is(err, respcache.ErrNotCacheable) {
 			p.log.Debug("cache lookup failed; serving uncached", "request_id", x.id, "err", err)

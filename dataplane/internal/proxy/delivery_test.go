@@ -177,3 +177,101 @@ func TestDeliveryPolicyOnEveryPath(t *testing.T) {
 		}
 	})
 }
+
+// TestPIIRestorationIsNeverStored: the request leg replaces an email with a
+// placeholder, the upstream answers with the placeholder, and the response
+// leg restores it for the request being answered. The cache keeps the
+// upstream's own (placeholder) bytes: a later hit without restoration rights
+// shows the placeholder, never the restored address.
+func TestPIIRestorationIsNeverStored(t *testing.T) {
+	const secret, placeholder = "alice@example.com", "<EMAIL_1>"
+	var upstreamSaw atomic.Value
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Messages []struct{ Content string } `json:"messages"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		upstreamSaw.Store(req.Messages[0].Content)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"I will write to %s"},"finish_reason":"stop"}]}`, placeholder)
+	}))
+	t.Cleanup(upstream.Close)
+	pii := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/sanitize":
+			var in struct {
+				Direction string   `json:"direction"`
+				Content   []string `json:"content"`
+			}
+			_ = json.NewDecoder(r.Body).Decode(&in)
+			out := make([]string, len(in.Content))
+			for i, c := range in.Content {
+				out[i] = strings.ReplaceAll(c, secret, placeholder)
+			}
+			reply := map[string]any{"content": out, "findings": []any{}}
+			if in.Direction == "request" {
+				reply["restoration_token"] = "ticket-1"
+			}
+			_ = json.NewEncoder(w).Encode(reply)
+		case "/restore":
+			var in struct {
+				Token   string   `json:"restoration_token"`
+				Content []string `json:"content"`
+			}
+			_ = json.NewDecoder(r.Body).Decode(&in)
+			out := make([]string, len(in.Content))
+			for i, c := range in.Content {
+				if in.Token == "ticket-1" {
+					c = strings.ReplaceAll(c, placeholder, secret)
+				}
+				out[i] = c
+			}
+			_ = json.NewEncoder(w).Encode(map[string]any{"content": out})
+		}
+	}))
+	t.Cleanup(pii.Close)
+	doc := fmt.Sprintf(`
+[cache]
+enabled = true
+[pii_sanitizer]
+enabled = true
+url = "%[1]s/sanitize"
+restore_url = "%[1]s/restore"
+direction = "both"
+restoration = "caller_authorized"
+[[providers]]
+name = "up"
+kind = "openai_compatible"
+api_base = %[2]q
+[[routes]]
+model = "m"
+targets = [{ provider = "up" }]
+[routes.cache]
+ttl_secs = 600
+`, pii.URL, upstream.URL)
+	p := New(Options{})
+	srv := newServer(t, p)
+	applyDoc(t, p, doc)
+	body := `{"model":"m","messages":[{"role":"user","content":"mail ` + secret + `"}]}`
+
+	resp, b := post(t, srv+"/v1/chat/completions", "", body, "X-Rolter-Pii-Restore", "true")
+	if resp.StatusCode != 200 || resp.Header.Get("X-Rolter-Cache") != "MISS" {
+		t.Fatalf("first: %d %q %s", resp.StatusCode, resp.Header.Get("X-Rolter-Cache"), b)
+	}
+	if saw, _ := upstreamSaw.Load().(string); strings.Contains(saw, secret) || !strings.Contains(saw, placeholder) {
+		t.Fatalf("the upstream saw %q: the request leg did not sanitize", saw)
+	}
+	if !strings.Contains(string(b), secret) {
+		t.Fatalf("the authorized caller did not get its data restored: %s", b)
+	}
+
+	// The same request without restoration rights hits the stored entry.
+	resp, b = post(t, srv+"/v1/chat/completions", "", body)
+	if resp.Header.Get("X-Rolter-Cache") != "HIT" {
+		t.Fatalf("second: %q", resp.Header.Get("X-Rolter-Cache"))
+	}
+	if strings.Contains(string(b), secret) || !strings.Contains(string(b), placeholder) {
+		t.Fatalf("the stored entry holds restored data: %s", b)
+	}
+}
