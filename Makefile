@@ -19,6 +19,7 @@ build: ## Build every binary into bin/
 	cd dataplane && $(GO) build -o ../$(BIN)/rolter-proxy ./cmd/rolter-proxy
 	cd controlplane && $(GO) build -o ../$(BIN)/rolter-controlplane ./cmd/rolter-controlplane
 	cd controlplane && $(GO) build -o ../$(BIN)/rolterctl ./cmd/rolterctl
+	cd kvwatcher && $(GO) build -o ../$(BIN)/rolter-kvwatcher ./cmd/rolter-kvwatcher
 	cd tests && $(GO) build -o ../$(BIN)/vllmsim ./cmd/vllmsim
 	cd tests && $(GO) build -o ../$(BIN)/rolter-sim ./cmd/rolter-sim
 

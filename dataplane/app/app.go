@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -32,6 +33,7 @@ import (
 	"rolter.dev/dataplane/internal/health"
 	"rolter.dev/dataplane/internal/proxy"
 	"rolter.dev/dataplane/internal/tracing"
+	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/respcache"
 	"rolter.dev/pkg/config"
 )
@@ -51,6 +53,11 @@ type Options struct {
 	// DrainTimeout bounds how long in-flight requests may take after
 	// shutdown starts (default 30 s).
 	DrainTimeout time.Duration
+	// NATSURL, when set, connects to NATS to follow the kvwatchers' KV-event
+	// and LMCache deltas (precise_cache_aware, lmcache_aware). NATS being
+	// down at start or later leaves those strategies neutral (least load);
+	// the client reconnects by itself.
+	NATSURL string
 }
 
 // ControlPlaneOptions configures control-plane mode (see package cpfollow).
@@ -93,7 +100,21 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		return nil, err
 	}
 	respcache.SetRedisLogger(log.With("component", "redis"))
-	p := proxy.New(proxy.Options{Logger: log, Registerer: reg, Gatherer: reg, TracerProvider: tp})
+	var kv *kvindex.Index
+	if opts.NATSURL != "" {
+		nc, err := nats.Connect(opts.NATSURL, nats.Name("rolter-proxy"), nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true), nats.ReconnectWait(time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("nats %s: %w", opts.NATSURL, err)
+		}
+		kv, err = kvindex.New(nc, nil, kvindex.Options{Logger: log.With("component", "kvindex")})
+		if err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("kv index: %w", err)
+		}
+		go func() { <-ctx.Done(); kv.Close(); nc.Close() }() // owned: ends with the app's context
+	}
+	p := proxy.New(proxy.Options{Logger: log, Registerer: reg, Gatherer: reg, TracerProvider: tp, KVIndex: kv})
 	var source func(context.Context) // runs the config source until ctx ends
 	if cp := opts.ControlPlane; cp != nil {
 		f := cpfollow.New(cpfollow.Options{

@@ -34,6 +34,7 @@ func main() {
 	nodeID := flag.String("node-id", "", "node ID reported to the control plane (default hostname-pid)")
 	cache := flag.String("snapshot-cache", "", "file caching the last control-plane snapshot, served at startup while no control plane answers")
 	pepperFile := flag.String("key-pepper-file", "", "file holding the virtual-key pepper, the control plane's ($ROLTER_KEY_PEPPER takes precedence)")
+	natsURL := flag.String("nats", "", "NATS URL of the kvwatchers' KV-event deltas (precise_cache_aware, lmcache_aware)")
 	flag.Parse()
 
 	var level slog.Level
@@ -42,7 +43,7 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	opts := app.Options{ConfigPath: *configPath, Listen: *listen, Logger: log}
+	opts := app.Options{ConfigPath: *configPath, Listen: *listen, Logger: log, NATSURL: *natsURL}
 	if *cpAddrs != "" {
 		cp, err := controlPlaneOptions(*cpAddrs, *token, *tokenFile, *cpCA, *cpCert, *cpKey, *cpTLS, *cpInsecure, *pepperFile)
 		if err != nil {

@@ -23,6 +23,7 @@ import (
 	"rolter.dev/dataplane/internal/metrics"
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/delivery"
+	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/reliability"
 )
 
@@ -40,6 +41,10 @@ type Options struct {
 	// TracerProvider makes the request spans; nil means no tracing (trace
 	// context is still propagated to upstreams).
 	TracerProvider trace.TracerProvider
+	// KVIndex, when set, feeds precise_cache_aware and lmcache_aware with
+	// the engines' KV events and LMCache occupancy shared over NATS; the
+	// proxy keeps its provider list in step with the config.
+	KVIndex *kvindex.Index
 }
 
 // Proxy serves the data plane's HTTP API. Create it with [New] and give it a
@@ -50,6 +55,7 @@ type Proxy struct {
 	gatherer prometheus.Gatherer
 	client   *http.Client
 	reg      *reliability.Registry
+	kv       *kvindex.Index
 	tracer   trace.Tracer
 	prop     propagation.TextMapPropagator
 
@@ -78,6 +84,7 @@ func New(opts Options) *Proxy {
 		opts.TracerProvider = noop.NewTracerProvider()
 	}
 	p := &Proxy{
+		kv:       opts.KVIndex,
 		tracer:   opts.TracerProvider.Tracer("rolter.dev/dataplane/proxy"),
 		prop:     propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 		log:      opts.Logger.With("component", "proxy"),
@@ -145,6 +152,17 @@ func (p *Proxy) Apply(snap *config.Snapshot) error {
 		return err
 	}
 	p.connectTimeout.Store(int64(time.Duration(snap.Timeouts.ConnectSecs) * time.Second))
+	if p.kv != nil {
+		var names []string
+		for _, pr := range snap.Providers {
+			if pr.KVEvents != nil || pr.LMCache != nil {
+				names = append(names, pr.Name)
+			}
+		}
+		if err := p.kv.SetProviders(names); err != nil {
+			p.log.Warn("KV index: following the new providers", "err", err)
+		}
+	}
 	p.rt.Store(rt)
 	rt.retain(p.reg)
 	if prev != nil && prev.cache != nil && prev.cache != rt.cache {

@@ -107,11 +107,16 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 		}
 		if r.balancer == nil {
 			bp := rc.Balancer
-			b, err := routing.New(routing.Spec{
+			spec := routing.Spec{
 				Strategy: rc.Strategy, Weights: weights,
 				Threshold: bp.Threshold, BalanceAbs: bp.BalanceAbs, BalanceRel: bp.BalanceRel,
 				MaxTrieNodes: bp.MaxTrieNodes, Scorers: bp.Scorers,
-			})
+			}
+			if p.kv != nil {
+				src := newKVSource(p.kv, r)
+				spec.KV, spec.LMCache = src, src
+			}
+			b, err := routing.New(spec)
 			if err != nil {
 				return nil, fmt.Errorf("routes[%d].strategy: %w", i, err)
 			}

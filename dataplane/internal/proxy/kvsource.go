@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"time"
+
+	"rolter.dev/pkg/kvindex"
+	"rolter.dev/pkg/routing"
+)
+
+// speculationTTL is how long blocks a routed request will create count as
+// resident on its target before the engine's KV events confirm them: long
+// enough to cover a prefill and the event's trip through the watcher.
+const speculationTTL = 5 * time.Second
+
+// kvSource feeds precise_cache_aware and lmcache_aware from the proxy's
+// NATS-fed index, for one route's targets. Identities are seeded with each
+// target's upstream model, as the watcher seeds the engine's blocks.
+type kvSource struct {
+	ix      *kvindex.Index
+	targets []kvTarget
+}
+
+type kvTarget struct {
+	provider string
+	seed     uint64
+}
+
+var (
+	_ routing.KVSource      = (*kvSource)(nil)
+	_ routing.LMCacheSource = (*kvSource)(nil)
+)
+
+func newKVSource(ix *kvindex.Index, r *route) *kvSource {
+	s := &kvSource{ix: ix}
+	for _, t := range r.targets {
+		s.targets = append(s.targets, kvTarget{provider: t.cfg.Provider.Name, seed: kvindex.Seed(t.cfg.Model)})
+	}
+	return s
+}
+
+// KVScores implements routing.KVSource: the share of the request's full
+// leading blocks resident on each target. Targets sharing a provider, model
+// and block size share one identity computation.
+func (s *kvSource) KVScores(tokenIDs []uint32, scores []float64) bool {
+	fresh := false
+	var ids []uint64
+	var idsSeed uint64
+	idsBS := -1
+	for i, t := range s.targets {
+		scores[i] = 0
+		if !s.ix.Fresh(t.provider) {
+			continue
+		}
+		fresh = true
+		bs := s.ix.BlockSize(t.provider)
+		if bs <= 0 || len(tokenIDs) < bs {
+			continue
+		}
+		if bs != idsBS || t.seed != idsSeed {
+			ids = kvindex.AppendIdentities(ids[:0], t.seed, tokenIDs, bs)
+			idsBS, idsSeed = bs, t.seed
+		}
+		if len(ids) > 0 {
+			scores[i] = float64(s.ix.PrefixMatch(t.provider, ids)) / float64(len(ids))
+		}
+	}
+	return fresh
+}
+
+// Speculate implements routing.KVSource.
+func (s *kvSource) Speculate(target int, tokenIDs []uint32) {
+	if target < 0 || target >= len(s.targets) {
+		return
+	}
+	t := s.targets[target]
+	bs := s.ix.BlockSize(t.provider)
+	if bs <= 0 || len(tokenIDs) < bs {
+		return
+	}
+	s.ix.Speculate(t.provider, kvindex.Identities(t.seed, tokenIDs, bs), speculationTTL)
+}
+
+// LMCacheScores implements routing.LMCacheSource.
+func (s *kvSource) LMCacheScores(scores []float64) bool {
+	fresh := false
+	for i, t := range s.targets {
+		scores[i] = 0
+		occ, available, ok := s.ix.Occupancy(t.provider)
+		if !ok {
+			continue
+		}
+		fresh = true
+		if available {
+			scores[i] = 1 - min(max(occ, 0), 1)
+		}
+	}
+	return fresh
+}

@@ -1,0 +1,58 @@
+// Command rolter-kvwatcher subscribes to the vLLM KV events and LMCache
+// occupancy of the configured providers and publishes compact per-provider
+// deltas over NATS, which every rolter-proxy applies to its local index.
+//
+//	rolter-kvwatcher (--config FILE | --controlplane ADDR [--token T]) (--nats URL | --embed-nats HOST:PORT) [--metrics-listen ADDR]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"rolter.dev/kvwatcher/app"
+)
+
+func main() {
+	configPath := flag.String("config", "", "rolter TOML config file (polled for changes)")
+	cp := flag.String("controlplane", "", "control plane address (not supported yet)")
+	token := flag.String("token", "", "bearer token for the control plane (also $ROLTER_NODE_TOKEN)")
+	natsURL := flag.String("nats", "", "NATS server URL, e.g. nats://127.0.0.1:4222")
+	embedNATS := flag.String("embed-nats", "", "run an in-process NATS server on this host:port and use it (development)")
+	metricsListen := flag.String("metrics-listen", "127.0.0.1:9465", "address serving /metrics (empty: none)")
+	heartbeat := flag.Duration("heartbeat", app.DefaultHeartbeat, "period of the per-provider status messages")
+	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
+	flag.Parse()
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(os.Stderr, "rolter-kvwatcher: bad --log-level: %v\n", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if (*configPath == "") == (*cp == "") || (*natsURL == "" && *embedNATS == "") {
+		fmt.Fprintln(os.Stderr, "usage: rolter-kvwatcher (--config FILE | --controlplane ADDR [--token T]) (--nats URL | --embed-nats HOST:PORT)")
+		os.Exit(2)
+	}
+	if *token == "" {
+		*token = os.Getenv("ROLTER_NODE_TOKEN")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := app.RunService(ctx, app.ServiceOptions{
+		ConfigPath: *configPath, ControlPlane: *cp, Token: *token, NATSURL: *natsURL, EmbedNATS: *embedNATS,
+		MetricsListen: *metricsListen, Heartbeat: *heartbeat, Logger: log,
+	})
+	if err != nil {
+		log.Error("rolter-kvwatcher stopped", "err", err)
+		if errors.Is(err, app.ErrControlPlaneUnsupported) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}

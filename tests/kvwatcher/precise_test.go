@@ -1,0 +1,133 @@
+package kvwatcher_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	dpapp "rolter.dev/dataplane/app"
+	"rolter.dev/kvwatcher/app"
+)
+
+// TestPreciseRoutingThroughTwoProxies: two replicas publish KV events, a
+// watcher turns them into NATS deltas, and two real proxies route requests
+// carrying token ids to the replica that holds their prefix.
+func TestPreciseRoutingThroughTwoProxies(t *testing.T) {
+	s := startNATS(t)
+	a, b := newReplica(t, replicaOpts{}), newReplica(t, replicaOpts{})
+	startWatcher(t, s, app.StaticSource{
+		kvProvider("vllm-a", a.pub.Endpoint(), "", 5*time.Second),
+		kvProvider("vllm-b", b.pub.Endpoint(), "", 5*time.Second),
+	})
+	a.waitSubscribers(t, 1)
+	b.waitSubscribers(t, 1)
+	httpA, httpB := httptest.NewServer(a.srv), httptest.NewServer(b.srv)
+	t.Cleanup(httpA.Close)
+	t.Cleanup(httpB.Close)
+
+	cfg := fmt.Sprintf(`
+[accounting]
+sink = "none"
+[[providers]]
+name = "vllm-a"
+kind = "openai_compatible"
+api_base = %q
+[providers.kv_events]
+endpoint = %q
+[[providers]]
+name = "vllm-b"
+kind = "openai_compatible"
+api_base = %q
+[providers.kv_events]
+endpoint = %q
+[[routes]]
+model = "m"
+strategy = "precise_cache_aware"
+targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %q }]
+`, httpA.URL, a.pub.Endpoint(), httpB.URL, b.pub.Endpoint(), model, model)
+	path := filepath.Join(t.TempDir(), "rolter.toml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var proxies []*dpapp.App
+	for range 2 {
+		ctx, cancel := context.WithCancel(context.Background())
+		p, err := dpapp.Start(ctx, dpapp.Options{ConfigPath: path, Listen: "127.0.0.1:0", Logger: logger(), NATSURL: s.ClientURL(), DrainTimeout: 5 * time.Second})
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cancel(); _ = p.Wait() })
+		proxies = append(proxies, p)
+	}
+
+	// Warm two different prefixes, one on each replica.
+	onA, onB := prompt("alpha", 320), prompt("bravo", 320)
+	a.warm(onA)
+	b.warm(onB)
+	for _, tc := range []struct {
+		tokens []uint32
+		want   string
+	}{{onA, "vllm-a"}, {onB, "vllm-b"}} {
+		ids := make([]string, len(tc.tokens))
+		for i, id := range tc.tokens {
+			ids[i] = strconv.FormatUint(uint64(id), 10)
+		}
+		for i, p := range proxies {
+			eventually(t, fmt.Sprintf("proxy %d routes the prefix to %s", i, tc.want), 5*time.Second, func() bool {
+				req, _ := http.NewRequest(http.MethodPost, p.URL()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"x","max_tokens":1}`))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Rolter-Vllm-Token-Ids", strings.Join(ids, ","))
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return false
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode == 200 && resp.Header.Get("X-Rolter-Provider") == tc.want
+			})
+			// Once fresh, it stays: ten more requests all go there.
+			for range 10 {
+				req, _ := http.NewRequest(http.MethodPost, p.URL()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"x","max_tokens":1}`))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Rolter-Vllm-Token-Ids", strings.Join(ids, ","))
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if got := resp.Header.Get("X-Rolter-Provider"); got != tc.want {
+					t.Fatalf("proxy %d sent a request for %s's prefix to %s", i, tc.want, got)
+				}
+			}
+		}
+	}
+	// The picks were decided by the KV signal, not by a lucky tie.
+	for i, p := range proxies {
+		resp, err := http.Get(p.URL() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		scored := false
+		for _, line := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(line, "rolter_routing_decisions_total{") && strings.Contains(line, `outcome="scored"`) {
+				v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+				scored = v >= 20
+			}
+		}
+		if !scored {
+			t.Fatalf("proxy %d: fewer than 20 picks scored by the KV signal", i)
+		}
+	}
+}
