@@ -151,10 +151,16 @@ func FromConfig(c *config.Config) (providers []Provider, warnings []string) {
 				Endpoint: kv.Endpoint, Topic: kv.Topic, Mode: DefaultMode(kv.Endpoint),
 				MaxBlocks: kv.MaxBlocks, Stale: time.Duration(kv.StaleSecs) * time.Second,
 			}
-			if ms := models[p.Name]; len(ms) > 0 {
+			if kv.Mode != "" {
+				spec.Mode = Mode(kv.Mode)
+			}
+			spec.ReplayEndpoint = kv.ReplayEndpoint
+			if kv.Model != "" {
+				spec.Model = kv.Model
+			} else if ms := models[p.Name]; len(ms) > 0 {
 				spec.Model = ms[0]
 				if len(ms) > 1 {
-					warnings = append(warnings, fmt.Sprintf("provider %q: routes send models %q; block identities use %q", p.Name, ms, ms[0]))
+					warnings = append(warnings, fmt.Sprintf("provider %q: routes send models %q; block identities use %q (set kv_events.model)", p.Name, ms, ms[0]))
 				}
 			}
 			out.KV = spec

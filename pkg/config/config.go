@@ -134,6 +134,16 @@ type KVEvents struct {
 	Topic     string `toml:"topic"`
 	MaxBlocks int    `toml:"max_blocks"`
 	StaleSecs int    `toml:"stale_secs"`
+	// Mode is "connect" (the watcher dials the replica's bound endpoint)
+	// or "bind" (the watcher binds endpoint and replicas connect to it,
+	// told apart by topic); empty: bind for a wildcard host, else connect.
+	Mode string `toml:"mode"`
+	// ReplayEndpoint is the replica's replay (ROUTER) socket, used to
+	// repair sequence gaps; empty: a gap clears the provider's state.
+	ReplayEndpoint string `toml:"replay_endpoint"`
+	// Model is the model name block identities are seeded with (vLLM's
+	// served model name); empty: the upstream model the routes send.
+	Model string `toml:"model"`
 }
 
 // LMCache configures polling of the provider's LMCache occupancy signal.

@@ -157,6 +157,14 @@ func validateProvider(v *validator, path string, p *Provider) {
 		}
 		v.positive(kp+".max_blocks", kv.MaxBlocks)
 		v.positive(kp+".stale_secs", kv.StaleSecs)
+		if kv.Mode != "" && kv.Mode != "connect" && kv.Mode != "bind" {
+			v.add(kp+".mode", "must be \"connect\" or \"bind\", got %q", kv.Mode)
+		}
+		if r := kv.ReplayEndpoint; r != "" {
+			if u, err := url.Parse(r); err != nil || (u.Scheme != "tcp" && u.Scheme != "ipc") {
+				v.add(kp+".replay_endpoint", "must be a tcp:// or ipc:// ZMQ endpoint, got %q", r)
+			}
+		}
 	}
 	if lm := p.LMCache; lm != nil {
 		lp := path + ".lmcache"
