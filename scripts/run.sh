@@ -35,11 +35,17 @@ wait_http() {
   return 1
 }
 
+NATS_ADDR=${ROLTER_NATS:-127.0.0.1:4222}
 for i in 1 2 3; do
   ./bin/vllmsim --listen "127.0.0.1:800$i" --model sim-model --ttft 20ms --itl 5ms --prefill-tps 20000 \
+    --kv-events "tcp://127.0.0.1:$((5556 + i))" --kv-topic kv-events --kv-replay "tcp://127.0.0.1:$((5566 + i))" \
     >"$WORK/vllm-$i.log" 2>&1 &
   pids+=($!)
 done
+# The kvwatcher runs the embedded NATS server the proxy reads KV deltas from.
+./bin/rolter-kvwatcher --config "$CONFIG" --embed-nats "$NATS_ADDR" --metrics-listen 127.0.0.1:9465 \
+  >"$WORK/kvwatcher.log" 2>&1 &
+pids+=($!)
 ./bin/rolter-controlplane --dev --embed-etcd "$WORK/etcd" --embed-etcd-listen 127.0.0.1:0 --listen "$CP_ADDR" \
   >"$WORK/controlplane.log" 2>&1 &
 pids+=($!)
@@ -54,7 +60,7 @@ done
 [[ -n $applied ]] || { echo "applying $CONFIG failed:" >&2; cat "$WORK/apply.log" >&2; exit 1; }
 
 ROLTER_NODE_TOKEN=$ROLTER_NODE_TOKENS ./bin/rolter-proxy --controlplane "$CP_ADDR" --listen "$PROXY_ADDR" \
-  --snapshot-cache "$WORK/snapshot.json" >"$WORK/proxy.log" 2>&1 &
+  --snapshot-cache "$WORK/snapshot.json" --nats "nats://$NATS_ADDR" >"$WORK/proxy.log" 2>&1 &
 pids+=($!)
 wait_http "http://$PROXY_ADDR/readyz"
 
@@ -63,12 +69,19 @@ cat <<MSG
 rolter is running on this machine:
   control plane   $CP_ADDR (embedded etcd in $WORK/etcd)
   rolter-proxy    http://$PROXY_ADDR (follows the control plane)
-  vLLM replicas   127.0.0.1:8001-8003 (simulated)
+  vLLM replicas   127.0.0.1:8001-8003 (simulated; KV events on tcp://127.0.0.1:5557-5559)
+  kvwatcher       embedded NATS on $NATS_ADDR, metrics on http://127.0.0.1:9465/metrics
   logs            $WORK
 
 Send a request:
   curl -s http://$PROXY_ADDR/v1/chat/completions -H 'content-type: application/json' \\
     -d '{"model":"llama-3.1-8b","messages":[{"role":"user","content":"Hello!"}]}'
+
+Precise routing on the engines' KV events (token ids from the replica's tokenizer):
+  IDS=\$(curl -s 127.0.0.1:8001/tokenize -d '{"model":"sim-model","prompt":"A long shared prefix ..."}' \\
+        | python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["tokens"])))')
+  curl -s http://$PROXY_ADDR/v1/completions -H 'content-type: application/json' -H "x-rolter-vllm-token-ids: \$IDS" \
+    -d '{"model":"llama-3.1-8b-precise","prompt":"A long shared prefix ...","max_tokens":8}'
 
 Change the config through the control plane (the proxy follows within a second):
   export ROLTER_CONTROLPLANE=$CP_ADDR ROLTER_TOKEN=$ROLTER_ADMIN_TOKENS
