@@ -183,7 +183,7 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		fail(refusal(*ref), ref.Message)
 		return
 	}
-	if &fwd[0] != &raw[0] || len(fwd) != len(raw) {
+	if len(fwd) != len(raw) || len(fwd) == 0 || &fwd[0] != &raw[0] {
 		if !reparse(x, fwd) || !x.body.HasModel {
 			fail(errUpstream, "a request transform produced an invalid body")
 			return
