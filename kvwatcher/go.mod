@@ -9,7 +9,13 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	go.uber.org/goleak v1.3.0
+	google.golang.org/grpc v1.83.2
 	rolter.dev/pkg v0.0.0
+)
+
+require (
+	golang.org/x/net v0.60.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260526163538-3dc84a4a5aaa // indirect
 )
 
 require (
@@ -37,6 +43,9 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
+	rolter.dev/proto v0.0.0
 )
 
 replace rolter.dev/pkg => ../pkg
+
+replace rolter.dev/proto => ../proto

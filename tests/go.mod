@@ -10,6 +10,7 @@ require (
 	github.com/zeebo/xxh3 v1.1.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/image v0.46.0
+	gopkg.in/yaml.v3 v3.0.1
 	rolter.dev/dataplane v0.0.0
 	rolter.dev/pkg v0.0.0
 )

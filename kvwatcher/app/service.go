@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -17,16 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// ErrControlPlaneUnsupported is returned for --controlplane until the
-// control plane's snapshot stream has a [Source].
-var ErrControlPlaneUnsupported = errors.New("kvwatcher: --controlplane is not supported yet; use --config")
-
 // ServiceOptions configures the rolter-kvwatcher process.
 type ServiceOptions struct {
 	// ConfigPath is the rolter config file (file mode).
 	ConfigPath string
-	// ControlPlane is the control plane's address; Token its bearer token.
-	// Not supported yet: a control-plane Source plugs in here.
+	// ControlPlane lists the control planes' addresses (comma-separated);
+	// Token is the node token of their snapshot service.
 	ControlPlane, Token string
 	// NATSURL is the NATS server (required unless EmbedNATS is set).
 	NATSURL string
@@ -49,7 +46,7 @@ func RunService(ctx context.Context, o ServiceOptions) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	switch {
 	case o.ControlPlane != "":
-		return ErrControlPlaneUnsupported
+		src = &ControlPlaneSource{Addrs: strings.Split(o.ControlPlane, ","), Token: o.Token, Logger: o.Logger}
 	case o.ConfigPath != "":
 		src = &FileSource{Path: o.ConfigPath, Logger: o.Logger}
 	default:

@@ -7,7 +7,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -20,7 +19,7 @@ import (
 
 func main() {
 	configPath := flag.String("config", "", "rolter TOML config file (polled for changes)")
-	cp := flag.String("controlplane", "", "control plane address (not supported yet)")
+	cp := flag.String("controlplane", "", "control plane address(es), comma-separated: follow its snapshots instead of --config")
 	token := flag.String("token", "", "bearer token for the control plane (also $ROLTER_NODE_TOKEN)")
 	natsURL := flag.String("nats", "", "NATS server URL, e.g. nats://127.0.0.1:4222")
 	embedNATS := flag.String("embed-nats", "", "run an in-process NATS server on this host:port and use it (development)")
@@ -50,9 +49,6 @@ func main() {
 	})
 	if err != nil {
 		log.Error("rolter-kvwatcher stopped", "err", err)
-		if errors.Is(err, app.ErrControlPlaneUnsupported) {
-			os.Exit(2)
-		}
 		os.Exit(1)
 	}
 }

@@ -1,0 +1,159 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"rolter.dev/pkg/config"
+	pb "rolter.dev/proto/rolter/controlplane/v1"
+)
+
+// ControlPlaneSource is a [Source] that follows the control plane's
+// snapshot stream as a kvwatcher node: it receives the config without
+// secrets, takes the providers with KV events or LMCache from it, and acks
+// (or nacks, with the reason) every version. It tries each address in turn
+// and reconnects with backoff; while no control plane answers, the watcher
+// keeps the providers it has.
+type ControlPlaneSource struct {
+	// Addrs are the control planes' gRPC addresses.
+	Addrs []string
+	// Token is the node token of the snapshot service.
+	Token string
+	// TLS selects TLS with the system roots; plaintext otherwise.
+	TLS bool
+	// NodeID names this watcher to the control plane (default hostname-pid).
+	NodeID string
+	// Logger receives logs (required).
+	Logger *slog.Logger
+}
+
+var _ Source = (*ControlPlaneSource)(nil)
+
+// Run implements Source.
+func (s *ControlPlaneSource) Run(ctx context.Context, update func([]Provider)) error {
+	if len(s.Addrs) == 0 {
+		return errors.New("kvwatcher: no control plane address")
+	}
+	if s.NodeID == "" {
+		host, _ := os.Hostname()
+		s.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	backoff := 200 * time.Millisecond
+	for {
+		for _, addr := range s.Addrs {
+			got, err := s.session(ctx, addr, update)
+			if ctx.Err() != nil {
+				return nil
+			}
+			if got {
+				backoff = 200 * time.Millisecond
+			}
+			s.Logger.Warn("control plane stream ended; reconnecting", "addr", addr, "err", err)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+type bearer struct {
+	token  string
+	secure bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+func (b bearer) RequireTransportSecurity() bool { return b.secure }
+
+// session follows one stream; got reports whether a snapshot arrived.
+func (s *ControlPlaneSource) session(ctx context.Context, addr string, update func([]Provider)) (got bool, err error) {
+	creds := insecure.NewCredentials()
+	if s.TLS {
+		creds = credentials.NewTLS(nil)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}
+	if s.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: s.Token, secure: s.TLS}))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := pb.NewSnapshotServiceClient(conn).Watch(sctx)
+	if err != nil {
+		return false, err
+	}
+	if err := stream.Send(&pb.WatchRequest{Node: &pb.NodeInfo{Id: s.NodeID, Role: pb.NodeRole_NODE_ROLE_KVWATCHER}}); err != nil {
+		return false, err
+	}
+	msgs := make(chan *pb.WatchResponse)
+	recvErr := make(chan error, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait() // after cancel (deferred later, runs first) ends Recv
+	defer cancel()
+	wg.Go(func() {
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- resp:
+			case <-sctx.Done():
+				return
+			}
+		}
+	})
+	running := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return got, ctx.Err()
+		case err := <-recvErr:
+			return got, err
+		case resp := <-msgs:
+			got = true
+			ack := &pb.WatchRequest{VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
+			cfg, err := config.Parse([]byte(resp.GetConfigToml()))
+			if err == nil {
+				err = cfg.Validate()
+			}
+			if err != nil {
+				ack.VersionInfo = running
+				ack.ErrorDetail = &pb.ErrorDetail{Message: strings.TrimSpace(err.Error())}
+				s.Logger.Error("snapshot refused; keeping the current providers", "snapshot_version", resp.GetVersionInfo(), "err", err)
+			} else {
+				providers, warnings := FromConfig(cfg)
+				for _, w := range warnings {
+					s.Logger.Warn(w)
+				}
+				update(providers)
+				running = resp.GetVersionInfo()
+			}
+			if err := stream.Send(ack); err != nil {
+				return got, err
+			}
+		}
+	}
+}
