@@ -42,10 +42,7 @@ for i in 1 2 3; do
     >"$WORK/vllm-$i.log" 2>&1 &
   pids+=($!)
 done
-# The kvwatcher runs the embedded NATS server the proxy reads KV deltas from.
-./bin/rolter-kvwatcher --config "$CONFIG" --embed-nats "$NATS_ADDR" --metrics-listen 127.0.0.1:9465 \
-  >"$WORK/kvwatcher.log" 2>&1 &
-pids+=($!)
+
 ./bin/rolter-controlplane --dev --embed-etcd "$WORK/etcd" --embed-etcd-listen 127.0.0.1:0 --listen "$CP_ADDR" \
   >"$WORK/controlplane.log" 2>&1 &
 pids+=($!)
@@ -58,6 +55,13 @@ for _ in $(seq 1 150); do # the control plane may still be starting
   sleep 0.1
 done
 [[ -n $applied ]] || { echo "applying $CONFIG failed:" >&2; cat "$WORK/apply.log" >&2; exit 1; }
+
+# The kvwatcher follows the control plane for its providers and runs the
+# embedded NATS server the proxy reads KV deltas from.
+./bin/rolter-kvwatcher --controlplane "$CP_ADDR" --token "$ROLTER_NODE_TOKENS" --embed-nats "$NATS_ADDR" \
+  --metrics-listen 127.0.0.1:9465 >"$WORK/kvwatcher.log" 2>&1 &
+pids+=($!)
+wait_http "http://127.0.0.1:9465/metrics"
 
 ROLTER_NODE_TOKEN=$ROLTER_NODE_TOKENS ./bin/rolter-proxy --controlplane "$CP_ADDR" --listen "$PROXY_ADDR" \
   --snapshot-cache "$WORK/snapshot.json" --nats "nats://$NATS_ADDR" >"$WORK/proxy.log" 2>&1 &
