@@ -65,6 +65,17 @@ sim: ## Build the routing simulator and compare the strategies on gsp (see docs/
 run: build ## Start a control plane (embedded etcd), 3 simulated vLLM replicas and a proxy following it; Ctrl-C stops all
 	@./scripts/run.sh
 
+IMAGE_REPO ?= rolter
+IMAGE_TAG  ?= dev
+
+.PHONY: images
+images: ## Build the container images (needs a Docker engine with BuildKit)
+	DOCKER_BUILDKIT=1 docker build -f deploy/docker/controlplane.Dockerfile -t $(IMAGE_REPO)/rolter-controlplane:$(IMAGE_TAG) .
+	DOCKER_BUILDKIT=1 docker build -f deploy/docker/dataplane.Dockerfile    -t $(IMAGE_REPO)/rolter-proxy:$(IMAGE_TAG) .
+	DOCKER_BUILDKIT=1 docker build -f deploy/docker/kvwatcher.Dockerfile    -t $(IMAGE_REPO)/rolter-kvwatcher:$(IMAGE_TAG) .
+	DOCKER_BUILDKIT=1 docker build -f deploy/docker/rolterctl.Dockerfile    -t $(IMAGE_REPO)/rolterctl:$(IMAGE_TAG) .
+	DOCKER_BUILDKIT=1 docker build -f deploy/docker/vllmsim.Dockerfile      -t $(IMAGE_REPO)/vllmsim:$(IMAGE_TAG) .
+
 .PHONY: vet
 vet: ## go vet every module
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done

@@ -1,0 +1,1061 @@
+// Package deploy_test checks deploy/ (Dockerfiles, docker-compose files,
+// HAProxy config, Kubernetes manifests, the rolter.toml files) against the
+// code: every flag given to a rolter binary is one the binary defines (read
+// from its -h output), every ROLTER_/OTEL_ environment variable is one the
+// binary's own packages spell, every port matches a --listen-style flag,
+// every probe path is served by the binary on that port, and every address
+// points at a service that listens there.
+package deploy_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"rolter.dev/pkg/config"
+)
+
+var repo = filepath.Join("..", "..")
+
+// binary describes one rolter executable and its image.
+type binary struct {
+	name, module, pkg string
+	// served maps an HTTP path to the flag whose address serves it.
+	served map[string]string
+	// grpc is the flag of the address serving gRPC health, if any.
+	grpc string
+	// portFlags are flags whose value holds an address the binary binds.
+	portFlags []string
+}
+
+var binaries = map[string]*binary{
+	"rolter-proxy": {name: "rolter-proxy", module: "dataplane", pkg: "./cmd/rolter-proxy",
+		served:    map[string]string{"/healthz": "listen", "/readyz": "listen", "/metrics": "listen"},
+		portFlags: []string{"listen"}},
+	"rolter-controlplane": {name: "rolter-controlplane", module: "controlplane", pkg: "./cmd/rolter-controlplane",
+		served: map[string]string{"/metrics": "metrics-listen"}, grpc: "listen",
+		portFlags: []string{"listen", "metrics-listen", "embed-etcd-listen"}},
+	"rolterctl": {name: "rolterctl", module: "controlplane", pkg: "./cmd/rolterctl"},
+	"rolter-kvwatcher": {name: "rolter-kvwatcher", module: "kvwatcher", pkg: "./cmd/rolter-kvwatcher",
+		served:    map[string]string{"/healthz": "metrics-listen", "/metrics": "metrics-listen"},
+		portFlags: []string{"metrics-listen", "embed-nats"}},
+	"vllmsim": {name: "vllmsim", module: "tests", pkg: "./cmd/vllmsim",
+		served:    map[string]string{"/health": "listen", "/metrics": "listen"},
+		portFlags: []string{"listen", "kv-events", "kv-replay"}},
+}
+
+// Ports of the third-party images the files use.
+var thirdParty = map[string][]int{"etcd": {2379, 2380}, "nats": {4222, 8222}, "redis": {6379}, "haproxy": {8080, 8404}, "vllm-openai": {8000, 5557, 5558}}
+
+// binInfo is what the built binary and its packages tell about it.
+type binInfo struct {
+	flags   map[string]bool // name -> takes a value
+	sub     map[string]map[string]bool
+	env     map[string]bool // ROLTER_*/OTEL_* names spelled in its packages
+	literal map[string]bool // HTTP paths spelled as string literals in its packages
+}
+
+var (
+	binDir   string
+	infoOnce sync.Once
+	infos    map[string]*binInfo
+	infoErr  error
+)
+
+var (
+	usageRe   = regexp.MustCompile(`(?m)^  -([A-Za-z0-9][-A-Za-z0-9_.]*)(?: (\S+))?`)
+	envRe     = regexp.MustCompile(`"((?:ROLTER|OTEL)_[A-Z0-9_]+)"`)
+	pathRe    = regexp.MustCompile(`"(/[a-z]+)"`)
+	subRe     = regexp.MustCompile(`(?s)sub\("([a-z ]+)", args(?:\[1:\])?, func\(fs \*flag\.FlagSet\) \{(.*?)\}\)`)
+	subFlagRe = regexp.MustCompile(`fs\.(\w+)Var\(&\w+, "([^"]+)"`)
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+func loadInfos() (map[string]*binInfo, error) {
+	infoOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "rolter-deploy-test")
+		binDir = dir
+		if err != nil {
+			infoErr = err
+			return
+		}
+		infos = map[string]*binInfo{}
+		for name, b := range binaries {
+			out := filepath.Join(dir, name)
+			cmd := exec.Command("go", "build", "-o", out, b.pkg)
+			cmd.Dir = filepath.Join(repo, b.module)
+			if msg, err := cmd.CombinedOutput(); err != nil {
+				infoErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, msg)
+				return
+			}
+			usage, _ := exec.Command(out, "-h").CombinedOutput()
+			bi := &binInfo{flags: map[string]bool{}, env: map[string]bool{}, literal: map[string]bool{}, sub: map[string]map[string]bool{}}
+			for _, m := range usageRe.FindAllStringSubmatch(string(usage), -1) {
+				bi.flags[m[1]] = m[2] != ""
+			}
+			if len(bi.flags) == 0 {
+				infoErr = fmt.Errorf("%s -h printed no flags:\n%s", name, usage)
+				return
+			}
+			// The sources of the binary's own packages.
+			cmd = exec.Command("go", "list", "-deps", "-f", `{{.ImportPath}}|{{.Dir}}|{{join .GoFiles ","}}`, b.pkg)
+			cmd.Dir = filepath.Join(repo, b.module)
+			list, err := cmd.Output()
+			if err != nil {
+				infoErr = fmt.Errorf("go list %s: %v", b.pkg, err)
+				return
+			}
+			for _, line := range strings.Split(strings.TrimSpace(string(list)), "\n") {
+				parts := strings.Split(line, "|")
+				if !strings.HasPrefix(parts[0], "rolter.dev/") || parts[2] == "" {
+					continue
+				}
+				for _, f := range strings.Split(parts[2], ",") {
+					src, err := os.ReadFile(filepath.Join(parts[1], f))
+					if err != nil {
+						infoErr = err
+						return
+					}
+					for _, m := range envRe.FindAllStringSubmatch(string(src), -1) {
+						bi.env[m[1]] = true
+					}
+					for _, m := range pathRe.FindAllStringSubmatch(string(src), -1) {
+						bi.literal[m[1]] = true
+					}
+					if name == "rolterctl" {
+						for _, m := range subRe.FindAllStringSubmatch(string(src), -1) {
+							fl := map[string]bool{}
+							for _, fm := range subFlagRe.FindAllStringSubmatch(m[2], -1) {
+								fl[fm[2]] = fm[1] != "Bool"
+							}
+							if len(fl) > 0 {
+								bi.sub[m[1]] = fl
+							}
+						}
+					}
+				}
+			}
+			infos[name] = bi
+		}
+	})
+	return infos, infoErr
+}
+
+// parseArgs checks args against the flag set (Go flag syntax) and returns the
+// flag values and the positional arguments.
+func parseArgs(flags map[string]bool, args []string) (map[string]string, []string, error) {
+	vals := map[string]string{}
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return vals, args[i+1:], nil
+		}
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			return vals, args[i:], nil
+		}
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		takes, ok := flags[name]
+		if !ok {
+			return nil, nil, fmt.Errorf("unknown flag %q", a)
+		}
+		if takes && !hasVal {
+			if i+1 >= len(args) {
+				return nil, nil, fmt.Errorf("flag %q needs a value", a)
+			}
+			i++
+			val = args[i]
+		}
+		if !takes && hasVal && val != "true" && val != "false" {
+			return nil, nil, fmt.Errorf("boolean flag %q given %q", a, val)
+		}
+		vals[name] = val
+	}
+	return vals, nil, nil
+}
+
+// container is one rolter process found in a compose file or manifest.
+type container struct {
+	where   string
+	bin     *binary
+	args    []string
+	env     []string
+	ports   []int          // container ports it is declared to expose
+	named   map[string]int // k8s port names
+	probes  []probe
+	vals    map[string]string
+	listens map[string]int // flag -> bound port
+}
+
+type probe struct {
+	kind, path string
+	port       any
+}
+
+// binaryOf maps an image reference to a rolter binary (nil for others).
+func binaryOf(image string) *binary {
+	name := image[strings.LastIndex(image, "/")+1:]
+	name, _, _ = strings.Cut(name, ":")
+	return binaries[name]
+}
+
+func portOf(addr string) (int, error) {
+	if u, err := url.Parse(addr); err == nil && u.Scheme != "" && u.Host != "" {
+		addr = u.Host
+	}
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(p)
+}
+
+// checkContainer runs the checks common to compose and Kubernetes.
+func checkContainer(t *testing.T, c *container) {
+	t.Helper()
+	infos, err := loadInfos()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bi := infos[c.bin.name]
+	vals, rest, err := parseArgs(bi.flags, c.args)
+	if err != nil {
+		t.Errorf("%s: %s: %v", c.where, c.bin.name, err)
+		return
+	}
+	if c.bin.name == "rolterctl" {
+		if len(rest) == 0 {
+			t.Errorf("%s: rolterctl without a command", c.where)
+		} else if fl, ok := bi.sub[rest[0]]; !ok {
+			t.Errorf("%s: rolterctl has no command %q with flags", c.where, rest[0])
+		} else if _, _, err := parseArgs(fl, rest[1:]); err != nil {
+			t.Errorf("%s: rolterctl %s: %v", c.where, rest[0], err)
+		}
+	} else if len(rest) > 0 {
+		t.Errorf("%s: %s takes no positional arguments, got %q", c.where, c.bin.name, rest)
+	}
+	c.vals = vals
+	c.listens = map[string]int{}
+	for _, f := range c.bin.portFlags {
+		v, ok := vals[f]
+		if !ok {
+			continue
+		}
+		p, err := portOf(strings.Replace(v, "*", "0.0.0.0", 1))
+		if err != nil {
+			t.Errorf("%s: --%s=%q: %v", c.where, f, v, err)
+			continue
+		}
+		c.listens[f] = p
+		host, _, _ := net.SplitHostPort(strings.TrimPrefix(strings.TrimPrefix(v, "tcp://"), "http://"))
+		if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+			t.Errorf("%s: --%s=%q binds loopback, unreachable from outside the container", c.where, f, v)
+		}
+	}
+	for _, f := range []string{"metrics-listen"} {
+		if _, ok := bi.flags[f]; ok && slices.Contains(c.bin.portFlags, f) && c.vals[f] == "" && len(c.bin.served) > 0 {
+			t.Errorf("%s: %s needs an explicit --%s (its default is loopback or off)", c.where, c.bin.name, f)
+		}
+	}
+	listening := map[int]bool{}
+	for _, p := range c.listens {
+		listening[p] = true
+	}
+	for _, p := range c.ports {
+		if !listening[p] {
+			t.Errorf("%s: port %d is exposed but no --listen-style flag binds it (%v)", c.where, p, c.listens)
+		}
+	}
+	for _, e := range c.env {
+		if (strings.HasPrefix(e, "ROLTER_") || strings.HasPrefix(e, "OTEL_")) && !bi.env[e] {
+			t.Errorf("%s: %s never reads the environment variable %s", c.where, c.bin.name, e)
+		}
+	}
+	for _, pr := range c.probes {
+		port, ok := 0, false
+		switch v := pr.port.(type) {
+		case int:
+			port, ok = v, true
+		case string:
+			port, ok = c.named[v]
+		}
+		if !ok {
+			t.Errorf("%s: probe port %v is not a declared container port", c.where, pr.port)
+			continue
+		}
+		switch pr.kind {
+		case "httpGet":
+			flag, served := c.bin.served[pr.path]
+			if !served || !bi.literal[pr.path] {
+				t.Errorf("%s: %s serves no %s", c.where, c.bin.name, pr.path)
+			} else if c.listens[flag] != port {
+				t.Errorf("%s: probe %s on port %d, but %s serves it on --%s (port %d)", c.where, pr.path, port, c.bin.name, flag, c.listens[flag])
+			}
+		case "grpc":
+			if c.bin.grpc == "" || c.listens[c.bin.grpc] != port {
+				t.Errorf("%s: gRPC probe on port %d, which is not %s's gRPC address", c.where, port, c.bin.name)
+			}
+		case "tcpSocket":
+			if !listening[port] {
+				t.Errorf("%s: TCP probe on port %d, which nothing binds", c.where, port)
+			}
+		}
+	}
+}
+
+// yamlDocs decodes every document of a (multi-document) YAML file.
+func yamlDocs(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Compose's !reset tag means "drop the inherited value".
+	data = bytes.ReplaceAll(data, []byte("!reset "), nil)
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var docs []map[string]any
+	for {
+		var d map[string]any
+		if err := dec.Decode(&d); err != nil {
+			if err.Error() == "EOF" {
+				return docs
+			}
+			t.Fatalf("%s: %v", path, err)
+		}
+		if d != nil {
+			docs = append(docs, d)
+		}
+	}
+}
+
+func strs(v any) []string {
+	switch x := v.(type) {
+	case []any:
+		var out []string
+		for _, e := range x {
+			out = append(out, fmt.Sprint(e))
+		}
+		return out
+	case string:
+		return strings.Fields(x)
+	}
+	return nil
+}
+
+func m(v any) map[string]any { x, _ := v.(map[string]any); return x }
+func l(v any) []any          { x, _ := v.([]any); return x }
+
+func atoi(v any) int {
+	switch x := v.(type) {
+	case int:
+		return x
+	case string:
+		n, _ := strconv.Atoi(x)
+		return n
+	}
+	return 0
+}
+
+// ---------------------------------------------------------------- Dockerfiles
+
+var dockerfiles = map[string]string{ // file -> binary
+	"controlplane.Dockerfile": "rolter-controlplane",
+	"dataplane.Dockerfile":    "rolter-proxy",
+	"kvwatcher.Dockerfile":    "rolter-kvwatcher",
+	"rolterctl.Dockerfile":    "rolterctl",
+	"vllmsim.Dockerfile":      "vllmsim",
+}
+
+func TestDockerfiles(t *testing.T) {
+	buildRe := regexp.MustCompile(`cd (\S+) && go build -trimpath -ldflags="-s -w" -o /out/(\S+) (\S+)`)
+	for file, name := range dockerfiles {
+		data, err := os.ReadFile(filepath.Join(repo, "deploy", "docker", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := string(data)
+		b := binaries[name]
+		mm := buildRe.FindStringSubmatch(src)
+		if mm == nil || mm[1] != b.module || mm[2] != name || mm[3] != b.pkg {
+			t.Errorf("%s: want `cd %s && go build ... -o /out/%s %s`, got %q", file, b.module, name, b.pkg, mm)
+		}
+		if _, err := os.Stat(filepath.Join(repo, b.module, b.pkg)); err != nil {
+			t.Errorf("%s: %v", file, err)
+		}
+		for _, want := range []string{"FROM golang:1.26 AS build", "CGO_ENABLED=0", "COPY . .",
+			"FROM gcr.io/distroless/static-debian12:nonroot", "USER nonroot:nonroot",
+			fmt.Sprintf(`ENTRYPOINT ["/usr/local/bin/%s"]`, name), "COPY --from=build /out/" + name + " /usr/local/bin/" + name} {
+			if !strings.Contains(src, want) {
+				t.Errorf("%s: missing %q", file, want)
+			}
+		}
+		// EXPOSE lists the ports the compose file has the binary bind.
+		var exposed []int
+		for _, line := range strings.Split(src, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == "EXPOSE" {
+				for _, p := range f[1:] {
+					exposed = append(exposed, atoi(p))
+				}
+			}
+		}
+		want := composePorts(t)[name]
+		sort.Ints(exposed)
+		if !slices.Equal(exposed, want) {
+			t.Errorf("%s: EXPOSE %v, but the compose file binds %v", file, exposed, want)
+		}
+	}
+}
+
+// ---------------------------------------------------------------- compose
+
+type composeFile struct {
+	path     string
+	services map[string]map[string]any
+}
+
+func loadCompose(t *testing.T, name string) composeFile {
+	docs := yamlDocs(t, filepath.Join(repo, "deploy", "compose", name))
+	if len(docs) != 1 {
+		t.Fatalf("%s: %d documents", name, len(docs))
+	}
+	cf := composeFile{path: name, services: map[string]map[string]any{}}
+	for k, v := range m(docs[0]["services"]) {
+		cf.services[k] = m(v)
+	}
+	return cf
+}
+
+// composeContainers returns the rolter processes of a compose file.
+func composeContainers(t *testing.T, cf composeFile) map[string]*container {
+	out := map[string]*container{}
+	for name, svc := range cf.services {
+		b := binaryOf(fmt.Sprint(svc["image"]))
+		if b == nil {
+			continue
+		}
+		c := &container{where: cf.path + ": " + name, bin: b, args: strs(svc["command"])}
+		if ep := strs(svc["entrypoint"]); len(ep) > 0 {
+			t.Errorf("%s: do not override the entrypoint of a rolter image", c.where)
+		}
+		for k := range m(svc["environment"]) {
+			c.env = append(c.env, k)
+		}
+		for _, e := range l(svc["environment"]) { // list form
+			k, _, _ := strings.Cut(fmt.Sprint(e), "=")
+			c.env = append(c.env, k)
+		}
+		for _, p := range l(svc["expose"]) {
+			c.ports = append(c.ports, atoi(p))
+		}
+		for _, p := range l(svc["ports"]) {
+			parts := strings.Split(fmt.Sprint(p), ":")
+			c.ports = append(c.ports, atoi(parts[len(parts)-1]))
+		}
+		if bd := m(svc["build"]); bd != nil {
+			df := fmt.Sprint(bd["dockerfile"])
+			if dockerfiles[filepath.Base(df)] != b.name {
+				t.Errorf("%s: image %s built from %s", c.where, b.name, df)
+			}
+		}
+		checkContainer(t, c)
+		out[name] = c
+	}
+	return out
+}
+
+// composePorts returns, per rolter binary, the ports the compose file binds.
+func composePorts(t *testing.T) map[string][]int {
+	out := map[string][]int{}
+	for _, c := range composeContainers(t, loadCompose(t, "docker-compose.yml")) {
+		for _, p := range c.listens {
+			if !slices.Contains(out[c.bin.name], p) {
+				out[c.bin.name] = append(out[c.bin.name], p)
+			}
+		}
+	}
+	for k := range out {
+		sort.Ints(out[k])
+	}
+	return out
+}
+
+// servicePorts returns the ports a compose service listens on.
+func servicePorts(cf composeFile, cs map[string]*container, host string) []int {
+	if c, ok := cs[host]; ok {
+		var ps []int
+		for _, p := range c.listens {
+			ps = append(ps, p)
+		}
+		return ps
+	}
+	svc, ok := cf.services[host]
+	if !ok {
+		return nil
+	}
+	img := fmt.Sprint(svc["image"])
+	img = img[strings.LastIndex(img, "/")+1:]
+	img, _, _ = strings.Cut(img, ":")
+	return thirdParty[img]
+}
+
+// checkAddr checks that addr (host:port or URL) names a service listening there.
+func checkAddr(t *testing.T, where, addr string, ports func(host string) []int) {
+	t.Helper()
+	if u, err := url.Parse(addr); err == nil && u.Scheme != "" && u.Host != "" {
+		addr = u.Host
+	}
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Errorf("%s: address %q: %v", where, addr, err)
+		return
+	}
+	port, _ := strconv.Atoi(p)
+	ps := ports(host)
+	if ps == nil {
+		t.Errorf("%s: address %q: no service %q", where, addr, host)
+	} else if !slices.Contains(ps, port) {
+		t.Errorf("%s: address %q: %s listens on %v, not %d", where, addr, host, ps, port)
+	}
+}
+
+// checkConfig loads a rolter.toml with the proxy's own decoder and checks its
+// addresses.
+func checkConfig(t *testing.T, path string, ports func(host string) []int) {
+	t.Helper()
+	cfg, _, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if !cfg.Cache.Enabled || cfg.Cache.RedisURL == "" {
+		t.Errorf("%s: [cache] should be enabled with a redis_url", path)
+	}
+	checkAddr(t, path+": cache.redis_url", cfg.Cache.RedisURL, ports)
+	if len(cfg.Providers) == 0 {
+		t.Fatalf("%s: no providers", path)
+	}
+	for _, p := range cfg.Providers {
+		checkAddr(t, path+": "+p.Name+".api_base", p.APIBase, ports)
+		if p.KVEvents == nil {
+			t.Errorf("%s: %s has no kv_events", path, p.Name)
+			continue
+		}
+		checkAddr(t, path+": "+p.Name+".kv_events.endpoint", p.KVEvents.Endpoint, ports)
+		checkAddr(t, path+": "+p.Name+".kv_events.replay_endpoint", p.KVEvents.ReplayEndpoint, ports)
+	}
+}
+
+func TestCompose(t *testing.T) {
+	cf := loadCompose(t, "docker-compose.yml")
+	cs := composeContainers(t, cf)
+	ports := func(host string) []int { return servicePorts(cf, cs, host) }
+	count := map[string]int{}
+	for _, c := range cs {
+		count[c.bin.name]++
+	}
+	want := map[string]int{"rolter-controlplane": 2, "rolter-proxy": 3, "rolter-kvwatcher": 2, "vllmsim": 3, "rolterctl": 1}
+	for k, n := range want {
+		if count[k] != n {
+			t.Errorf("docker-compose.yml: %d %s services, want %d", count[k], k, n)
+		}
+	}
+	for name, c := range cs {
+		for _, f := range []string{"controlplane", "nats", "etcd"} {
+			for _, a := range strings.Split(c.vals[f], ",") {
+				if a != "" {
+					checkAddr(t, c.where+": --"+f, a, ports)
+				}
+			}
+		}
+		if c.bin.name == "rolter-controlplane" && strings.Count(c.vals["etcd"], ",") != 2 {
+			t.Errorf("%s: --etcd should list the 3 etcd nodes", name)
+		}
+		if c.bin.name == "rolter-proxy" && strings.Count(c.vals["controlplane"], ",") != 1 {
+			t.Errorf("%s: --controlplane should list both control planes", name)
+		}
+		if c.bin.name == "rolter-kvwatcher" && c.vals["config"] == "" {
+			t.Errorf("%s: the kvwatcher needs --config", name)
+		}
+		// Files given by flag are mounted.
+		if f := c.vals["config"] + c.vals["f"]; f != "" {
+			checkMounted(t, c.where, cf.services[name], f)
+		}
+	}
+	for _, c := range cs {
+		if c.bin.name == "rolterctl" {
+			_, rest, _ := parseArgs(mustInfo(t, "rolterctl").flags, c.args)
+			f, _, _ := parseArgs(mustInfo(t, "rolterctl").sub["apply"], rest[1:])
+			checkMounted(t, c.where, cf.services[strings.TrimPrefix(c.where, cf.path+": ")], f["f"])
+		}
+	}
+	checkConfig(t, filepath.Join(repo, "deploy", "compose", "rolter.toml"), ports)
+
+	// HAProxy: TCP mode, one server per proxy on the proxies' port, checked
+	// on /readyz.
+	data, err := os.ReadFile(filepath.Join(repo, "deploy", "compose", "haproxy.cfg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := string(data)
+	for _, want := range []string{"mode tcp", "http-check send meth GET uri /readyz"} {
+		if !strings.Contains(hc, want) {
+			t.Errorf("haproxy.cfg: missing %q", want)
+		}
+	}
+	servers := regexp.MustCompile(`(?m)^\s*server (\S+) (\S+)`).FindAllStringSubmatch(hc, -1)
+	var proxies []string
+	for name, c := range cs {
+		if c.bin.name == "rolter-proxy" {
+			proxies = append(proxies, name)
+		}
+	}
+	if len(servers) != len(proxies) {
+		t.Errorf("haproxy.cfg: %d servers for %d proxies", len(servers), len(proxies))
+	}
+	for _, s := range servers {
+		checkAddr(t, "haproxy.cfg: server "+s[1], s[2], ports)
+		host, _, _ := strings.Cut(s[2], ":")
+		if c := cs[host]; c == nil || c.bin.name != "rolter-proxy" {
+			t.Errorf("haproxy.cfg: server %s is not a rolter proxy", s[2])
+		}
+	}
+	if lb := cf.services["haproxy"]; lb == nil {
+		t.Error("docker-compose.yml: no haproxy service")
+	} else {
+		checkMounted(t, "haproxy", lb, "/usr/local/etc/haproxy/haproxy.cfg")
+	}
+}
+
+func mustInfo(t *testing.T, name string) *binInfo {
+	infos, err := loadInfos()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return infos[name]
+}
+
+func checkMounted(t *testing.T, where string, svc map[string]any, file string) {
+	t.Helper()
+	for _, v := range l(svc["volumes"]) {
+		parts := strings.Split(fmt.Sprint(v), ":")
+		if len(parts) >= 2 && (parts[1] == file || strings.HasPrefix(file, parts[1]+"/")) {
+			if strings.HasPrefix(parts[0], ".") {
+				if _, err := os.Stat(filepath.Join(repo, "deploy", "compose", parts[0])); err != nil {
+					t.Errorf("%s: mount source: %v", where, err)
+				}
+			}
+			return
+		}
+	}
+	t.Errorf("%s: %s is not mounted", where, file)
+}
+
+func TestComposeVLLMOverride(t *testing.T) {
+	base := loadCompose(t, "docker-compose.yml")
+	over := loadCompose(t, "docker-compose.vllm.yml")
+	cs := composeContainers(t, base)
+	sims := 0
+	for name, c := range cs {
+		if c.bin.name != "vllmsim" {
+			continue
+		}
+		sims++
+		svc, ok := over.services[name]
+		if !ok {
+			t.Errorf("docker-compose.vllm.yml: does not replace simulator %s", name)
+			continue
+		}
+		if !strings.Contains(fmt.Sprint(svc["image"]), "vllm/vllm-openai") {
+			t.Errorf("docker-compose.vllm.yml: %s: image %v", name, svc["image"])
+		}
+		if _, hasBuild := svc["build"]; !hasBuild {
+			t.Errorf("docker-compose.vllm.yml: %s must reset the simulator's build", name)
+		}
+		args := strs(svc["command"])
+		var kv map[string]any
+		var port int
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(a, "--kv-events-config="); ok {
+				if err := json.Unmarshal([]byte(v), &kv); err != nil {
+					t.Errorf("%s: --kv-events-config: %v", name, err)
+				}
+			}
+			if v, ok := strings.CutPrefix(a, "--port="); ok {
+				port = atoi(v)
+			}
+		}
+		if !slices.Contains(args, "--enable-prefix-caching") {
+			t.Errorf("%s: vLLM needs --enable-prefix-caching", name)
+		}
+		known := []string{"enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "buffer_steps", "hwm", "max_queue_size", "topic"}
+		for k := range kv {
+			if !slices.Contains(known, k) {
+				t.Errorf("%s: --kv-events-config has unknown key %q", name, k)
+			}
+		}
+		if kv["enable_kv_cache_events"] != true || kv["publisher"] != "zmq" {
+			t.Errorf("%s: --kv-events-config must enable events with the zmq publisher: %v", name, kv)
+		}
+		// The same ports and topic as the simulator it replaces.
+		sim := cs[name]
+		if port != sim.listens["listen"] {
+			t.Errorf("%s: vLLM --port=%d, simulator listened on %d", name, port, sim.listens["listen"])
+		}
+		for key, flag := range map[string]string{"endpoint": "kv-events", "replay_endpoint": "kv-replay"} {
+			p, err := portOf(strings.Replace(fmt.Sprint(kv[key]), "*", "0.0.0.0", 1))
+			if err != nil || p != sim.listens[flag] {
+				t.Errorf("%s: %s %v, simulator used port %d", name, key, kv[key], sim.listens[flag])
+			}
+		}
+		if kv["topic"] != sim.vals["kv-topic"] {
+			t.Errorf("%s: topic %v, simulator used %q", name, kv["topic"], sim.vals["kv-topic"])
+		}
+	}
+	if sims != 3 {
+		t.Errorf("docker-compose.yml: %d simulators, want 3", sims)
+	}
+}
+
+// ---------------------------------------------------------------- Kubernetes
+
+type object struct {
+	file string
+	doc  map[string]any
+}
+
+func (o object) kind() string { return fmt.Sprint(o.doc["kind"]) }
+func (o object) name() string { return fmt.Sprint(m(o.doc["metadata"])["name"]) }
+
+func loadK8s(t *testing.T) []object {
+	var objs []object
+	root := filepath.Join(repo, "deploy", "k8s")
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		for _, doc := range yamlDocs(t, path) {
+			if doc["apiVersion"] == nil || doc["kind"] == nil {
+				t.Errorf("%s: document without apiVersion/kind", rel)
+			}
+			objs = append(objs, object{file: rel, doc: doc})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+func podSpec(o object) (map[string]any, map[string]any) {
+	spec := m(o.doc["spec"])
+	switch o.kind() {
+	case "Deployment", "StatefulSet", "DaemonSet":
+	case "Job":
+	default:
+		return nil, nil
+	}
+	tpl := m(spec["template"])
+	return m(tpl["spec"]), m(m(tpl["metadata"])["labels"])
+}
+
+func selects(sel, labels map[string]any) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestKubernetes(t *testing.T) {
+	objs := loadK8s(t)
+	secretKeys := map[string]bool{}
+	configFiles := map[string]bool{}
+	for _, o := range objs {
+		if o.kind() == "Kustomization" {
+			for _, g := range l(o.doc["secretGenerator"]) {
+				for _, lit := range l(m(g)["literals"]) {
+					k, _, _ := strings.Cut(fmt.Sprint(lit), "=")
+					secretKeys[fmt.Sprint(m(g)["name"])+"/"+k] = true
+				}
+			}
+			for _, g := range l(o.doc["configMapGenerator"]) {
+				for _, f := range l(m(g)["files"]) {
+					configFiles[fmt.Sprint(m(g)["name"])+"/"+filepath.Base(fmt.Sprint(f))] = true
+					checkK8sFile(t, filepath.Join(repo, "deploy", "k8s", filepath.Dir(o.file), fmt.Sprint(f)))
+				}
+			}
+		}
+	}
+	type pod struct {
+		o      object
+		labels map[string]any
+		ports  map[string]int // name -> port, and "#<n>" -> n
+		rolter []*container
+	}
+	var pods []pod
+	seen := map[string]int{}
+	for _, o := range objs {
+		spec, labels := podSpec(o)
+		if spec == nil {
+			continue
+		}
+		pd := pod{o: o, labels: labels, ports: map[string]int{}}
+		for _, cv := range l(spec["containers"]) {
+			cm := m(cv)
+			where := fmt.Sprintf("%s: %s %s/%s", o.file, o.kind(), o.name(), cm["name"])
+			c := &container{where: where, named: map[string]int{}}
+			for _, pv := range l(cm["ports"]) {
+				p := atoi(m(pv)["containerPort"])
+				c.ports = append(c.ports, p)
+				pd.ports["#"+strconv.Itoa(p)] = p
+				if n, ok := m(pv)["name"].(string); ok {
+					c.named[n], pd.ports[n] = p, p
+				}
+			}
+			b := binaryOf(fmt.Sprint(cm["image"]))
+			if b == nil {
+				continue
+			}
+			seen[b.name]++
+			if cm["command"] != nil {
+				t.Errorf("%s: do not override the entrypoint of a rolter image", where)
+			}
+			c.bin, c.args = b, strs(cm["args"])
+			for _, ev := range l(cm["env"]) {
+				e := m(ev)
+				c.env = append(c.env, fmt.Sprint(e["name"]))
+				if ref := m(m(e["valueFrom"])["secretKeyRef"]); ref != nil && !secretKeys[fmt.Sprint(ref["name"])+"/"+fmt.Sprint(ref["key"])] {
+					t.Errorf("%s: env %s: no generated secret key %s/%s", where, e["name"], ref["name"], ref["key"])
+				}
+			}
+			for _, pk := range []string{"readinessProbe", "livenessProbe", "startupProbe"} {
+				pr := m(cm[pk])
+				if pr == nil {
+					continue
+				}
+				for _, kind := range []string{"httpGet", "grpc", "tcpSocket"} {
+					if h := m(pr[kind]); h != nil {
+						path, _ := h["path"].(string)
+						c.probes = append(c.probes, probe{kind: kind, path: path, port: h["port"]})
+					}
+				}
+			}
+			// Mounted files named by flags come from a generated ConfigMap.
+			mounts := map[string]string{}
+			for _, vm := range l(cm["volumeMounts"]) {
+				mounts[fmt.Sprint(m(vm)["name"])] = fmt.Sprint(m(vm)["mountPath"])
+			}
+			checkContainer(t, c)
+			for _, f := range []string{c.vals["config"], configFlagOfCtl(t, c)} {
+				if f == "" {
+					continue
+				}
+				ok := false
+				for _, vv := range l(spec["volumes"]) {
+					v := m(vv)
+					if cmap := m(v["configMap"]); cmap != nil && mounts[fmt.Sprint(v["name"])] == filepath.Dir(f) &&
+						configFiles[fmt.Sprint(cmap["name"])+"/"+filepath.Base(f)] {
+						ok = true
+					}
+				}
+				if !ok {
+					t.Errorf("%s: %s is not mounted from a generated ConfigMap", where, f)
+				}
+			}
+			pd.rolter = append(pd.rolter, c)
+		}
+		pods = append(pods, pd)
+		if o.kind() == "Deployment" && slices.ContainsFunc(pd.rolter, func(c *container) bool { return c.bin.name == "rolter-proxy" }) {
+			checkProxyDeployment(t, o, spec)
+		}
+	}
+	for name := range binaries {
+		if seen[name] == 0 {
+			t.Errorf("deploy/k8s: no container runs %s", name)
+		}
+	}
+
+	// Services: every targetPort resolves in the pods they select; the
+	// addresses given to flags and in rolter.toml name a Service port.
+	svcPorts := map[string][]int{}
+	for _, o := range objs {
+		if o.kind() != "Service" {
+			continue
+		}
+		spec := m(o.doc["spec"])
+		sel := m(spec["selector"])
+		var selected []pod
+		for _, pd := range pods {
+			if selects(sel, pd.labels) {
+				selected = append(selected, pd)
+			}
+		}
+		if len(selected) == 0 {
+			t.Errorf("%s: Service %s selects no pod", o.file, o.name())
+			continue
+		}
+		for _, pv := range l(spec["ports"]) {
+			p := m(pv)
+			tp := p["targetPort"]
+			if tp == nil {
+				tp = p["port"]
+			}
+			key := fmt.Sprint(tp)
+			if _, isInt := tp.(int); isInt {
+				key = "#" + key
+			}
+			for _, pd := range selected {
+				if _, ok := pd.ports[key]; !ok {
+					t.Errorf("%s: Service %s port %v: targetPort %v is not a port of %s", o.file, o.name(), p["name"], tp, pd.o.name())
+				}
+			}
+			svcPorts[o.name()] = append(svcPorts[o.name()], atoi(p["port"]))
+		}
+		// Headless Service of a StatefulSet: the pods' own names resolve.
+		if spec["clusterIP"] == "None" {
+			for _, pd := range selected {
+				if pd.o.kind() == "StatefulSet" && m(pd.o.doc["spec"])["serviceName"] == o.name() {
+					for i := 0; i < atoi(m(pd.o.doc["spec"])["replicas"]); i++ {
+						var ps []int
+						for k, p := range pd.ports {
+							if strings.HasPrefix(k, "#") {
+								ps = append(ps, p)
+							}
+						}
+						svcPorts[fmt.Sprintf("%s-%d.%s", pd.o.name(), i, o.name())] = ps
+					}
+				}
+			}
+		}
+	}
+	ports := func(host string) []int { return svcPorts[host] }
+	for _, pd := range pods {
+		for _, c := range pd.rolter {
+			for _, f := range []string{"controlplane", "nats", "etcd"} {
+				for _, a := range strings.Split(c.vals[f], ",") {
+					if a != "" {
+						checkAddr(t, c.where+": --"+f, a, ports)
+					}
+				}
+			}
+		}
+	}
+	checkConfig(t, filepath.Join(repo, "deploy", "k8s", "base", "rolter.toml"), ports)
+
+	// ServiceMonitors scrape a named Service port on a path its binary serves.
+	for _, o := range objs {
+		if o.kind() != "ServiceMonitor" {
+			continue
+		}
+		sel := m(m(m(o.doc["spec"])["selector"])["matchLabels"])
+		found := false
+		for _, s := range objs {
+			if s.kind() != "Service" || !selects(sel, m(m(s.doc["metadata"])["labels"])) {
+				continue
+			}
+			found = true
+			for _, ev := range l(m(o.doc["spec"])["endpoints"]) {
+				e := m(ev)
+				var target any
+				for _, pv := range l(m(s.doc["spec"])["ports"]) {
+					if m(pv)["name"] == e["port"] {
+						target = m(pv)["targetPort"]
+					}
+				}
+				if target == nil {
+					t.Errorf("%s: ServiceMonitor %s: Service %s has no port %v", o.file, o.name(), s.name(), e["port"])
+					continue
+				}
+				for _, pd := range pods {
+					if !selects(m(m(s.doc["spec"])["selector"]), pd.labels) {
+						continue
+					}
+					for _, c := range pd.rolter {
+						c.probes = []probe{{kind: "httpGet", path: fmt.Sprint(e["path"]), port: target}}
+						c.where = fmt.Sprintf("%s: ServiceMonitor %s", o.file, o.name())
+						checkContainer(t, c)
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: ServiceMonitor %s selects no Service", o.file, o.name())
+		}
+	}
+}
+
+// configFlagOfCtl returns rolterctl's -f file, if c is rolterctl.
+func configFlagOfCtl(t *testing.T, c *container) string {
+	if c.bin.name != "rolterctl" {
+		return ""
+	}
+	info := mustInfo(t, "rolterctl")
+	_, rest, err := parseArgs(info.flags, c.args)
+	if err != nil || len(rest) == 0 {
+		return ""
+	}
+	vals, _, _ := parseArgs(info.sub[rest[0]], rest[1:])
+	return vals["f"]
+}
+
+func checkK8sFile(t *testing.T, path string) {
+	if _, err := os.Stat(path); err != nil {
+		t.Error(err)
+	}
+}
+
+// checkProxyDeployment checks the drain settings of the proxies.
+func checkProxyDeployment(t *testing.T, o object, spec map[string]any) {
+	grace := atoi(spec["terminationGracePeriodSeconds"])
+	c := m(l(spec["containers"])[0])
+	pre := atoi(m(m(m(c["lifecycle"])["preStop"])["sleep"])["seconds"])
+	if pre == 0 {
+		t.Errorf("%s: the proxy needs a preStop sleep", o.file)
+	}
+	// The proxy drains for up to 30 s after SIGTERM (docs/operations.md).
+	if grace < pre+30 {
+		t.Errorf("%s: terminationGracePeriodSeconds %d < preStop %d + 30 s drain", o.file, grace, pre)
+	}
+	if m(c["readinessProbe"]) == nil || m(c["livenessProbe"]) == nil {
+		t.Errorf("%s: the proxy needs readiness and liveness probes", o.file)
+	}
+}
+
+// TestKustomizeBuilds renders the overlays when kubectl is installed.
+func TestKustomizeBuilds(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not installed")
+	}
+	for _, dir := range []string{"base", "overlays/dev"} {
+		out, err := exec.Command(kubectl, "kustomize", filepath.Join(repo, "deploy", "k8s", dir)).CombinedOutput()
+		if err != nil {
+			t.Errorf("kubectl kustomize %s: %v\n%s", dir, err, out)
+		}
+	}
+}
