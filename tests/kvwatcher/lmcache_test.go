@@ -1,0 +1,102 @@
+package kvwatcher_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dpapp "rolter.dev/dataplane/app"
+	"rolter.dev/kvwatcher/app"
+)
+
+// TestLMCacheOccupancyMovesTraffic: two replicas report LMCache occupancy;
+// a proxy with lmcache_aware sends requests to the emptier cache, follows a
+// change, and a dead occupancy endpoint stops counting (its replica scores
+// as unknown, not as empty).
+func TestLMCacheOccupancyMovesTraffic(t *testing.T) {
+	s := startNATS(t)
+	var occA, occB atomic.Value
+	occA.Store("0.9")
+	occB.Store("0.1")
+	lm := func(v *atomic.Value) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, `{"occupancy": %s, "cache_available": true}`, v.Load().(string))
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	lmA, lmB := lm(&occA), lm(&occB)
+	startWatcher(t, s, app.StaticSource{
+		{Name: "vllm-a", LM: &app.LMSpec{Endpoint: lmA.URL, Refresh: 50 * time.Millisecond, Stale: time.Second}},
+		{Name: "vllm-b", LM: &app.LMSpec{Endpoint: lmB.URL, Refresh: 50 * time.Millisecond, Stale: time.Second}},
+	})
+	a, b := newReplica(t, replicaOpts{}), newReplica(t, replicaOpts{})
+	httpA, httpB := httptest.NewServer(a.srv), httptest.NewServer(b.srv)
+	t.Cleanup(httpA.Close)
+	t.Cleanup(httpB.Close)
+	cfg := fmt.Sprintf(`
+[accounting]
+sink = "none"
+[[providers]]
+name = "vllm-a"
+kind = "openai_compatible"
+api_base = %q
+[providers.lmcache]
+endpoint = %q
+[[providers]]
+name = "vllm-b"
+kind = "openai_compatible"
+api_base = %q
+[providers.lmcache]
+endpoint = %q
+[[routes]]
+model = "m"
+strategy = "lmcache_aware"
+targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %q }]
+`, httpA.URL, lmA.URL, httpB.URL, lmB.URL, model, model)
+	path := filepath.Join(t.TempDir(), "rolter.toml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p, err := dpapp.Start(ctx, dpapp.Options{ConfigPath: path, Listen: "127.0.0.1:0", Logger: logger(), NATSURL: s.ClientURL(), DrainTimeout: 5 * time.Second})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); _ = p.Wait() })
+	provider := func() string {
+		resp, err := http.Post(p.URL()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x","max_tokens":1}`))
+		if err != nil {
+			return ""
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.Header.Get("X-Rolter-Provider")
+	}
+	steady := func(want string) {
+		t.Helper()
+		eventually(t, "traffic moves to "+want, 5*time.Second, func() bool { return provider() == want })
+		for range 10 {
+			if got := provider(); got != want {
+				t.Fatalf("a request went to %s, want %s (the emptier cache)", got, want)
+			}
+		}
+	}
+	steady("vllm-b")
+	occA.Store("0.05")
+	occB.Store("0.95")
+	steady("vllm-a")
+	// A's occupancy endpoint dies: A ages into staleness (scores 0), so the
+	// fresh B (score 0.05) takes the traffic even though its cache is fuller.
+	lmA.Close()
+	steady("vllm-b")
+}
