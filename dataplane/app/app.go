@@ -33,9 +33,9 @@ import (
 	"rolter.dev/dataplane/internal/health"
 	"rolter.dev/dataplane/internal/proxy"
 	"rolter.dev/dataplane/internal/tracing"
+	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/respcache"
-	"rolter.dev/pkg/config"
 )
 
 // Options configures a data-plane process.

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	pb "rolter.dev/proto/rolter/controlplane/v1"
 	kvapp "rolter.dev/kvwatcher/app"
+	pb "rolter.dev/proto/rolter/controlplane/v1"
 )
 
 // TestKVWatcherFollowsControlPlane: a kvwatcher following the control plane

@@ -113,9 +113,9 @@ func TestOpenAISDKThroughProxy(t *testing.T) {
 
 	t.Run("responses", func(t *testing.T) {
 		resp, err := client.Responses.New(ctx, responses.ResponseNewParams{
-			Model:           "m",
-			Instructions:    openai.String("be brief"),
-			Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("hello responses")},
+			Model:        "m",
+			Instructions: openai.String("be brief"),
+			Input:        responses.ResponseNewParamsInputUnion{OfString: openai.String("hello responses")},
 		})
 		if err != nil {
 			t.Fatal(err)

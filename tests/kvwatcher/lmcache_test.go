@@ -1,19 +1,15 @@
 package kvwatcher_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	dpapp "rolter.dev/dataplane/app"
 	"rolter.dev/kvwatcher/app"
 )
 
@@ -39,9 +35,7 @@ func TestLMCacheOccupancyMovesTraffic(t *testing.T) {
 		{Name: "vllm-b", LM: &app.LMSpec{Endpoint: lmB.URL, Refresh: 50 * time.Millisecond, Stale: time.Second}},
 	})
 	a, b := newReplica(t, replicaOpts{}), newReplica(t, replicaOpts{})
-	httpA, httpB := httptest.NewServer(a.srv), httptest.NewServer(b.srv)
-	t.Cleanup(httpA.Close)
-	t.Cleanup(httpB.Close)
+	urls := serveHTTP(t, a, b)
 	cfg := fmt.Sprintf(`
 [accounting]
 sink = "none"
@@ -61,18 +55,8 @@ endpoint = %q
 model = "m"
 strategy = "lmcache_aware"
 targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %q }]
-`, httpA.URL, lmA.URL, httpB.URL, lmB.URL, model, model)
-	path := filepath.Join(t.TempDir(), "rolter.toml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p, err := dpapp.Start(ctx, dpapp.Options{ConfigPath: path, Listen: "127.0.0.1:0", Logger: logger(), NATSURL: s.ClientURL(), DrainTimeout: 5 * time.Second})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); _ = p.Wait() })
+`, urls[0], lmA.URL, urls[1], lmB.URL, model, model)
+	p := startProxies(t, s, cfg, 1)[0]
 	provider := func() string {
 		resp, err := http.Post(p.URL()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x","max_tokens":1}`))
 		if err != nil {

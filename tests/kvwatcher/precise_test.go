@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	dpapp "rolter.dev/dataplane/app"
 	"rolter.dev/kvwatcher/app"
 )
@@ -29,9 +31,7 @@ func TestPreciseRoutingThroughTwoProxies(t *testing.T) {
 	})
 	a.waitSubscribers(t, 1)
 	b.waitSubscribers(t, 1)
-	httpA, httpB := httptest.NewServer(a.srv), httptest.NewServer(b.srv)
-	t.Cleanup(httpA.Close)
-	t.Cleanup(httpB.Close)
+	urls := serveHTTP(t, a, b)
 
 	cfg := fmt.Sprintf(`
 [accounting]
@@ -52,22 +52,8 @@ endpoint = %q
 model = "m"
 strategy = "precise_cache_aware"
 targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %q }]
-`, httpA.URL, a.pub.Endpoint(), httpB.URL, b.pub.Endpoint(), model, model)
-	path := filepath.Join(t.TempDir(), "rolter.toml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var proxies []*dpapp.App
-	for range 2 {
-		ctx, cancel := context.WithCancel(context.Background())
-		p, err := dpapp.Start(ctx, dpapp.Options{ConfigPath: path, Listen: "127.0.0.1:0", Logger: logger(), NATSURL: s.ClientURL(), DrainTimeout: 5 * time.Second})
-		if err != nil {
-			cancel()
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cancel(); _ = p.Wait() })
-		proxies = append(proxies, p)
-	}
+`, urls[0], a.pub.Endpoint(), urls[1], b.pub.Endpoint(), model, model)
+	proxies := startProxies(t, s, cfg, 2)
 
 	// Warm two different prefixes, one on each replica.
 	onA, onB := prompt("alpha", 320), prompt("bravo", 320)
@@ -130,4 +116,38 @@ targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %
 			t.Fatalf("proxy %d: fewer than 20 picks scored by the KV signal", i)
 		}
 	}
+}
+
+// startProxies writes cfg to a file and starts n real proxies on it that
+// read KV deltas from the NATS server s.
+func startProxies(t *testing.T, s *server.Server, cfg string, n int) []*dpapp.App {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rolter.toml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var proxies []*dpapp.App
+	for range n {
+		ctx, cancel := context.WithCancel(context.Background())
+		p, err := dpapp.Start(ctx, dpapp.Options{ConfigPath: path, Listen: "127.0.0.1:0", Logger: logger(), NATSURL: s.ClientURL(), DrainTimeout: 5 * time.Second})
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cancel(); _ = p.Wait() })
+		proxies = append(proxies, p)
+	}
+	return proxies
+}
+
+// serveHTTP serves the replicas' HTTP APIs, returning their base URLs.
+func serveHTTP(t *testing.T, rs ...*replica) []string {
+	t.Helper()
+	var urls []string
+	for _, r := range rs {
+		srv := httptest.NewServer(r.srv)
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	return urls
 }
