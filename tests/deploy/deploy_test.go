@@ -592,8 +592,8 @@ func TestCompose(t *testing.T) {
 		if c.bin.name == "rolter-proxy" && strings.Count(c.vals["controlplane"], ",") != 1 {
 			t.Errorf("%s: --controlplane should list both control planes", name)
 		}
-		if c.bin.name == "rolter-kvwatcher" && c.vals["config"] == "" {
-			t.Errorf("%s: the kvwatcher needs --config", name)
+		if c.bin.name == "rolter-kvwatcher" && (c.vals["config"] == "") == (c.vals["controlplane"] == "") {
+			t.Errorf("%s: the kvwatcher needs exactly one of --config and --controlplane", name)
 		}
 		// Files given by flag are mounted.
 		if f := c.vals["config"] + c.vals["f"]; f != "" {
