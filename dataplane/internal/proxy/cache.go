@@ -171,10 +171,6 @@ func (p *Proxy) serveHit(w http.ResponseWriter, r *http.Request, x *exchange, l 
 	}
 }
 
-func isEventStream(ctype string) bool { return respcache.IsEventStream(ctype) }
-
-func itoa(n int) string { return strconv.Itoa(n) }
-
 // recorder captures a cacheable response while it is relayed, without
 // holding back a byte, and stores it when it ended well.
 type recorder struct {

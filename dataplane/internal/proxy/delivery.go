@@ -3,10 +3,12 @@ package proxy
 import (
 	"bytes"
 	"net/http"
+	"strconv"
 	"time"
 
 	"rolter.dev/pkg/delivery"
 	"rolter.dev/pkg/request"
+	"rolter.dev/pkg/respcache"
 	"rolter.dev/pkg/usage"
 )
 
@@ -87,7 +89,7 @@ func (p *Proxy) deliver(w http.ResponseWriter, r *http.Request, x *exchange, sta
 		for k, vs := range d.Header {
 			w.Header()[k] = vs
 		}
-		w.Header().Set("Content-Length", itoa(len(d.Body)))
+		w.Header().Set("Content-Length", strconv.Itoa(len(d.Body)))
 		x.status = status
 		w.WriteHeader(status)
 		if _, err := w.Write(d.Body); err != nil {
@@ -107,7 +109,7 @@ type usageTap struct {
 const usageTapMax = 1 << 20 // JSON usage sits in small bodies; larger ones are not parsed
 
 func newUsageTap(ctype string) *usageTap {
-	if isEventStream(ctype) {
+	if respcache.IsEventStream(ctype) {
 		return &usageTap{sse: &usage.SSEParser{}}
 	}
 	return &usageTap{}

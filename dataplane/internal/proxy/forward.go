@@ -537,14 +537,15 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 	h.Set("X-Rolter-Model", x.route.cfg.Model)
 	rec := p.newRecorder(x, x.lookup, resp)
 	ctype := resp.Header.Get("Content-Type")
-	if resp.StatusCode < 400 && !isEventStream(ctype) && (rec != nil || x.rt.policy.Active(x.dreq)) {
+	if resp.StatusCode < 400 && !respcache.IsEventStream(ctype) && (rec != nil || x.rt.policy.Active(x.dreq)) {
 		return p.relayBuffered(w, r, x, t, resp, rec)
 	}
 	tap := newUsageTap(ctype)
 	defer func() { x.usage = tap.result() }()
 	x.status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
-	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	// One predicate decides SSE everywhere (buffering, recording, flushing).
+	stream := respcache.IsEventStream(ctype)
 	rc := http.NewResponseController(w)
 	if stream {
 		_ = rc.Flush() // headers now, so the client sees the stream open
