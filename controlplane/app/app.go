@@ -34,6 +34,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
@@ -53,6 +54,7 @@ import (
 	"rolter.dev/controlplane/internal/store"
 	"rolter.dev/controlplane/internal/watch"
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/telemetry"
 	pb "rolter.dev/proto/rolter/controlplane/v1"
 )
 
@@ -92,6 +94,10 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Gatherer serves MetricsListen; defaults with Registerer.
 	Gatherer prometheus.Gatherer
+	// TracerProvider receives the spans of admin writes and snapshot
+	// pushes (default: OTLP export when the OTEL_* environment asks for
+	// it, see pkg/telemetry; otherwise none).
+	TracerProvider trace.TracerProvider
 }
 
 // App is a running control plane.
@@ -131,6 +137,20 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	fail := func(err error) (*App, error) {
 		stack.run()
 		return nil, err
+	}
+	if opts.TracerProvider == nil {
+		tp, stopTracing, err := telemetry.Setup(ctx, "rolter-controlplane")
+		if err != nil {
+			return nil, err
+		}
+		stack.push(func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := stopTracing(sctx); err != nil {
+				log.Warn("cannot flush traces", "err", err)
+			}
+		})
+		opts.TracerProvider = tp
 	}
 	endpoints := opts.EtcdEndpoints
 	if opts.EmbedEtcdDir != "" {
@@ -177,8 +197,8 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 
 	hub := push.NewHub()
 	reg := push.NewRegistry(opts.ID, cli, layout, hub, m, log)
-	pushSrv := push.NewServer(opts.ID, hub, reg, pepperCheck, log)
-	adminSrv := admin.New(st, opts.KeyPepper, reg, log)
+	pushSrv := push.NewServer(opts.ID, hub, reg, pepperCheck, opts.TracerProvider, log)
+	adminSrv := admin.New(st, opts.KeyPepper, reg, opts.TracerProvider, log)
 	healthSrv := health.NewServer()
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	w := watch.New(cli, layout, func(s *state.State) {

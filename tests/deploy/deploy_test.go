@@ -9,8 +9,11 @@ package deploy_test
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -595,6 +598,7 @@ func TestCompose(t *testing.T) {
 		if c.bin.name == "rolter-kvwatcher" && (c.vals["config"] == "") == (c.vals["controlplane"] == "") {
 			t.Errorf("%s: the kvwatcher needs exactly one of --config and --controlplane", name)
 		}
+		checkFollower(t, c)
 		// Files given by flag are mounted.
 		if f := c.vals["config"] + c.vals["f"]; f != "" {
 			checkMounted(t, c.where, cf.services[name], f)
@@ -642,6 +646,20 @@ func TestCompose(t *testing.T) {
 		t.Error("docker-compose.yml: no haproxy service")
 	} else {
 		checkMounted(t, "haproxy", lb, "/usr/local/etc/haproxy/haproxy.cfg")
+	}
+}
+
+// checkFollower checks a node following control planes (a proxy or a
+// kvwatcher with --controlplane): it has a node token (--token,
+// --token-file or $ROLTER_NODE_TOKEN), and the binary reads the token
+// variable it is given.
+func checkFollower(t *testing.T, c *container) {
+	t.Helper()
+	if c.vals == nil || c.vals["controlplane"] == "" || (c.bin.name != "rolter-proxy" && c.bin.name != "rolter-kvwatcher") {
+		return
+	}
+	if c.vals["token"] == "" && c.vals["token-file"] == "" && !slices.Contains(c.env, "ROLTER_NODE_TOKEN") {
+		t.Errorf("%s: %s follows a control plane without a node token (--token, --token-file or ROLTER_NODE_TOKEN)", c.where, c.bin.name)
 	}
 }
 
@@ -791,8 +809,22 @@ func selects(sel, labels map[string]any) bool {
 	return true
 }
 
-func TestKubernetes(t *testing.T) {
-	objs := loadK8s(t)
+// k8sPod is one pod template and its rolter containers.
+type k8sPod struct {
+	o      object
+	labels map[string]any
+	ports  map[string]int // name -> port, and "#<n>" -> n
+	rolter []*container
+	spec   map[string]any
+}
+
+func TestKubernetes(t *testing.T) { checkKubernetes(t, loadK8s(t), true) }
+
+// checkKubernetes checks a set of manifests (the files as they are, or with
+// a component's patches applied) and returns their pods. kvFollows: the
+// kvwatchers must follow the control plane rather than read --config.
+func checkKubernetes(t *testing.T, objs []object, kvFollows bool) []k8sPod {
+	t.Helper()
 	secretKeys := map[string]bool{}
 	configFiles := map[string]bool{}
 	for _, o := range objs {
@@ -811,12 +843,7 @@ func TestKubernetes(t *testing.T) {
 			}
 		}
 	}
-	type pod struct {
-		o      object
-		labels map[string]any
-		ports  map[string]int // name -> port, and "#<n>" -> n
-		rolter []*container
-	}
+	type pod = k8sPod
 	var pods []pod
 	seen := map[string]int{}
 	for _, o := range objs {
@@ -824,7 +851,7 @@ func TestKubernetes(t *testing.T) {
 		if spec == nil {
 			continue
 		}
-		pd := pod{o: o, labels: labels, ports: map[string]int{}}
+		pd := pod{o: o, labels: labels, ports: map[string]int{}, spec: spec}
 		for _, cv := range l(spec["containers"]) {
 			cm := m(cv)
 			where := fmt.Sprintf("%s: %s %s/%s", o.file, o.kind(), o.name(), cm["name"])
@@ -886,6 +913,11 @@ func TestKubernetes(t *testing.T) {
 				if !ok {
 					t.Errorf("%s: %s is not mounted from a generated ConfigMap", where, f)
 				}
+			}
+			checkFollower(t, c)
+			checkSecretFiles(t, c, spec, mounts)
+			if kvFollows && c.bin.name == "rolter-kvwatcher" && (c.vals["controlplane"] == "" || c.vals["config"] != "") {
+				t.Errorf("%s: the kvwatcher should follow the control plane (--controlplane), not a mounted --config", where)
 			}
 			pd.rolter = append(pd.rolter, c)
 		}
@@ -1007,6 +1039,7 @@ func TestKubernetes(t *testing.T) {
 			t.Errorf("%s: ServiceMonitor %s selects no Service", o.file, o.name())
 		}
 	}
+	return pods
 }
 
 // configFlagOfCtl returns rolterctl's -f file, if c is rolterctl.
@@ -1058,4 +1091,574 @@ func TestKustomizeBuilds(t *testing.T) {
 			t.Errorf("kubectl kustomize %s: %v\n%s", dir, err, out)
 		}
 	}
+
+	// The dev overlay with the TLS components: kustomize renders the same
+	// containers as TestKubernetesTLS's reading of the patches.
+	tmp := t.TempDir()
+	root, err := filepath.Abs(filepath.Join(repo, "deploy", "k8s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(tmp, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\ncomponents: [%s, %s]\n",
+		filepath.Join(rel, "overlays", "dev"), filepath.Join(rel, "components", "tls"), filepath.Join(rel, "components", "tls-cert-manager"))
+	if err := os.WriteFile(filepath.Join(tmp, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(kubectl, "kustomize", tmp).Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize overlays/dev + components/tls: %v", err)
+	}
+	rendered := filepath.Join(tmp, "rendered.yaml")
+	if err := os.WriteFile(rendered, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := func(docs []map[string]any) map[string][]string {
+		got := map[string][]string{}
+		for _, d := range docs {
+			o := object{doc: d}
+			if spec, _ := podSpec(o); spec != nil {
+				for _, cv := range l(spec["containers"]) {
+					if binaryOf(fmt.Sprint(m(cv)["image"])) != nil {
+						got[o.kind()+"/"+o.name()] = strs(m(cv)["args"])
+					}
+				}
+			}
+		}
+		return got
+	}
+	var mine []map[string]any
+	for _, o := range withComponent(t, loadK8s(t), "tls") {
+		mine = append(mine, o.doc)
+	}
+	want, got := args(mine), args(yamlDocs(t, rendered))
+	if len(got) == 0 {
+		t.Fatal("no rolter container rendered")
+	}
+	for k := range want {
+		if _, ok := got[k]; !ok {
+			t.Errorf("%s: not rendered by kustomize", k)
+		}
+	}
+	for k, a := range got {
+		if !slices.Equal(a, want[k]) {
+			t.Errorf("%s: kustomize renders %q, TestKubernetesTLS checked %q", k, a, want[k])
+		}
+	}
+	for _, kind := range []string{"Certificate", "Issuer"} {
+		if !bytes.Contains(out, []byte("kind: "+kind)) {
+			t.Errorf("components/tls-cert-manager: no %s rendered", kind)
+		}
+	}
+}
+
+// ---------------------------------------------------------------- TLS
+
+// tlsFileFlags are the flags naming a certificate, key or CA file.
+var tlsFileFlags = []string{"tls-cert", "tls-key", "tls-client-ca", "tls-ca", "controlplane-ca", "controlplane-cert", "controlplane-key"}
+
+// plaintextFlags turn TLS off on the control-plane link.
+var plaintextFlags = []string{"insecure", "controlplane-insecure"}
+
+// checkSecretFiles checks that the TLS files a container is given by flag
+// are mounted from a Secret that holds them.
+func checkSecretFiles(t *testing.T, c *container, spec map[string]any, mounts map[string]string) {
+	t.Helper()
+	for _, f := range tlsFileFlags {
+		file := c.vals[f]
+		if file == "" {
+			continue
+		}
+		ok := false
+		for _, vv := range l(spec["volumes"]) {
+			v := m(vv)
+			sec := m(v["secret"])
+			if sec == nil || mounts[fmt.Sprint(v["name"])] != filepath.Dir(file) {
+				continue
+			}
+			items := l(sec["items"])
+			if len(items) == 0 {
+				ok = true // every key of the Secret is a file
+			}
+			for _, it := range items {
+				if m(it)["path"] == filepath.Base(file) {
+					ok = true
+				}
+			}
+		}
+		if !ok {
+			t.Errorf("%s: --%s=%s is not mounted from a Secret", c.where, f, file)
+		}
+	}
+}
+
+// jsonPatch applies RFC 6902 add / replace / remove operations to doc.
+func jsonPatch(doc map[string]any, ops []any) error {
+	for _, ov := range ops {
+		op := m(ov)
+		path := fmt.Sprint(op["path"])
+		toks := strings.Split(strings.TrimPrefix(path, "/"), "/")
+		for i := range toks {
+			toks[i] = strings.NewReplacer("~1", "/", "~0", "~").Replace(toks[i])
+		}
+		// Walk to the parent, keeping a setter for the container the
+		// last token indexes into (a list may grow).
+		var parent any = doc
+		set := func(any) {}
+		for _, tok := range toks[:len(toks)-1] {
+			switch p := parent.(type) {
+			case map[string]any:
+				child, ok := p[tok]
+				if !ok {
+					return fmt.Errorf("%s: no %q", path, tok)
+				}
+				set = func(v any) { p[tok] = v }
+				parent = child
+			case []any:
+				i, err := strconv.Atoi(tok)
+				if err != nil || i < 0 || i >= len(p) {
+					return fmt.Errorf("%s: bad index %q", path, tok)
+				}
+				set = func(v any) { p[i] = v }
+				parent = p[i]
+			default:
+				return fmt.Errorf("%s: %q is not a container", path, tok)
+			}
+		}
+		last := toks[len(toks)-1]
+		switch p := parent.(type) {
+		case map[string]any:
+			_, exists := p[last]
+			switch op["op"] {
+			case "add":
+				p[last] = op["value"]
+			case "replace":
+				if !exists {
+					return fmt.Errorf("replace %s: no such key", path)
+				}
+				p[last] = op["value"]
+			case "remove":
+				if !exists {
+					return fmt.Errorf("remove %s: no such key", path)
+				}
+				delete(p, last)
+			default:
+				return fmt.Errorf("%s: unsupported op %v", path, op["op"])
+			}
+		case []any:
+			i := len(p)
+			if last != "-" {
+				n, err := strconv.Atoi(last)
+				if err != nil || n < 0 || n > len(p) {
+					return fmt.Errorf("%s: bad index %q", path, last)
+				}
+				i = n
+			}
+			switch op["op"] {
+			case "add":
+				set(slices.Insert(slices.Clone(p), i, op["value"]))
+			case "replace", "remove":
+				if i >= len(p) {
+					return fmt.Errorf("%s: bad index %q", path, last)
+				}
+				if op["op"] == "replace" {
+					p[i] = op["value"]
+				} else {
+					set(slices.Delete(slices.Clone(p), i, i+1))
+				}
+			default:
+				return fmt.Errorf("%s: unsupported op %v", path, op["op"])
+			}
+		default:
+			return fmt.Errorf("%s: parent is not a container", path)
+		}
+	}
+	return nil
+}
+
+// withComponent returns the manifests outside components/ (the base and
+// the dev overlay's resources, plus deps) with the component's inline JSON
+// patches applied, and the component's own resources added.
+func withComponent(t *testing.T, objs []object, component string) []object {
+	t.Helper()
+	dir := filepath.Join("components", component)
+	var out []object
+	var comp map[string]any
+	for _, o := range objs {
+		switch {
+		case o.file == filepath.Join(dir, "kustomization.yaml"):
+			comp = o.doc
+		case strings.HasPrefix(o.file, "components"+string(filepath.Separator)) && !strings.HasPrefix(o.file, filepath.Join("components", "deps")+string(filepath.Separator)):
+			// other optional components are not part of this variant
+		case o.kind() == "Kustomization" || o.kind() == "Component":
+			out = append(out, o)
+		default:
+			// A deep copy, so the plain manifests stay as they are.
+			b, _ := json.Marshal(o.doc)
+			var doc map[string]any
+			_ = json.Unmarshal(b, &doc)
+			out = append(out, object{file: o.file, doc: doc})
+		}
+	}
+	if comp == nil {
+		t.Fatalf("no %s/kustomization.yaml", dir)
+	}
+	if comp["kind"] != "Component" {
+		t.Errorf("%s: kind %v, want Component", dir, comp["kind"])
+	}
+	for _, r := range l(comp["resources"]) {
+		for _, o := range objs {
+			if o.file == filepath.Join(dir, fmt.Sprint(r)) {
+				out = append(out, o)
+			}
+		}
+	}
+	for _, pv := range l(comp["patches"]) {
+		p := m(pv)
+		target := m(p["target"])
+		var ops []any
+		if err := yaml.Unmarshal([]byte(fmt.Sprint(p["patch"])), &ops); err != nil || len(ops) == 0 {
+			t.Fatalf("%s: patch of %v: only inline JSON 6902 patches are checked here: %v", dir, target, err)
+		}
+		n := 0
+		for _, o := range out {
+			if o.kind() == target["kind"] && o.name() == target["name"] {
+				n++
+				// JSON numbers and YAML ints differ: round-trip the ops.
+				b, _ := json.Marshal(ops)
+				var jops []any
+				_ = json.Unmarshal(b, &jops)
+				if err := jsonPatch(o.doc, jops); err != nil {
+					t.Errorf("%s: patch of %s %s: %v", dir, target["kind"], target["name"], err)
+				}
+			}
+		}
+		if n != 1 {
+			t.Errorf("%s: patch target %v matches %d objects", dir, target, n)
+		}
+	}
+	// yamlDocs decodes ints as int; JSON round trips make them float64.
+	for i := range out {
+		out[i].doc = intify(out[i].doc).(map[string]any)
+	}
+	return out
+}
+
+// intify turns the whole float64s of a JSON round trip back into ints.
+func intify(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = intify(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = intify(e)
+		}
+	case float64:
+		if x == float64(int(x)) {
+			return int(x)
+		}
+	}
+	return v
+}
+
+// argsWithout returns c's arguments without the flags named (and their
+// values).
+func argsWithout(t *testing.T, c *container, drop ...string) []string {
+	t.Helper()
+	flags := mustInfo(t, c.bin.name).flags
+	var out []string
+	for i := 0; i < len(c.args); i++ {
+		a := c.args[i]
+		name, _, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || !slices.Contains(drop, name) {
+			out = append(out, a)
+			continue
+		}
+		if flags[name] && !hasVal {
+			i++ // the flag's value
+		}
+	}
+	return out
+}
+
+// TestKubernetesTLS checks components/tls applied to the manifests: every
+// flag, mount and address is valid as in TestKubernetes; the control
+// planes serve TLS with a mounted certificate, the proxies and rolterctl
+// verify it with a mounted CA, nothing is left in plaintext, and the
+// component changes nothing else in the patched arguments.
+func TestKubernetesTLS(t *testing.T) {
+	plain := loadK8s(t)
+	plainPods := map[string][]*container{}
+	for _, pd := range checkKubernetes(t, plain, true) {
+		plainPods[pd.o.name()] = pd.rolter
+	}
+	objs := withComponent(t, plain, "tls")
+	var secret string
+	hosts := map[string]bool{}
+	for _, pd := range checkKubernetes(t, objs, false) {
+		for i, c := range pd.rolter {
+			where := pd.o.file + ": " + pd.o.kind() + " " + pd.o.name()
+			for _, f := range plaintextFlags {
+				if _, ok := c.vals[f]; ok {
+					t.Errorf("%s: --%s with components/tls", where, f)
+				}
+			}
+			var want, dropped, added []string
+			switch c.bin.name {
+			case "rolter-controlplane":
+				want, dropped, added = []string{"tls-cert", "tls-key"}, []string{"insecure"}, []string{"tls-cert", "tls-key", "tls-client-ca"}
+			case "rolter-proxy":
+				want, dropped, added = []string{"controlplane-ca"}, []string{"controlplane-insecure"}, []string{"controlplane-ca", "controlplane-cert", "controlplane-key"}
+			case "rolterctl":
+				want, dropped, added = []string{"tls-ca"}, []string{"insecure"}, []string{"tls-ca", "tls-server-name"}
+			case "rolter-kvwatcher":
+				// No TLS client options yet: it reads the ConfigMap.
+				if c.vals["config"] == "" || c.vals["controlplane"] != "" {
+					t.Errorf("%s: with components/tls the kvwatcher should read --config (it cannot verify the control plane)", where)
+				}
+				dropped, added = []string{"controlplane"}, []string{"config"}
+			default:
+				continue
+			}
+			for _, f := range want {
+				if c.vals[f] == "" {
+					t.Errorf("%s: %s without --%s", where, c.bin.name, f)
+				}
+			}
+			for _, f := range []string{"controlplane"} {
+				for _, a := range strings.Split(c.vals[f], ",") {
+					if host, _, err := net.SplitHostPort(a); err == nil {
+						hosts[host] = true
+					}
+				}
+			}
+			if c.bin.name == "rolterctl" {
+				hosts[strings.Split(c.vals["controlplane"], ":")[0]] = true
+			}
+			for _, vv := range l(pd.spec["volumes"]) {
+				if s := m(m(vv)["secret"]); s != nil && strings.Contains(fmt.Sprint(s["secretName"]), "tls") {
+					if secret != "" && secret != s["secretName"] {
+						t.Errorf("%s: Secret %v, others use %s", where, s["secretName"], secret)
+					}
+					secret = fmt.Sprint(s["secretName"])
+				}
+			}
+			// Only the TLS flags change.
+			before := plainPods[pd.o.name()]
+			if i >= len(before) {
+				t.Errorf("%s: container %d is new", where, i)
+				continue
+			}
+			if got, was := argsWithout(t, c, added...), argsWithout(t, before[i], dropped...); !slices.Equal(got, was) {
+				t.Errorf("%s: components/tls changes more than the TLS flags:\n got %q\nfrom %q", where, got, was)
+			}
+		}
+	}
+	if secret == "" {
+		t.Fatal("components/tls mounts no TLS Secret")
+	}
+	delete(hosts, "")
+	if len(hosts) == 0 {
+		t.Fatal("no control-plane address found")
+	}
+	// components/tls-cert-manager issues that Secret for those names.
+	found := false
+	for _, o := range withComponent(t, plain, "tls-cert-manager") {
+		if o.kind() != "Certificate" || fmt.Sprint(m(o.doc["spec"])["secretName"]) != secret {
+			continue
+		}
+		found = true
+		spec := m(o.doc["spec"])
+		for h := range hosts {
+			if !slices.Contains(strs(spec["dnsNames"]), h) {
+				t.Errorf("%s: Certificate %s: dnsNames %v lack %q, the address the nodes dial", o.file, o.name(), spec["dnsNames"], h)
+			}
+		}
+		if !slices.Contains(strs(spec["usages"]), "server auth") && spec["usages"] != nil {
+			t.Errorf("%s: Certificate %s: usages %v lack server auth", o.file, o.name(), spec["usages"])
+		}
+		issuer := m(spec["issuerRef"])
+		ok := false
+		for _, i := range objs {
+			if i.kind() == fmt.Sprint(issuer["kind"]) && i.name() == fmt.Sprint(issuer["name"]) {
+				ok = true
+			}
+		}
+		for _, i := range withComponent(t, plain, "tls-cert-manager") {
+			if i.kind() == fmt.Sprint(issuer["kind"]) && i.name() == fmt.Sprint(issuer["name"]) {
+				ok = true
+			}
+		}
+		if !ok {
+			t.Errorf("%s: Certificate %s: no %v", o.file, o.name(), issuer)
+		}
+	}
+	if !found {
+		t.Errorf("components/tls-cert-manager: no Certificate for the Secret %s", secret)
+	}
+}
+
+// mergeCompose applies a compose override file the way docker compose
+// does for the keys the rolter services use: command replaced, volumes
+// merged by container path, environment merged.
+func mergeCompose(base, over composeFile) composeFile {
+	out := composeFile{path: base.path + "+" + over.path, services: map[string]map[string]any{}}
+	for name, svc := range base.services {
+		out.services[name] = maps.Clone(svc)
+	}
+	for name, o := range over.services {
+		svc := out.services[name]
+		if svc == nil {
+			svc = map[string]any{}
+			out.services[name] = svc
+		}
+		for k, v := range o {
+			switch k {
+			case "volumes":
+				var vols []any
+				target := func(v any) string {
+					parts := strings.Split(fmt.Sprint(v), ":")
+					if len(parts) < 2 {
+						return parts[0]
+					}
+					return parts[1]
+				}
+				for _, bv := range l(svc["volumes"]) {
+					if !slices.ContainsFunc(l(v), func(ov any) bool { return target(ov) == target(bv) }) {
+						vols = append(vols, bv)
+					}
+				}
+				svc["volumes"] = append(vols, l(v)...)
+			case "environment":
+				env := maps.Clone(m(svc["environment"]))
+				if env == nil {
+					env = map[string]any{}
+				}
+				maps.Copy(env, m(v))
+				svc["environment"] = env
+			default:
+				svc[k] = v
+			}
+		}
+	}
+	return out
+}
+
+// TestComposeTLS checks docker-compose.tls.yml over docker-compose.yml
+// like TestCompose checks the base, plus: the control planes serve TLS and
+// nothing is plaintext, every TLS file is mounted from the directory
+// gen-dev-ca.sh writes, only the TLS flags change, and (with openssl) the
+// script's certificate verifies against its CA for every control-plane
+// address the proxies and rolterctl dial.
+func TestComposeTLS(t *testing.T) {
+	base := loadCompose(t, "docker-compose.yml")
+	cf := mergeCompose(base, loadCompose(t, "docker-compose.tls.yml"))
+	plain := composeContainers(t, base)
+	cs := composeContainers(t, cf)
+	ports := func(host string) []int { return servicePorts(cf, cs, host) }
+	hosts := map[string]bool{}
+	for name, c := range cs {
+		for _, f := range []string{"controlplane", "nats", "etcd"} {
+			for _, a := range strings.Split(c.vals[f], ",") {
+				if a != "" {
+					checkAddr(t, c.where+": --"+f, a, ports)
+				}
+			}
+		}
+		for _, f := range plaintextFlags {
+			if _, ok := c.vals[f]; ok {
+				t.Errorf("%s: --%s with TLS", c.where, f)
+			}
+		}
+		var want, dropped, added []string
+		switch c.bin.name {
+		case "rolter-controlplane":
+			want, dropped, added = []string{"tls-cert", "tls-key"}, []string{"insecure"}, []string{"tls-cert", "tls-key", "tls-client-ca"}
+		case "rolter-proxy":
+			want, dropped, added = []string{"controlplane-ca"}, []string{"controlplane-insecure"}, []string{"controlplane-ca", "controlplane-cert", "controlplane-key"}
+		case "rolterctl":
+			want, dropped, added = []string{"tls-ca"}, []string{"insecure"}, []string{"tls-ca", "tls-server-name"}
+		case "rolter-kvwatcher":
+			if c.vals["config"] == "" || c.vals["controlplane"] != "" {
+				t.Errorf("%s: with TLS the kvwatcher should read --config (it cannot verify the control plane)", c.where)
+			}
+			checkMounted(t, c.where, cf.services[name], c.vals["config"])
+			dropped, added = []string{"controlplane"}, []string{"config"}
+		}
+		for _, f := range want {
+			if c.vals[f] == "" {
+				t.Errorf("%s: %s without --%s", c.where, c.bin.name, f)
+			}
+		}
+		for _, f := range tlsFileFlags {
+			if file := c.vals[f]; file != "" {
+				checkMountedFrom(t, c.where, cf.services[name], file, "./tls")
+			}
+		}
+		for _, a := range strings.Split(c.vals["controlplane"], ",") {
+			if host, _, err := net.SplitHostPort(a); err == nil && c.bin.name != "rolter-kvwatcher" {
+				hosts[host] = true
+			}
+		}
+		if got, was := argsWithout(t, c, added...), argsWithout(t, plain[name], dropped...); !slices.Equal(got, was) {
+			t.Errorf("%s: docker-compose.tls.yml changes more than the TLS flags:\n got %q\nfrom %q", c.where, got, was)
+		}
+	}
+	if len(hosts) == 0 {
+		t.Fatal("no control-plane address found")
+	}
+
+	if _, err := exec.LookPath("openssl"); err != nil {
+		t.Skip("openssl not installed: gen-dev-ca.sh not run")
+	}
+	dir := filepath.Join(t.TempDir(), "tls")
+	out, err := exec.Command("sh", filepath.Join(repo, "deploy", "compose", "gen-dev-ca.sh"), dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("gen-dev-ca.sh: %v\n%s", err, out)
+	}
+	if out, err := exec.Command("sh", filepath.Join(repo, "deploy", "compose", "gen-dev-ca.sh"), dir).CombinedOutput(); err == nil {
+		t.Errorf("gen-dev-ca.sh overwrote existing certificates:\n%s", out)
+	}
+	roots := x509.NewCertPool()
+	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil || !roots.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("ca.crt: %v", err)
+	}
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+	if err != nil {
+		t.Fatalf("tls.crt / tls.key: %v", err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for h := range hosts {
+		if _, err := leaf.Verify(x509.VerifyOptions{DNSName: h, Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+			t.Errorf("gen-dev-ca.sh: the certificate does not verify for %s: %v", h, err)
+		}
+	}
+	for _, f := range []string{"ca.crt", "tls.crt", "tls.key"} {
+		st, err := os.Stat(filepath.Join(dir, f))
+		if err != nil || st.Mode().Perm()&0o004 == 0 {
+			t.Errorf("gen-dev-ca.sh: %s is not readable by the containers' nonroot user: %v %v", f, st.Mode(), err)
+		}
+	}
+}
+
+// checkMountedFrom checks that file is mounted from the host directory dir
+// (relative to deploy/compose; it may not exist yet).
+func checkMountedFrom(t *testing.T, where string, svc map[string]any, file, dir string) {
+	t.Helper()
+	for _, v := range l(svc["volumes"]) {
+		parts := strings.Split(fmt.Sprint(v), ":")
+		if len(parts) >= 2 && strings.HasPrefix(file, parts[1]+"/") && parts[0] == dir {
+			return
+		}
+	}
+	t.Errorf("%s: %s is not mounted from %s", where, file, dir)
 }

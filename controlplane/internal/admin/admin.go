@@ -21,6 +21,8 @@ import (
 	"strconv"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -42,15 +44,23 @@ type Server struct {
 	store  *store.Store
 	pepper []byte
 	status StatusSource
+	tracer trace.Tracer
 	log    *slog.Logger
 }
 
 var _ pb.AdminServiceServer = (*Server)(nil)
 
-// New returns the admin service. pepper digests key secrets.
-func New(st *store.Store, pepper []byte, status StatusSource, log *slog.Logger) *Server {
-	return &Server{store: st, pepper: pepper, status: status, log: log.With("component", "admin")}
+// New returns the admin service. pepper digests key secrets; tp traces
+// every write (nil: not traced).
+func New(st *store.Store, pepper []byte, status StatusSource, tp trace.TracerProvider, log *slog.Logger) *Server {
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	return &Server{store: st, pepper: pepper, status: status, tracer: tp.Tracer(TracerName), log: log.With("component", "admin")}
 }
+
+// TracerName is the instrumentation scope of the admin service's spans.
+const TracerName = "rolter.dev/controlplane/admin"
 
 // SecretPrefix starts every minted key secret.
 const SecretPrefix = "sk-rolter-"
@@ -61,9 +71,21 @@ func newSecret() string {
 	return SecretPrefix + base64.RawURLEncoding.EncodeToString(b)
 }
 
-// update runs a checked mutation and maps its errors.
-func (s *Server) update(ctx context.Context, method string, opts store.UpdateOptions, m store.Mutation) (*state.State, error) {
-	next, err := s.store.Update(ctx, opts, func(cur *state.State) (*state.State, map[state.ID]int64, error) {
+// update runs a checked mutation and maps its errors. It is traced as an
+// admin write.
+func (s *Server) update(ctx context.Context, method string, opts store.UpdateOptions, m store.Mutation) (next *state.State, err error) {
+	ctx, span, own := s.writeSpan(ctx, method)
+	if own {
+		defer func() {
+			var rev int64
+			if next != nil {
+				rev = next.Revision
+			}
+			endWrite(span, rev, err)
+			span.End()
+		}()
+	}
+	next, err = s.store.Update(ctx, opts, func(cur *state.State) (*state.State, map[state.ID]int64, error) {
 		next, expect, err := m(cur)
 		if err != nil {
 			return nil, nil, err
@@ -131,8 +153,17 @@ func (s *Server) Validate(_ context.Context, req *pb.ValidateRequest) (*pb.Valid
 }
 
 // Apply implements pb.AdminServiceServer.
-func (s *Server) Apply(ctx context.Context, req *pb.ApplyRequest) (*pb.ApplyResponse, error) {
+func (s *Server) Apply(ctx context.Context, req *pb.ApplyRequest) (resp *pb.ApplyResponse, err error) {
 	const method = "Apply"
+	ctx, span, _ := s.writeSpan(ctx, method)
+	span.SetAttributes(AttrDryRun.Bool(req.GetDryRun()))
+	defer func() {
+		endWrite(span, resp.GetRevision(), err)
+		if err == nil {
+			span.SetAttributes(AttrChanges.Int(len(resp.GetChanges())), AttrApplied.Bool(resp.GetApplied()))
+		}
+		span.End()
+	}()
 	cfg, err := parseDoc(req.GetConfigToml())
 	if err != nil {
 		return nil, toStatus(ctx, s.log, method, err)

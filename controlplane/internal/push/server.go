@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -27,6 +29,7 @@ type Server struct {
 	hub         *Hub
 	reg         *Registry
 	pepperCheck string
+	tracer      trace.Tracer
 	log         *slog.Logger
 	closing     chan struct{} // closed by Shutdown
 	closeOnce   sync.Once
@@ -34,9 +37,16 @@ type Server struct {
 
 var _ pb.SnapshotServiceServer = (*Server)(nil)
 
-// NewServer returns the snapshot service of replica cpID.
-func NewServer(cpID string, hub *Hub, reg *Registry, pepperCheck string, log *slog.Logger) *Server {
-	return &Server{cpID: cpID, hub: hub, reg: reg, pepperCheck: pepperCheck, log: log.With("component", "push"), closing: make(chan struct{})}
+// NewServer returns the snapshot service of replica cpID. tp traces every
+// push (nil: not traced).
+func NewServer(cpID string, hub *Hub, reg *Registry, pepperCheck string, tp trace.TracerProvider, log *slog.Logger) *Server {
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	return &Server{
+		cpID: cpID, hub: hub, reg: reg, pepperCheck: pepperCheck, tracer: tp.Tracer(TracerName),
+		log: log.With("component", "push"), closing: make(chan struct{}),
+	}
 }
 
 // Shutdown ends every open stream with UNAVAILABLE, so that nodes move to
@@ -104,7 +114,10 @@ func (s *Server) Watch(stream pb.SnapshotService_WatchServer) error {
 		sentRev     int64 = -1
 		sentCluster uint64
 		nonce       string
+		pending     trace.Span // the push awaiting its answer
 	)
+	defer func() { endPush(pending, "unanswered", "", "") }()
+	role := strings.ToLower(strings.TrimPrefix(node.GetRole().String(), "NODE_ROLE_"))
 	for {
 		snap, changed := s.hub.Current()
 		if snap != nil && (snap.Revision != sentRev || snap.ClusterID != sentCluster) {
@@ -118,7 +131,12 @@ func (s *Server) Watch(stream pb.SnapshotService_WatchServer) error {
 			if from.Before(connected) {
 				from = time.Now()
 			}
+			endPush(pending, "superseded", "", "")
+			_, pending = s.tracer.Start(ctx, "push.snapshot", trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+				AttrVersion.String(snap.Version), AttrRevision.Int64(snap.Revision), AttrNodeID.String(node.GetId()),
+				AttrNodeRole.String(role), AttrControlPlaneID.String(s.cpID)))
 			if err := stream.Send(resp); err != nil {
+				pending.RecordError(err)
 				return err
 			}
 			sentRev, sentCluster = snap.Revision, snap.ClusterID
@@ -146,9 +164,13 @@ func (s *Server) Watch(stream pb.SnapshotService_WatchServer) error {
 					detail = "refused without a reason"
 				}
 				s.reg.answered(node.GetId(), token, req.GetVersionInfo(), detail)
+				endPush(pending, "nack", req.GetVersionInfo(), detail)
+				pending = nil
 				log.Warn("node refused a snapshot", "snapshot_version", sentVersion(sentRev), "node_version", req.GetVersionInfo(), "reason", detail)
 			} else {
 				s.reg.answered(node.GetId(), token, req.GetVersionInfo(), "")
+				endPush(pending, "ack", req.GetVersionInfo(), "")
+				pending = nil
 				log.Debug("node acknowledged", "snapshot_version", req.GetVersionInfo())
 			}
 		}

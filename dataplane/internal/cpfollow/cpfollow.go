@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -66,12 +69,16 @@ type Options struct {
 	// the process environment and file system).
 	LookupEnv func(string) (string, bool)
 	ReadFile  func(string) ([]byte, error)
+	// TracerProvider receives a span per snapshot handled (default: the
+	// global provider, a no-op unless the process set one).
+	TracerProvider trace.TracerProvider
 }
 
 // Follower follows control planes. Create it with [New].
 type Follower struct {
 	opts    Options
 	log     *slog.Logger
+	tracer  trace.Tracer
 	m       *followMetrics
 	pepper  string // PepperCheck of opts.KeyPepper
 	mu      sync.Mutex
@@ -123,8 +130,11 @@ func New(opts Options) *Follower {
 		}),
 	}
 	opts.Registerer.MustRegister(m.revision, m.applies, m.connected, m.reconnects)
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = otel.GetTracerProvider()
+	}
 	return &Follower{
-		opts: opts, m: m, pepper: config.PepperCheck(opts.KeyPepper),
+		opts: opts, m: m, pepper: config.PepperCheck(opts.KeyPepper), tracer: opts.TracerProvider.Tracer(TracerName),
 		log: opts.Logger.With("component", "cpfollow", "node_id", opts.NodeID),
 	}
 }
@@ -182,9 +192,26 @@ func (f *Follower) LoadCache() error {
 	return nil
 }
 
-// handle compiles and applies one snapshot. It returns the version now in
-// use, or the reason the snapshot was refused.
+// handle compiles and applies one snapshot, in a span. It returns the
+// version now in use, or the reason the snapshot was refused.
 func (f *Follower) handle(resp *pb.WatchResponse, source string) (string, error) {
+	_, span := f.tracer.Start(context.Background(), "cpfollow.snapshot", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+		AttrVersion.String(resp.GetVersionInfo()), AttrRevision.Int64(resp.GetRevision()),
+		AttrControlPlaneID.String(resp.GetControlplaneId()), AttrNodeID.String(f.opts.NodeID), AttrSource.String(source)))
+	defer span.End()
+	version, result, err := f.apply(resp, source)
+	f.m.applies.WithLabelValues(source, result).Inc()
+	span.SetAttributes(AttrResult.String(result), AttrRunning.String(version))
+	if err != nil {
+		span.SetAttributes(AttrError.String(err.Error()))
+		span.SetStatus(otelcodes.Error, "snapshot refused")
+	}
+	return version, err
+}
+
+// apply compiles and applies one snapshot; result is applied, unchanged,
+// stale or refused.
+func (f *Follower) apply(resp *pb.WatchResponse, source string) (version, result string, err error) {
 	cur := f.running()
 	sameCluster := cur.clusterID == resp.GetClusterId()
 	switch {
@@ -193,28 +220,24 @@ func (f *Follower) handle(resp *pb.WatchResponse, source string) (string, error)
 			f.setRunning(resp)
 			f.save(resp)
 		}
-		f.m.applies.WithLabelValues(source, "unchanged").Inc()
-		return resp.GetVersionInfo(), nil
+		return resp.GetVersionInfo(), "unchanged", nil
 	case cur.version != "" && sameCluster && resp.GetRevision() < cur.revision:
-		f.m.applies.WithLabelValues(source, "stale").Inc()
 		f.log.Debug("ignoring an older snapshot", "snapshot_version", resp.GetVersionInfo(), "running", cur.version)
-		return cur.version, nil
+		return cur.version, "stale", nil
 	}
 	snap, err := f.compile(resp)
 	if err == nil {
 		err = f.opts.Applier.Apply(snap)
 	}
 	if err != nil {
-		f.m.applies.WithLabelValues(source, "refused").Inc()
 		f.opts.Metrics.ConfigFailures.Inc()
-		return cur.version, err
+		return cur.version, "refused", err
 	}
 	f.setRunning(resp)
-	f.m.applies.WithLabelValues(source, "applied").Inc()
 	if source != "cache" {
 		f.save(resp)
 	}
-	return resp.GetVersionInfo(), nil
+	return resp.GetVersionInfo(), "applied", nil
 }
 
 func (f *Follower) setRunning(resp *pb.WatchResponse) {

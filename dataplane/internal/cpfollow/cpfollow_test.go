@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
@@ -251,4 +254,86 @@ func TestFailoverAndCache(t *testing.T) {
 	if s := a.last(); s == nil || s.Route("m2") == nil || g.Version() != "6" {
 		t.Fatalf("from cache: %v", s)
 	}
+}
+
+// TestSnapshotSpans: every snapshot the follower handles is a span with its
+// version and whether it was applied or refused (and why); the span ends
+// before the answer goes out.
+func TestSnapshotSpans(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	cp := startFake(t)
+	reg := prometheus.NewRegistry()
+	cache := filepath.Join(t.TempDir(), "snapshot.json")
+	f := cpfollow.New(cpfollow.Options{
+		Addrs: []string{cp.addr}, NodeID: "n1", CacheFile: cache, Applier: &applier{},
+		Metrics: metrics.New(reg), Registerer: reg, Logger: slog.New(slog.DiscardHandler), TracerProvider: tp,
+	})
+	run(t, f)
+	cp.answer(t) // hello
+
+	last := func() map[attribute.Key]string {
+		t.Helper()
+		spans := exp.GetSpans()
+		if len(spans) == 0 {
+			t.Fatal("no span")
+		}
+		s := spans[len(spans)-1]
+		if s.Name != "cpfollow.snapshot" {
+			t.Fatalf("span %q", s.Name)
+		}
+		out := map[attribute.Key]string{"status": s.Status.Code.String()}
+		for _, kv := range s.Attributes {
+			out[kv.Key] = kv.Value.Emit()
+		}
+		return out
+	}
+	check := func(what string, want map[attribute.Key]string) {
+		t.Helper()
+		got := last()
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("%s: %s = %q, want %q (%v)", what, k, got[k], v, got)
+			}
+		}
+	}
+
+	cp.send <- snap(10, "m1")
+	cp.answer(t)
+	check("new", map[attribute.Key]string{
+		cpfollow.AttrVersion: "10", cpfollow.AttrRevision: "10", cpfollow.AttrResult: "applied", cpfollow.AttrSource: "controlplane",
+		cpfollow.AttrControlPlaneID: "fake", cpfollow.AttrNodeID: "n1", cpfollow.AttrRunning: "10", "status": "Unset",
+	})
+	cp.send <- snap(11, "m1")
+	cp.answer(t)
+	check("same content", map[attribute.Key]string{cpfollow.AttrVersion: "11", cpfollow.AttrResult: "unchanged"})
+	cp.send <- snap(9, "old")
+	cp.answer(t)
+	check("older", map[attribute.Key]string{cpfollow.AttrVersion: "9", cpfollow.AttrResult: "stale", cpfollow.AttrRunning: "11"})
+
+	bad := snap(12, "m2")
+	bad.ConfigToml = strings.Replace(bad.ConfigToml, `provider = "a"`, `provider = "ghost"`, 1)
+	cp.send <- bad
+	nack := cp.answer(t)
+	check("refused", map[attribute.Key]string{
+		cpfollow.AttrVersion: "12", cpfollow.AttrResult: "refused", cpfollow.AttrRunning: "11",
+		cpfollow.AttrError: nack.GetErrorDetail().GetMessage(), "status": "Error",
+	})
+	if !strings.Contains(last()[cpfollow.AttrError], "routes[0].targets[0].provider") {
+		t.Errorf("refusal reason without its field: %q", last()[cpfollow.AttrError])
+	}
+	if n := len(exp.GetSpans()); n != 4 {
+		t.Errorf("%d spans for 4 snapshots", n)
+	}
+
+	// The cached snapshot loaded at startup is a span too.
+	reg = prometheus.NewRegistry()
+	g := cpfollow.New(cpfollow.Options{
+		Addrs: []string{"127.0.0.1:1"}, NodeID: "n2", CacheFile: cache, Applier: &applier{},
+		Metrics: metrics.New(reg), Registerer: reg, Logger: slog.New(slog.DiscardHandler), TracerProvider: tp,
+	})
+	if err := g.LoadCache(); err != nil {
+		t.Fatal(err)
+	}
+	check("cache", map[attribute.Key]string{cpfollow.AttrVersion: "11", cpfollow.AttrSource: "cache", cpfollow.AttrResult: "applied", cpfollow.AttrNodeID: "n2"})
 }
