@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"rolter.dev/kvwatcher/internal/metrics"
 	"rolter.dev/pkg/kvevents"
@@ -37,12 +38,12 @@ func benchPipeline(b *testing.B, layout kvevents.Layout, run int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := &Watcher{opts: Options{NATS: nc}, log: testLogger(), metrics: m, epoch: 1}
+	w := &Watcher{opts: Options{NATS: nc}, log: testLogger(), metrics: m, epoch: 1, tracer: noop.NewTracerProvider().Tracer("")}
 	spec := Provider{Name: "p", KV: &KVSpec{Endpoint: "tcp://127.0.0.1:1", Mode: ModeConnect, Model: "m", MaxBlocks: 200_000, Stale: time.Second}}
 	w.opts.Queue = 1
 	k := newWorker(w, spec, 0)
 	k.ctx = context.Background()
-	k.connected = true
+	k.ranks[0].connected = true
 
 	// Pre-encode batches: chains of run blocks, each continuing the last.
 	const nbatches = 1024
@@ -70,7 +71,9 @@ func benchPipeline(b *testing.B, layout kvevents.Layout, run int) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		k.apply(payloads[i%nbatches], "live")
+		var live batch
+		live.b, live.err = k.dec.Decode(payloads[i%nbatches])
+		k.apply(k.ranks[0], uint64(i), live, "live")
 		i++
 	}
 	b.StopTimer()

@@ -28,6 +28,17 @@
 //   - A dropped connection, or a sequence that goes back (a restarted
 //     publisher), clears the state.
 //
+// # Data-parallel ranks
+//
+// A provider with KVSpec.DataParallelSize N > 1 is N publishers, one per
+// engine rank, on the endpoint's port + rank (and the replay endpoint's
+// port + rank), as vLLM's ZmqEventPublisher.offset_endpoint_port places
+// them; in bind mode the batch's data_parallel_rank names the rank. Every
+// rule above applies per rank (each rank numbers its own batches), and the
+// provider's state is the union of the ranks' (internal/kvstate.Ranks): a
+// rank's clear removes only what no other rank holds. The provider is
+// synced while every rank is.
+//
 // # Two watchers
 //
 // Any number of watchers may watch the same providers. Each stamps its
@@ -42,6 +53,13 @@
 // a warm standby; the cost is that each watcher subscribes to every replica
 // and publishes its own deltas (2× NATS traffic for two watchers), which
 // the proxies filter by epoch.
+//
+// # Tracing
+//
+// With Options.TracerProvider, each applied engine batch is a
+// "kvwatcher.apply" span and each delta it publishes a "kvwatcher.publish"
+// child (see tracing.go); RunService exports them over OTLP when the
+// OTEL_* variables ask for it (rolter.dev/pkg/telemetry).
 //
 // # Concurrency
 //

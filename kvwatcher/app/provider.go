@@ -10,6 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"rolter.dev/kvwatcher/internal/kvstate"
 	"rolter.dev/kvwatcher/internal/zmtp"
@@ -39,20 +42,13 @@ type worker struct {
 	lm     chan lmResult    // from the LMCache poller; buffered 1, never closed
 
 	ctx   context.Context
-	state *kvstate.State // nil without KV
+	state *kvstate.Ranks // nil without KV
+	ranks []*rankStream  // one per data-parallel rank; nil without KV
 	dec   *kvevents.Decoder
-	seq   uint64 // last delta published
+	rdec  *kvevents.Decoder // replays: a live batch stays valid across one
+	seq   uint64            // last delta published
 
-	src       uint64 // the connection of the current stream; 0 before any
-	connected bool
-	haveSeq   bool   // last holds the stream's last sequence
-	last      uint64 // last sequence applied
-	desynced  bool   // an unrepaired gap: neutral until AllBlocksCleared
 	lastEvent time.Time
-
-	// A replay applied the live messages dupLo..dupHi of connection dupSrc
-	// ahead of them; they are skipped when they arrive.
-	dupSrc, dupLo, dupHi uint64
 
 	lmAt      time.Time
 	occupancy float64
@@ -60,7 +56,27 @@ type worker struct {
 
 	buf   []byte
 	idbuf []uint64
+	split []kvdelta.Op
 	hot   hotMetrics
+	span  trace.Span      // the batch being applied, if any
+	tctx  context.Context // the replay's context while one runs (parent of its batches' spans)
+}
+
+// rankStream is the sequence state of one data-parallel rank's event
+// stream: vLLM numbers each rank's batches on its own from 0.
+type rankStream struct {
+	rank   int
+	replay string // the rank's replay endpoint; empty for none
+
+	src       uint64 // the connection of the current stream; 0 before any
+	connected bool
+	haveSeq   bool   // last holds the stream's last sequence
+	last      uint64 // last sequence applied
+	desynced  bool   // an unrepaired gap: neutral until AllBlocksCleared
+
+	// A replay applied the live messages dupLo..dupHi of connection dupSrc
+	// ahead of them; they are skipped when they arrive.
+	dupSrc, dupLo, dupHi uint64
 }
 
 // hotMetrics are the per-batch counters, resolved once per provider.
@@ -80,9 +96,14 @@ func newWorker(w *Watcher, p Provider, seq uint64) *worker {
 		snaps:   make(chan string, snapshotQueue),
 		lm:      make(chan lmResult, 1),
 		dec:     kvevents.NewDecoder(),
+		rdec:    kvevents.NewDecoder(),
 	}
-	if p.KV != nil {
-		k.state = kvstate.New(p.KV.Model, p.KV.MaxBlocks)
+	if kv := p.KV; kv != nil {
+		k.state = kvstate.NewRanks(kv.Model, kv.MaxBlocks, kv.Ranks())
+		for r := range kv.Ranks() {
+			replay, _ := RankEndpoint(kv.ReplayEndpoint, r) // validated
+			k.ranks = append(k.ranks, &rankStream{rank: r, replay: replay})
+		}
 	}
 	m, n := w.metrics, p.Name
 	k.hot = hotMetrics{
@@ -108,7 +129,10 @@ func (k *worker) run(ctx context.Context) {
 		defer func() { _ = sub.Unsubscribe() }()
 	}
 	if kv := k.spec.KV; kv != nil && kv.Mode == ModeConnect {
-		wg.Go(func() { k.dial(ctx) })
+		for r := range kv.Ranks() {
+			ep, _ := RankEndpoint(kv.Endpoint, r) // validated
+			wg.Go(func() { k.dial(ctx, r, ep) })
+		}
 	}
 	if k.spec.LM != nil {
 		wg.Go(func() { k.poll(ctx) })
@@ -119,7 +143,9 @@ func (k *worker) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			k.connected = false
+			for _, rs := range k.ranks {
+				rs.connected = false
+			}
 			if k.state != nil {
 				k.clear(kvdelta.ReasonConfig)
 			}
@@ -141,129 +167,159 @@ func (k *worker) run(ctx context.Context) {
 func (k *worker) handle(ev streamEvent) {
 	switch ev.kind {
 	case evConnected:
-		k.startStream(ev.src)
-		if k.spec.KV.ReplayEndpoint != "" {
-			k.catchUp(ev.src)
+		rs := k.ranks[ev.rank]
+		k.startStream(rs, ev.src)
+		if rs.replay != "" {
+			k.catchUp(rs, ev.src)
 		}
 		k.publishStatus()
 	case evDisconnected:
-		if ev.src != k.src || !k.connected {
-			return
+		// In bind mode a connection's rank is the one its batches named:
+		// find the stream by its connection.
+		for _, rs := range k.ranks {
+			if rs.src != ev.src || !rs.connected {
+				continue
+			}
+			rs.connected = false
+			k.w.metrics.StreamFailures.WithLabelValues(k.name, "disconnect").Inc()
+			k.log.Info("kv events: stream ended; clearing", "rank", rs.rank, "err", ev.err)
+			k.clearRank(rs, kvdelta.ReasonReconnect)
 		}
-		k.connected = false
-		k.w.metrics.StreamFailures.WithLabelValues(k.name, "disconnect").Inc()
-		k.log.Info("kv events: stream ended; clearing", "err", ev.err)
-		k.clear(kvdelta.ReasonReconnect)
 	case evMessage:
-		k.message(ev.src, ev.frames)
+		k.message(ev.src, ev.rank, ev.frames)
 	}
 }
 
-// startStream begins a new stream from connection src: its first sequence
-// is a baseline. A previous stream that is still up (bind mode: another
-// connection took the topic) is cleared.
-func (k *worker) startStream(src uint64) {
-	if k.connected && k.src != 0 && k.src != src {
+// startStream begins a new stream of rank rs from connection src: its
+// first sequence is a baseline. A previous stream of the rank that is still
+// up (bind mode: another connection took the topic) is cleared.
+func (k *worker) startStream(rs *rankStream, src uint64) {
+	if rs.connected && rs.src != 0 && rs.src != src {
 		k.w.metrics.StreamFailures.WithLabelValues(k.name, "disconnect").Inc()
-		k.log.Info("kv events: a new connection took over the topic; clearing")
-		k.clear(kvdelta.ReasonReconnect)
+		k.log.Info("kv events: a new connection took over the topic; clearing", "rank", rs.rank)
+		k.clearRank(rs, kvdelta.ReasonReconnect)
 	}
-	k.src, k.connected, k.haveSeq, k.desynced = src, true, false, false
+	rs.src, rs.connected, rs.haveSeq, rs.desynced = src, true, false, false
 }
 
-// message handles one live message.
-func (k *worker) message(src uint64, frames [][]byte) {
+// batch is a live message's payload, decoded before its sequence is
+// handled (bind mode needs its rank).
+type batch struct {
+	b   *kvevents.Batch
+	err error
+}
+
+// message handles one live message from connection src of rank's endpoint.
+func (k *worker) message(src uint64, rank int, frames [][]byte) {
 	msg, err := kvevents.ParseMessage(frames)
 	if err != nil {
 		k.w.metrics.Malformed.WithLabelValues(k.name, "frames").Inc()
 		k.log.Debug("kv events: malformed message", "err", err)
 		return
 	}
-	if src != k.src || !k.connected {
-		k.startStream(src)
+	var live batch
+	live.b, live.err = k.dec.Decode(msg.Payload)
+	if k.spec.KV.Mode == ModeBind && len(k.ranks) > 1 && live.err == nil && live.b.DataParallelRank.Valid {
+		// Bound endpoints are shared: the batch says which rank sent it.
+		r := live.b.DataParallelRank.V
+		if r < 0 || r >= int64(len(k.ranks)) {
+			k.w.metrics.Malformed.WithLabelValues(k.name, "rank").Inc()
+			k.log.Debug("kv events: data_parallel_rank out of range", "rank", r, "ranks", len(k.ranks))
+			return
+		}
+		rank = int(r)
 	}
-	if src == k.dupSrc && msg.Seq >= k.dupLo && msg.Seq <= k.dupHi {
+	rs := k.ranks[rank]
+	if src != rs.src || !rs.connected {
+		k.startStream(rs, src)
+	}
+	if src == rs.dupSrc && msg.Seq >= rs.dupLo && msg.Seq <= rs.dupHi {
 		return // a replay applied it already
 	}
 	switch {
-	case !k.haveSeq:
-		k.baseline(src, msg)
+	case !rs.haveSeq:
+		k.baseline(rs, src, msg.Seq, live)
 		return
-	case msg.Seq <= k.last:
+	case msg.Seq <= rs.last:
 		k.w.metrics.StreamFailures.WithLabelValues(k.name, "restart").Inc()
-		k.log.Info("kv events: sequence went back (publisher restarted); clearing", "seq", msg.Seq, "last", k.last)
-		k.clear(kvdelta.ReasonRestart)
-		k.desynced = false // a new process: its history starts here
-		k.baseline(src, msg)
+		k.log.Info("kv events: sequence went back (publisher restarted); clearing", "rank", rs.rank, "seq", msg.Seq, "last", rs.last)
+		k.clearRank(rs, kvdelta.ReasonRestart)
+		rs.desynced = false // a new process: its history starts here
+		k.baseline(rs, src, msg.Seq, live)
 		return
-	case msg.Seq > k.last+1:
+	case msg.Seq > rs.last+1:
 		k.w.metrics.StreamFailures.WithLabelValues(k.name, "gap").Inc()
-		k.log.Info("kv events: sequence gap", "seq", msg.Seq, "last", k.last)
-		if k.spec.KV.ReplayEndpoint != "" && !k.desynced {
-			err := k.replay(src, k.last+1, "gap")
-			if k.last >= msg.Seq-1 {
-				if k.last >= msg.Seq {
-					k.dupSrc, k.dupLo, k.dupHi = src, msg.Seq, k.last
+		k.log.Info("kv events: sequence gap", "rank", rs.rank, "seq", msg.Seq, "last", rs.last)
+		if rs.replay != "" && !rs.desynced {
+			err := k.replay(rs, rs.last+1, "gap")
+			if rs.last >= msg.Seq-1 {
+				if rs.last >= msg.Seq {
+					rs.dupSrc, rs.dupLo, rs.dupHi = src, msg.Seq, rs.last
 					return
 				}
 				break // the replay reached the message before: apply it
 			}
-			k.log.Warn("kv events: replay did not repair the gap", "err", err, "through", k.last, "seq", msg.Seq)
+			k.log.Warn("kv events: replay did not repair the gap", "rank", rs.rank, "err", err, "through", rs.last, "seq", msg.Seq)
 		}
-		if !k.desynced {
-			k.log.Warn("kv events: gap not repaired; clearing and neutral until the engine clears", "seq", msg.Seq, "last", k.last)
-			k.clear(kvdelta.ReasonGap)
-			k.desynced = true
+		if !rs.desynced {
+			k.log.Warn("kv events: gap not repaired; clearing the rank, neutral until the engine clears", "rank", rs.rank, "seq", msg.Seq, "last", rs.last)
+			k.clearRank(rs, kvdelta.ReasonGap)
+			rs.desynced = true
 		}
 	}
-	k.last = msg.Seq
-	k.apply(msg.Payload, "live")
+	rs.last = msg.Seq
+	k.apply(rs, msg.Seq, live, "live")
 }
 
 // catchUp replays, on a new connection, what the replica still buffers
 // from sequence 0, so a watcher that (re)starts does not wait for new
 // events to know the replica's cache. The live messages that the replay
 // covers are skipped when they arrive.
-func (k *worker) catchUp(src uint64) {
-	k.haveSeq, k.last = false, 0
-	if err := k.replay(src, 0, "catchup"); err != nil && k.haveSeq {
+func (k *worker) catchUp(rs *rankStream, src uint64) {
+	rs.haveSeq, rs.last = false, 0
+	if err := k.replay(rs, 0, "catchup"); err != nil && rs.haveSeq {
 		// Part of the history was applied and the rest is unknown.
-		k.clear(kvdelta.ReasonReconnect)
-		k.haveSeq = false
+		k.clearRank(rs, kvdelta.ReasonReconnect)
+		rs.haveSeq = false
 	}
-	if k.haveSeq {
-		k.dupSrc, k.dupLo, k.dupHi = src, 0, k.last
+	if rs.haveSeq {
+		rs.dupSrc, rs.dupLo, rs.dupHi = src, 0, rs.last
 	}
 }
 
-// baseline starts a stream at msg. With a replay endpoint it first catches
-// up on what the replica still buffers from sequence 0.
-func (k *worker) baseline(src uint64, msg kvevents.Message) {
-	k.haveSeq = false
-	if msg.Seq > 0 && k.spec.KV.ReplayEndpoint != "" {
-		k.catchUp(src)
-		if k.haveSeq && k.last >= msg.Seq {
-			k.dupSrc, k.dupLo, k.dupHi = src, msg.Seq, k.last
+// baseline starts a stream at the live message seq. With a replay endpoint
+// it first catches up on what the replica still buffers from sequence 0.
+func (k *worker) baseline(rs *rankStream, src, seq uint64, live batch) {
+	rs.haveSeq = false
+	if seq > 0 && rs.replay != "" {
+		k.catchUp(rs, src)
+		if rs.haveSeq && rs.last >= seq {
+			rs.dupSrc, rs.dupLo, rs.dupHi = src, seq, rs.last
 			return
 		}
-		if k.haveSeq && k.last != msg.Seq-1 {
-			k.clear(kvdelta.ReasonReconnect) // the replay ended short of msg
+		if rs.haveSeq && rs.last != seq-1 {
+			k.clearRank(rs, kvdelta.ReasonReconnect) // the replay ended short of msg
 		}
 	}
-	k.haveSeq, k.last = true, msg.Seq
-	k.apply(msg.Payload, "live")
+	rs.haveSeq, rs.last = true, seq
+	k.apply(rs, seq, live, "live")
 }
 
-// replay asks the replay endpoint for the batches from start on and
-// applies them in order, advancing k.last (and setting k.haveSeq once one
+// replay asks the rank's replay endpoint for the batches from start on and
+// applies them in order, advancing rs.last (and setting rs.haveSeq once one
 // is applied). A gap replay fails when the first batch is later than start
 // (the replica no longer buffers it); a catch-up starts wherever the
 // replica's buffer does. Batches must follow each other.
-func (k *worker) replay(src, start uint64, kind string) error {
+func (k *worker) replay(rs *rankStream, start uint64, kind string) error {
 	ctx, cancel := context.WithTimeout(k.ctx, k.w.opts.ReplayTimeout)
 	defer cancel()
+	ctx, span := k.w.tracer.Start(ctx, "kvwatcher.replay", trace.WithAttributes(
+		attrProvider.String(k.name), attrRank.Int(rs.rank), attribute.String("kv.replay.kind", kind), attribute.Int64("kv.replay.start", int64(start))))
+	defer span.End()
+	k.tctx = ctx
+	defer func() { k.tctx = nil }()
 	next, first := start, true
-	err := zmtp.Replay(ctx, k.spec.KV.ReplayEndpoint, start, k.w.opts.ReplayIdle, func(m kvevents.Message) error {
+	err := zmtp.Replay(ctx, rs.replay, start, k.w.opts.ReplayIdle, func(m kvevents.Message) error {
 		if m.Seq < next {
 			return nil
 		}
@@ -272,30 +328,44 @@ func (k *worker) replay(src, start uint64, kind string) error {
 		}
 		first = false
 		next = m.Seq + 1
-		k.haveSeq, k.last = true, m.Seq
-		k.apply(m.Payload, "replay")
+		rs.haveSeq, rs.last = true, m.Seq
+		var b batch
+		b.b, b.err = k.rdec.Decode(m.Payload)
+		k.apply(rs, m.Seq, b, "replay")
 		return nil
 	})
 	result := "ok"
 	if err != nil {
 		result = "failed"
-		k.log.Warn("kv events: replay failed", "kind", kind, "start", start, "err", err)
+		span.SetStatus(codes.Error, err.Error())
+		k.log.Warn("kv events: replay failed", "rank", rs.rank, "kind", kind, "start", start, "err", err)
 	} else {
-		k.log.Info("kv events: replayed", "kind", kind, "start", start, "batches", next-start)
+		k.log.Info("kv events: replayed", "rank", rs.rank, "kind", kind, "start", start, "batches", next-start)
 	}
+	span.SetAttributes(attribute.Int64("kv.replay.batches", int64(next-start)))
 	k.w.metrics.ReplayAttempts.WithLabelValues(k.name, kind, result).Inc()
 	return err
 }
 
-// apply decodes a batch and applies it, publishing the resulting delta.
-func (k *worker) apply(payload []byte, source string) {
+// apply applies a decoded batch of rank rs (engine sequence seq),
+// publishing the resulting delta, in a span of its own.
+func (k *worker) apply(rs *rankStream, seq uint64, live batch, source string) {
 	m := k.w.metrics
-	b, err := k.dec.Decode(payload)
-	if err != nil {
+	if live.err != nil {
 		m.Malformed.WithLabelValues(k.name, "payload").Inc()
-		k.log.Debug("kv events: undecodable payload", "err", err)
+		k.log.Debug("kv events: undecodable payload", "err", live.err)
 		return
 	}
+	b := live.b
+	tctx := k.ctx
+	if k.tctx != nil {
+		tctx = k.tctx
+	}
+	_, span := k.w.tracer.Start(tctx, "kvwatcher.apply", trace.WithAttributes(
+		attrProvider.String(k.name), attrRank.Int(rs.rank), attribute.String("kv.source", source),
+		attribute.Int64("kv.engine_seq", int64(seq)), attribute.Int("kv.events", len(b.Events))))
+	k.span = span
+	defer func() { k.span = nil; span.End() }()
 	if source == "replay" {
 		k.hot.replayBatches.Inc()
 	} else {
@@ -310,7 +380,7 @@ func (k *worker) apply(payload []byte, source string) {
 	skip("invalid_event", b.InvalidEvents)
 	skip("unknown_field", b.UnknownFields)
 	events := b.Events
-	if k.desynced {
+	if rs.desynced {
 		i := 0
 		for i < len(events) && events[i].Kind() != kvevents.KindAllBlocksCleared {
 			i++
@@ -319,10 +389,10 @@ func (k *worker) apply(payload []byte, source string) {
 			skip("desynced", 1)
 			return
 		}
-		k.log.Info("kv events: engine cleared; synced again")
-		events, k.desynced = events[i:], false
+		k.log.Info("kv events: engine cleared; synced again", "rank", rs.rank)
+		events, rs.desynced = events[i:], false
 	}
-	ops, st := k.state.Apply(events)
+	ops, st := k.state.Apply(rs.rank, events)
 	k.lastEvent = time.Now()
 	k.hot.stored.Add(float64(st.Stored))
 	k.hot.removed.Add(float64(st.Removed))
@@ -345,18 +415,38 @@ func (k *worker) apply(payload []byte, source string) {
 	}
 }
 
-// clear empties the state and publishes the clear.
+// clearRank empties one rank's state and publishes what that removes from
+// the provider's (its identities that no other rank holds).
+func (k *worker) clearRank(rs *rankStream, r kvdelta.Reason) {
+	k.w.metrics.Clears.WithLabelValues(k.name, r.String()).Inc()
+	if ops := k.state.ClearRank(rs.rank, r); len(ops) > 0 {
+		k.publishDelta(ops)
+	}
+}
+
+// clear empties every rank's state and publishes the clear.
 func (k *worker) clear(r kvdelta.Reason) {
 	k.state.Clear()
 	k.w.metrics.Clears.WithLabelValues(k.name, r.String()).Inc()
 	k.publishDelta([]kvdelta.Op{{Kind: kvdelta.OpCleared, Reason: r}})
 }
 
+// synced reports whether every rank's stream is up and in sync: a rank
+// missing makes the provider's view partial, which scores neutral.
+func (k *worker) synced() bool {
+	for _, rs := range k.ranks {
+		if !rs.connected || rs.desynced {
+			return false
+		}
+	}
+	return true
+}
+
 func (k *worker) status() kvdelta.Status {
 	now := time.Now()
 	var s kvdelta.Status
 	if kv := k.spec.KV; kv != nil {
-		s.KV, s.Synced, s.KVStale = true, k.connected && !k.desynced, kv.Stale
+		s.KV, s.Synced, s.KVStale = true, k.synced(), kv.Stale
 		s.KVAge = age(now, k.lastEvent)
 		s.BlockSize, s.Blocks = k.state.BlockSize(), k.state.Len()
 	}
@@ -374,10 +464,66 @@ func age(now, t time.Time) time.Duration {
 	return max(now.Sub(t), 0)
 }
 
+// publishDelta publishes ops as one delta, or as several in order when
+// their identities would not fit the server's maximum payload (a rank's
+// clear can remove a whole cache).
 func (k *worker) publishDelta(ops []kvdelta.Op) {
+	// An op's framing (its tags, lengths and parent) takes at most 24
+	// bytes: three identities' worth.
+	per := kvdelta.PartIDs(int(k.w.opts.NATS.MaxPayload()), k.name) - 3*len(ops)
+	n := 0
+	for _, op := range ops {
+		n += len(op.IDs)
+	}
+	if n <= per || per < 1 {
+		k.publishOps(ops)
+		return
+	}
+	k.split = k.split[:0]
+	room := per
+	flush := func() {
+		if len(k.split) > 0 {
+			k.publishOps(k.split)
+			k.split, room = k.split[:0], per
+		}
+	}
+	for _, op := range ops {
+		if op.Kind == kvdelta.OpCleared {
+			k.split = append(k.split, op)
+			continue
+		}
+		for ids := op.IDs; len(ids) > 0; {
+			if room == 0 {
+				flush()
+			}
+			part := op
+			part.IDs = ids[:min(room, len(ids))]
+			k.split = append(k.split, part)
+			room -= len(part.IDs)
+			ids = ids[len(part.IDs):]
+			// A stored chain goes on from the last identity sent.
+			op.Parent, op.HasParent = part.IDs[len(part.IDs)-1], true
+		}
+	}
+	flush()
+}
+
+func (k *worker) publishOps(ops []kvdelta.Op) {
 	k.seq++
 	m := kvdelta.Message{Type: kvdelta.TypeDelta, Epoch: k.w.epoch, Seq: k.seq, Provider: k.name, Status: k.status(), Ops: ops}
-	if k.publish(k.subject, &m) {
+	ctx := k.ctx
+	if k.span != nil {
+		ctx = trace.ContextWithSpan(ctx, k.span)
+	}
+	_, span := k.w.tracer.Start(ctx, "kvwatcher.publish", trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attrProvider.String(k.name), attribute.Int64("kv.seq", int64(k.seq)), attribute.Int("kv.ops", len(ops))))
+	defer span.End()
+	ok := k.publish(k.subject, &m)
+	span.SetAttributes(attribute.Int("messaging.message.body.size", len(k.buf)))
+	if !ok {
+		span.SetStatus(codes.Error, "publish failed")
+	}
+	if ok {
 		for _, op := range ops {
 			switch op.Kind {
 			case kvdelta.OpStored:

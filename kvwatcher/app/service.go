@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"rolter.dev/pkg/telemetry"
 )
 
 // ServiceOptions configures the rolter-kvwatcher process.
@@ -74,7 +76,20 @@ func RunService(ctx context.Context, o ServiceOptions) error {
 		return fmt.Errorf("kvwatcher: connect to nats %s: %w", o.NATSURL, err)
 	}
 	defer nc.Close()
-	w, err := New(Options{Source: src, NATS: nc, Logger: log, Registerer: reg, Heartbeat: o.Heartbeat})
+	// Spans are exported only when the standard OTEL_* variables ask for it
+	// (the proxy reads the same ones).
+	tp, stopTracing, err := telemetry.Setup(ctx, "rolter-kvwatcher")
+	if err != nil {
+		return fmt.Errorf("kvwatcher: %w", err)
+	}
+	defer func() {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer scancel()
+		if err := stopTracing(sctx); err != nil {
+			log.Warn("flushing traces", "err", err)
+		}
+	}()
+	w, err := New(Options{Source: src, NATS: nc, Logger: log, Registerer: reg, Heartbeat: o.Heartbeat, TracerProvider: tp})
 	if err != nil {
 		return err
 	}

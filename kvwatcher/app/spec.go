@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -59,6 +60,35 @@ type KVSpec struct {
 	// Stale is how long the provider's telemetry stays fresh without an
 	// event.
 	Stale time.Duration
+	// DataParallelSize is the engine's number of data-parallel ranks (0
+	// means 1). Rank r publishes on Endpoint's port + r and replays on
+	// ReplayEndpoint's port + r ([RankEndpoint]); each rank has its own
+	// sequence, and the provider's blocks are the union of the ranks'.
+	DataParallelSize int
+}
+
+// Ranks returns the number of data-parallel ranks (at least 1).
+func (kv *KVSpec) Ranks() int { return max(kv.DataParallelSize, 1) }
+
+// RankEndpoint returns the endpoint data-parallel rank uses when endpoint
+// is configured, as vLLM's ZmqEventPublisher.offset_endpoint_port computes
+// it: the TCP port plus rank (rank 0: endpoint itself). vLLM appends
+// "_dp<rank>" to inproc:// endpoints and rejects anything else; so does
+// this, bar inproc (a watcher cannot reach it).
+func RankEndpoint(endpoint string, rank int) (string, error) {
+	if rank == 0 || endpoint == "" {
+		return endpoint, nil
+	}
+	u, err := url.Parse(strings.Replace(endpoint, "://*:", "://0.0.0.0:", 1))
+	if err != nil || u.Scheme != "tcp" {
+		return "", fmt.Errorf("endpoint %q: data-parallel ranks need tcp://HOST:PORT", endpoint)
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil || port < 1 || port+rank > 65535 {
+		return "", fmt.Errorf("endpoint %q: no port for rank %d", endpoint, rank)
+	}
+	i := strings.LastIndexByte(endpoint, ':')
+	return endpoint[:i+1] + strconv.Itoa(port+rank), nil
 }
 
 // LMSpec configures LMCache occupancy polling.
@@ -92,6 +122,16 @@ func (p Provider) validate() error {
 		}
 		if kv.Stale <= 0 {
 			return fmt.Errorf("provider %q: kv_events.stale_secs must be > 0", p.Name)
+		}
+		if kv.DataParallelSize < 0 {
+			return fmt.Errorf("provider %q: kv_events.data_parallel_size must be >= 1", p.Name)
+		}
+		for r := 1; r < kv.Ranks(); r++ {
+			for _, ep := range []string{kv.Endpoint, kv.ReplayEndpoint} {
+				if _, err := RankEndpoint(ep, r); err != nil {
+					return fmt.Errorf("provider %q: kv_events: %w", p.Name, err)
+				}
+			}
 		}
 	}
 	if lm := p.LM; lm != nil && (lm.Endpoint == "" || lm.Refresh <= 0 || lm.Stale <= 0) {
@@ -150,6 +190,7 @@ func FromConfig(c *config.Config) (providers []Provider, warnings []string) {
 			spec := &KVSpec{
 				Endpoint: kv.Endpoint, Topic: kv.Topic, Mode: DefaultMode(kv.Endpoint),
 				MaxBlocks: kv.MaxBlocks, Stale: time.Duration(kv.StaleSecs) * time.Second,
+				DataParallelSize: max(kv.DataParallelSize, 1),
 			}
 			if kv.Mode != "" {
 				spec.Mode = Mode(kv.Mode)

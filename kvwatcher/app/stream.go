@@ -25,23 +25,24 @@ const (
 type streamEvent struct {
 	kind   evKind
 	src    uint64
+	rank   int // the data-parallel rank of the endpoint it came from
 	frames [][]byte
 	err    error
 }
 
-// dial keeps a SUB connection to the provider's publisher (connect mode),
-// reconnecting with backoff, and feeds k.stream until ctx ends.
-func (k *worker) dial(ctx context.Context) {
+// dial keeps a SUB connection to one rank's publisher (connect mode) at
+// endpoint, reconnecting with backoff, and feeds k.stream until ctx ends.
+func (k *worker) dial(ctx context.Context, rank int, endpoint string) {
 	kv := k.spec.KV
 	delay := k.w.opts.ReconnectMin
 	for ctx.Err() == nil {
-		c, err := zmtp.DialSub(ctx, kv.Endpoint, kv.Topic)
+		c, err := zmtp.DialSub(ctx, endpoint, kv.Topic)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			k.w.metrics.StreamFailures.WithLabelValues(k.name, "connect").Inc()
-			k.log.Debug("kv events: connect failed", "endpoint", kv.Endpoint, "err", err)
+			k.log.Debug("kv events: connect failed", "endpoint", endpoint, "err", err)
 			if !sleep(ctx, delay) {
 				return
 			}
@@ -49,18 +50,18 @@ func (k *worker) dial(ctx context.Context) {
 			continue
 		}
 		src := k.w.nextSrc()
-		k.log.Debug("kv events: connected", "endpoint", kv.Endpoint, "peer", c.Remote)
+		k.log.Debug("kv events: connected", "endpoint", endpoint, "rank", rank, "peer", c.Remote)
 		stop := context.AfterFunc(ctx, func() { _ = c.Close() })
 		start := time.Now()
 		var rerr error
-		if k.send(ctx, streamEvent{kind: evConnected, src: src}) {
+		if k.send(ctx, streamEvent{kind: evConnected, src: src, rank: rank}) {
 			for {
 				frames, err := c.Recv()
 				if err != nil {
 					rerr = err
 					break
 				}
-				if !k.send(ctx, streamEvent{kind: evMessage, src: src, frames: frames}) {
+				if !k.send(ctx, streamEvent{kind: evMessage, src: src, rank: rank, frames: frames}) {
 					break
 				}
 			}
@@ -70,7 +71,7 @@ func (k *worker) dial(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		k.send(ctx, streamEvent{kind: evDisconnected, src: src, err: rerr})
+		k.send(ctx, streamEvent{kind: evDisconnected, src: src, rank: rank, err: rerr})
 		if time.Since(start) > time.Second {
 			delay = k.w.opts.ReconnectMin
 		}
@@ -106,6 +107,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 type route struct {
 	inbox chan<- streamEvent
 	done  <-chan struct{} // the provider's context
+	rank  int             // the data-parallel rank whose port this is
 }
 
 // binder is a bound endpoint (bind mode) shared by the providers that name
@@ -211,7 +213,7 @@ func (b *binder) serve(raw net.Conn) {
 		}
 		seen[r] = true
 		select {
-		case r.inbox <- streamEvent{kind: evMessage, src: src, frames: frames}:
+		case r.inbox <- streamEvent{kind: evMessage, src: src, rank: r.rank, frames: frames}:
 		case <-r.done:
 		case <-b.ctx.Done():
 			return
@@ -219,7 +221,7 @@ func (b *binder) serve(raw net.Conn) {
 	}
 	for r := range seen {
 		select {
-		case r.inbox <- streamEvent{kind: evDisconnected, src: src, err: rerr}:
+		case r.inbox <- streamEvent{kind: evDisconnected, src: src, rank: r.rank, err: rerr}:
 		case <-r.done:
 		case <-b.ctx.Done():
 			return

@@ -15,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"rolter.dev/kvwatcher/internal/metrics"
 )
@@ -57,6 +59,9 @@ type Options struct {
 	// socket and the provider's goroutine (a replay blocks the goroutine
 	// while live messages queue); default 1024.
 	Queue int
+	// TracerProvider receives the watcher's spans (see tracing.go);
+	// default: none.
+	TracerProvider trace.TracerProvider
 }
 
 // Watcher subscribes to the KV events and LMCache occupancy of the
@@ -74,6 +79,7 @@ type Options struct {
 type Watcher struct {
 	opts    Options
 	log     *slog.Logger
+	tracer  trace.Tracer
 	metrics *metrics.Metrics
 	epoch   uint64
 	srcs    atomic.Uint64
@@ -91,7 +97,7 @@ type runner struct {
 	worker *worker
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the worker returned
-	bind   *binder       // nil unless bind mode
+	binds  []*binder     // bind mode: one per data-parallel rank's endpoint
 }
 
 // New checks opts and returns a Watcher; call Run.
@@ -125,12 +131,16 @@ func New(opts Options) (*Watcher, error) {
 	if opts.Queue <= 0 {
 		opts.Queue = DefaultQueue
 	}
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = noop.NewTracerProvider()
+	}
 	m, err := metrics.New(opts.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("kvwatcher: metrics: %w", err)
 	}
 	return &Watcher{
 		opts: opts, log: opts.Logger.With("component", "kvwatcher"), metrics: m, epoch: opts.Epoch,
+		tracer:  opts.TracerProvider.Tracer(instrumentation),
 		runners: map[string]*runner{}, binds: map[string]*binder{}, seqs: map[string]uint64{},
 	}, nil
 }
@@ -191,12 +201,18 @@ func (w *Watcher) update(list []Provider) {
 			continue
 		}
 		if p.KV != nil && p.KV.Mode == ModeBind {
-			key := [2]string{p.KV.Endpoint, p.KV.Topic}
-			if other, dup := bindTopics[key]; dup {
+			var keys [][2]string
+			for r := range p.KV.Ranks() {
+				ep, _ := RankEndpoint(p.KV.Endpoint, r) // validated
+				keys = append(keys, [2]string{ep, p.KV.Topic})
+			}
+			if other, dup := firstTaken(bindTopics, keys); dup {
 				w.log.Error("provider skipped: another provider has its bind endpoint and topic", "provider", p.Name, "other", other, "topic", p.KV.Topic)
 				continue
 			}
-			bindTopics[key] = p.Name
+			for _, key := range keys {
+				bindTopics[key] = p.Name
+			}
 		}
 		want[p.Name] = p
 	}
@@ -214,9 +230,9 @@ func (w *Watcher) update(list []Provider) {
 	for _, r := range stopping {
 		<-r.done
 		w.seqs[r.spec.Name] = r.worker.seq
-		if r.bind != nil {
-			r.bind.remove(r.spec.KV.Topic)
-			w.release(r.bind)
+		for _, b := range r.binds {
+			b.remove(r.spec.KV.Topic)
+			w.release(b)
 		}
 		if _, ok := want[r.spec.Name]; !ok {
 			w.metrics.Forget(r.spec.Name)
@@ -245,15 +261,20 @@ func (w *Watcher) start(p Provider) {
 	k := newWorker(w, p, w.seqs[p.Name])
 	r := &runner{spec: p, worker: k, cancel: cancel, done: make(chan struct{})}
 	if p.KV != nil && p.KV.Mode == ModeBind {
-		b, err := w.acquire(p.KV.Endpoint)
-		if err != nil {
-			w.log.Error("cannot bind kv_events endpoint", "provider", p.Name, "endpoint", p.KV.Endpoint, "err", err)
-			w.metrics.StreamFailures.WithLabelValues(p.Name, "bind").Inc()
-		} else if err := b.add(p.KV.Topic, &route{inbox: k.stream, done: ctx.Done()}); err != nil {
-			w.log.Error("kv_events topic", "provider", p.Name, "err", err)
-			w.release(b)
-		} else {
-			r.bind = b
+		// vLLM offsets the port of a rank's endpoint whether it binds or
+		// connects: rank r of a replica connects to our port + r.
+		for rank := range p.KV.Ranks() {
+			ep, _ := RankEndpoint(p.KV.Endpoint, rank) // validated
+			b, err := w.acquire(ep)
+			if err != nil {
+				w.log.Error("cannot bind kv_events endpoint", "provider", p.Name, "endpoint", ep, "err", err)
+				w.metrics.StreamFailures.WithLabelValues(p.Name, "bind").Inc()
+			} else if err := b.add(p.KV.Topic, &route{inbox: k.stream, done: ctx.Done(), rank: rank}); err != nil {
+				w.log.Error("kv_events topic", "provider", p.Name, "err", err)
+				w.release(b)
+			} else {
+				r.binds = append(r.binds, b)
+			}
 		}
 	}
 	w.runners[p.Name] = r
@@ -288,4 +309,14 @@ func (w *Watcher) release(b *binder) {
 	}
 	delete(w.binds, b.endpoint)
 	b.close()
+}
+
+// firstTaken returns the provider holding any of keys in taken.
+func firstTaken(taken map[[2]string]string, keys [][2]string) (string, bool) {
+	for _, k := range keys {
+		if other, ok := taken[k]; ok {
+			return other, true
+		}
+	}
+	return "", false
 }

@@ -264,9 +264,9 @@ targets = [{ provider = "a", model = "adapter-1" }]
 	got, warnings := FromConfig(cfg)
 	want := []Provider{
 		{Name: "a", KV: &KVSpec{Endpoint: "tcp://vllm-a:5557", Topic: config.DefaultKVTopic, Mode: ModeConnect, Model: "sim-model",
-			MaxBlocks: config.DefaultKVMaxBlocks, Stale: config.DefaultKVStaleSecs * time.Second}},
+			MaxBlocks: config.DefaultKVMaxBlocks, Stale: config.DefaultKVStaleSecs * time.Second, DataParallelSize: 1}},
 		{Name: "b", KV: &KVSpec{Endpoint: "tcp://*:5557", Topic: "kv@b@llama", Mode: ModeBind, Model: "llama",
-			MaxBlocks: config.DefaultKVMaxBlocks, Stale: config.DefaultKVStaleSecs * time.Second},
+			MaxBlocks: config.DefaultKVMaxBlocks, Stale: config.DefaultKVStaleSecs * time.Second, DataParallelSize: 1},
 			LM: &LMSpec{Endpoint: "http://127.0.0.1:9000/occupancy", Refresh: config.DefaultLMCacheRefresh * time.Second, Stale: config.DefaultLMCacheStaleSecs * time.Second}},
 	}
 	if len(got) != len(want) {

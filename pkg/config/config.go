@@ -144,6 +144,10 @@ type KVEvents struct {
 	// Model is the model name block identities are seeded with (vLLM's
 	// served model name); empty: the upstream model the routes send.
 	Model string `toml:"model"`
+	// DataParallelSize is the replica's --data-parallel-size: rank r
+	// publishes on Endpoint's port + r (and replays on ReplayEndpoint's
+	// port + r), as vLLM's ZmqEventPublisher does. Default 1.
+	DataParallelSize int `toml:"data_parallel_size"`
 }
 
 // LMCache configures polling of the provider's LMCache occupancy signal.
@@ -180,6 +184,12 @@ type Balancer struct {
 	// Scorers weighs the pipeline's scorers by name: prefix_cache,
 	// least_load, session_affinity, static_weight (0 turns one off).
 	Scorers map[string]float64 `toml:"scorers"`
+	// SpeculativeTTLMS is how long precise_cache_aware counts a routed
+	// request's blocks as resident on its target before the engine's events
+	// confirm them, in milliseconds; nil: DefaultSpeculativeTTLMS, 0: no
+	// speculation. Compiled into CompiledRoute.SpeculativeTTL (and cleared
+	// in CompiledRoute.Balancer).
+	SpeculativeTTLMS *int `toml:"speculative_ttl_ms"`
 }
 
 // Target is one upstream of a route.

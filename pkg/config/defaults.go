@@ -19,6 +19,15 @@ const (
 	DefaultSemanticThresh   = 0.92
 	DefaultSemanticMaxCands = 256
 	DefaultStrategy         = "round_robin"
+	// DefaultSpeculativeTTLMS is [routes.balancer] speculative_ttl_ms: long
+	// enough to cover a prefill and the event's trip through the watcher.
+	DefaultSpeculativeTTLMS = 5000
+	// MaxSpeculativeTTLMS bounds it: a guess older than this is noise.
+	MaxSpeculativeTTLMS = 600_000
+	// DefaultKVDataParallelSize is [providers.kv_events] data_parallel_size.
+	DefaultKVDataParallelSize = 1
+	// MaxKVDataParallelSize bounds it (one subscription per rank).
+	MaxKVDataParallelSize = 256
 )
 
 // Default returns a Config holding every section default. [Parse] decodes
@@ -68,6 +77,9 @@ func applyDefaults(c *Config) {
 			}
 			if kv.StaleSecs == 0 {
 				kv.StaleSecs = DefaultKVStaleSecs
+			}
+			if kv.DataParallelSize == 0 {
+				kv.DataParallelSize = DefaultKVDataParallelSize
 			}
 		}
 		if lm := p.LMCache; lm != nil {

@@ -72,7 +72,11 @@ type CompiledRoute struct {
 	// Cache is nil when the route has no [routes.cache] table.
 	Cache *CompiledRouteCache
 	// Balancer holds the strategy parameters; zero values mean defaults.
+	// Its SpeculativeTTLMS is always nil: see SpeculativeTTL.
 	Balancer Balancer
+	// SpeculativeTTL is balancer.speculative_ttl_ms with its default
+	// applied; 0 turns speculation off.
+	SpeculativeTTL time.Duration
 }
 
 // CompiledTarget is one upstream of a route.
@@ -206,9 +210,15 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 		s.providers[cp.Name] = cp
 	}
 	for _, r := range cfg.Routes {
-		cr := &CompiledRoute{Model: r.Model, Strategy: r.Strategy}
+		cr := &CompiledRoute{Model: r.Model, Strategy: r.Strategy, SpeculativeTTL: DefaultSpeculativeTTLMS * time.Millisecond}
 		if r.Balancer != nil {
 			cr.Balancer = *r.Balancer
+			if t := cr.Balancer.SpeculativeTTLMS; t != nil {
+				cr.SpeculativeTTL = time.Duration(*t) * time.Millisecond
+			}
+			// Compiled values hold no pointers, so that two compiles of one
+			// config print (and fingerprint) the same.
+			cr.Balancer.SpeculativeTTLMS = nil
 		}
 		for _, t := range r.Targets {
 			m := t.Model

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"rolter.dev/pkg/delivery"
 	"rolter.dev/pkg/usage"
+	"strconv"
 	"strings"
 )
 
@@ -165,6 +166,16 @@ func validateProvider(v *validator, path string, p *Provider) {
 				v.add(kp+".replay_endpoint", "must be a tcp:// or ipc:// ZMQ endpoint, got %q", r)
 			}
 		}
+		if n := kv.DataParallelSize; n < 0 || n > MaxKVDataParallelSize { // 0: the default, 1
+			v.add(kp+".data_parallel_size", "must be in [1, %d], got %d", MaxKVDataParallelSize, n)
+		} else if n > 1 {
+			// Ranks offset the port (vLLM has no such rule for ipc://).
+			for _, ep := range [][2]string{{"endpoint", kv.Endpoint}, {"replay_endpoint", kv.ReplayEndpoint}} {
+				if ep[1] != "" && !rankPorts(ep[1], n) {
+					v.add(kp+"."+ep[0], "with data_parallel_size %d must be tcp://HOST:PORT with PORT in [1, %d], got %q", n, 65536-n, ep[1])
+				}
+			}
+		}
 	}
 	if lm := p.LMCache; lm != nil {
 		lp := path + ".lmcache"
@@ -211,6 +222,9 @@ func validateRoute(v *validator, path string, r *Route, providers map[string]int
 		}
 		if b.MaxTrieNodes < 0 {
 			v.add(bp+".max_trie_nodes", "must be >= 0, got %d", b.MaxTrieNodes)
+		}
+		if t := b.SpeculativeTTLMS; t != nil && (*t < 0 || *t > MaxSpeculativeTTLMS) {
+			v.add(bp+".speculative_ttl_ms", "must be in [0, %d], got %d", MaxSpeculativeTTLMS, *t)
 		}
 		for name, w := range b.Scorers {
 			if !contains(Scorers, name) {
@@ -333,4 +347,15 @@ func redact(s string) string {
 		return s
 	}
 	return u.Redacted()
+}
+
+// rankPorts reports whether endpoint is tcp://HOST:PORT with ports PORT to
+// PORT+n-1 all valid.
+func rankPorts(endpoint string, n int) bool {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "tcp" {
+		return false
+	}
+	port, err := strconv.Atoi(u.Port())
+	return err == nil && port >= 1 && port+n-1 <= 65535
 }

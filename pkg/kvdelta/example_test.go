@@ -23,5 +23,5 @@ func ExampleDecode() {
 	}
 	fmt.Println(kvdelta.Subject(got.Provider), got.Type, got.Seq, got.Ops[0].Kind, len(got.Ops[0].IDs), len(b), "bytes")
 	// Output:
-	// rolter.kv.v1.delta.vllm-a delta 7 stored 2 45 bytes
+	// rolter.kv.v1.delta.vllm-a delta 7 stored 2 61 bytes
 }

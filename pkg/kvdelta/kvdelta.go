@@ -1,22 +1,27 @@
 package kvdelta
 
 import (
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+
+	kvv1 "rolter.dev/proto/rolter/kv/v1"
 )
 
-// Version is the encoding version this package writes and reads.
-const Version byte = 1
+// Version is the schema version this package writes and reads: the version
+// field of rolter.kv.v1.Message (see the package documentation).
+const Version = 1
 
 // Errors wrapped by [Decode].
 var (
-	// ErrMalformed reports bytes that are not a version-1 message.
+	// ErrMalformed reports bytes that are not a valid version-1 message.
 	ErrMalformed = errors.New("kvdelta: malformed message")
-	// ErrVersion reports a message of another encoding version.
+	// ErrVersion reports a message of another schema version.
 	ErrVersion = errors.New("kvdelta: unsupported version")
 )
 
@@ -29,6 +34,8 @@ const (
 	maxMillis = 1 << 40
 	// maxParts bounds a snapshot's part count.
 	maxParts = 1 << 24
+	// maxCount bounds a status's block size and block count.
+	maxCount = math.MaxInt32
 )
 
 // Type is a message's type.
@@ -142,7 +149,9 @@ type Op struct {
 	Reason Reason
 }
 
-// Status is a provider's telemetry status as the watcher sees it.
+// Status is a provider's telemetry status as the watcher sees it. The KV
+// fields other than KV are encoded only when KV is set, the LMCache ones
+// only when LM is.
 type Status struct {
 	// KV is set when the provider has a KV-event stream.
 	KV bool
@@ -173,14 +182,6 @@ type Status struct {
 	// LMStale is the provider's lmcache stale_secs.
 	LMStale time.Duration
 }
-
-const (
-	flagKV          = 1
-	flagSynced      = 2
-	flagLM          = 4
-	flagLMAvailable = 8
-	flagsKnown      = flagKV | flagSynced | flagLM | flagLMAvailable
-)
 
 // Message is one NATS message (see the package documentation for which
 // fields each type uses).
@@ -222,40 +223,40 @@ func Token(provider string) string {
 // Encode returns m's encoding; see [Message.Append].
 func Encode(m *Message) ([]byte, error) { return m.Append(nil) }
 
-// Append appends m's encoding to dst. It fails when m is not encodable: an
-// unknown type or op, a provider name that is empty or too long, an empty
-// op list or ID list, an occupancy outside [0, 1], bad snapshot part
-// numbers.
+// Append appends m's encoding (a rolter.kv.v1.Message) to dst. It fails
+// when m is not encodable: an unknown type or op, a provider name that is
+// empty, too long or not UTF-8, an empty op list or ID list, an occupancy
+// outside [0, 1], bad snapshot part numbers.
 func (m *Message) Append(dst []byte) ([]byte, error) {
 	if err := m.check(); err != nil {
 		return dst, err
 	}
-	dst = append(dst, Version, byte(m.Type))
-	dst = binary.LittleEndian.AppendUint64(dst, m.Epoch)
-	dst = binary.AppendUvarint(dst, m.Seq)
-	dst = binary.AppendUvarint(dst, uint64(len(m.Provider)))
-	dst = append(dst, m.Provider...)
-	dst = appendStatus(dst, &m.Status)
+	pb := &kvv1.Message{
+		Version: Version, Type: kvv1.Type(m.Type), Epoch: m.Epoch, Seq: m.Seq, Provider: m.Provider,
+		Status: toProtoStatus(&m.Status),
+	}
 	switch m.Type {
 	case TypeDelta:
-		dst = binary.AppendUvarint(dst, uint64(len(m.Ops)))
+		pb.Ops = make([]*kvv1.Op, len(m.Ops))
 		for i := range m.Ops {
-			dst = appendOp(dst, &m.Ops[i])
+			pb.Ops[i] = toProtoOp(&m.Ops[i])
 		}
 	case TypeSnapshot:
-		dst = binary.AppendUvarint(dst, uint64(m.Part))
-		dst = binary.AppendUvarint(dst, uint64(m.Parts))
-		dst = appendIDs(dst, m.IDs)
+		pb.Snapshot = &kvv1.SnapshotPart{Part: uint32(m.Part), Parts: uint32(m.Parts), Ids: m.IDs}
 	}
-	return dst, nil
+	out, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(dst, pb)
+	if err != nil {
+		return dst, fmt.Errorf("kvdelta: encode: %w", err)
+	}
+	return out, nil
 }
 
 func (m *Message) check() error {
 	if m.Type < TypeDelta || m.Type > TypeSnapshotRequest {
 		return fmt.Errorf("kvdelta: encode: unknown type %d", m.Type)
 	}
-	if m.Provider == "" || len(m.Provider) > MaxProviderLen {
-		return fmt.Errorf("kvdelta: encode: provider name of %d bytes, want 1..%d", len(m.Provider), MaxProviderLen)
+	if m.Provider == "" || len(m.Provider) > MaxProviderLen || !utf8.ValidString(m.Provider) {
+		return fmt.Errorf("kvdelta: encode: provider name of %d bytes, want 1..%d bytes of UTF-8", len(m.Provider), MaxProviderLen)
 	}
 	if s := &m.Status; s.LM && !(s.Occupancy >= 0 && s.Occupancy <= 1) {
 		return fmt.Errorf("kvdelta: encode: occupancy %v outside [0, 1]", s.Occupancy)
@@ -287,41 +288,32 @@ func (m *Message) check() error {
 	return nil
 }
 
-func appendStatus(dst []byte, s *Status) []byte {
-	var f byte
-	if s.KV {
-		f |= flagKV
+func toProtoStatus(s *Status) *kvv1.Status {
+	if !s.KV && !s.LM {
+		return nil
 	}
-	if s.Synced {
-		f |= flagSynced
+	out := &kvv1.Status{}
+	if s.KV {
+		out.Kv = &kvv1.KVStatus{
+			Synced: s.Synced, AgeMs: ageMillis(s.KVAge), StaleMs: millis(s.KVStale),
+			BlockSize: uint32(min(max(s.BlockSize, 0), maxCount)), Blocks: uint64(min(max(s.Blocks, 0), maxCount)),
+		}
 	}
 	if s.LM {
-		f |= flagLM
+		out.Lmcache = &kvv1.LMCacheStatus{
+			Available: s.LMAvailable, Occupancy: s.Occupancy, AgeMs: ageMillis(s.LMAge), StaleMs: millis(s.LMStale),
+		}
 	}
-	if s.LMAvailable {
-		f |= flagLMAvailable
-	}
-	dst = append(dst, f)
-	if s.KV {
-		dst = binary.AppendUvarint(dst, ageMillis(s.KVAge))
-		dst = binary.AppendUvarint(dst, millis(s.KVStale))
-		dst = binary.AppendUvarint(dst, uint64(max(s.BlockSize, 0)))
-		dst = binary.AppendUvarint(dst, uint64(max(s.Blocks, 0)))
-	}
-	if s.LM {
-		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(s.Occupancy))
-		dst = binary.AppendUvarint(dst, ageMillis(s.LMAge))
-		dst = binary.AppendUvarint(dst, millis(s.LMStale))
-	}
-	return dst
+	return out
 }
 
-// ageMillis encodes an age: 0 for none (negative), else ms+1.
-func ageMillis(d time.Duration) uint64 {
+// ageMillis encodes an age: absent for none (negative).
+func ageMillis(d time.Duration) *uint64 {
 	if d < 0 {
-		return 0
+		return nil
 	}
-	return min(millis(d), maxMillis-1) + 1
+	v := millis(d)
+	return &v
 }
 
 func millis(d time.Duration) uint64 {
@@ -331,49 +323,29 @@ func millis(d time.Duration) uint64 {
 	return min(uint64(d/time.Millisecond), maxMillis)
 }
 
-func appendOp(dst []byte, op *Op) []byte {
-	dst = append(dst, byte(op.Kind))
+func toProtoOp(op *Op) *kvv1.Op {
 	switch op.Kind {
 	case OpStored:
+		st := &kvv1.Stored{Ids: op.IDs}
 		if op.HasParent {
-			dst = append(dst, 1)
-			dst = binary.LittleEndian.AppendUint64(dst, op.Parent)
-		} else {
-			dst = append(dst, 0)
+			st.Parent = &op.Parent
 		}
-		dst = appendIDs(dst, op.IDs)
+		return &kvv1.Op{Op: &kvv1.Op_Stored{Stored: st}}
 	case OpRemoved:
-		dst = appendIDs(dst, op.IDs)
-	case OpCleared:
-		dst = append(dst, byte(op.Reason))
+		return &kvv1.Op{Op: &kvv1.Op_Removed{Removed: &kvv1.Removed{Ids: op.IDs}}}
+	default:
+		return &kvv1.Op{Op: &kvv1.Op_Cleared{Cleared: &kvv1.Cleared{Reason: kvv1.ClearReason(op.Reason)}}}
 	}
-	return dst
-}
-
-func appendIDs(dst []byte, ids []uint64) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(ids)))
-	dst = growBy(dst, 8*len(ids))
-	for _, id := range ids {
-		dst = binary.LittleEndian.AppendUint64(dst, id)
-	}
-	return dst
-}
-
-func growBy(b []byte, n int) []byte {
-	if cap(b)-len(b) >= n {
-		return b
-	}
-	nb := make([]byte, len(b), len(b)+n+len(b)/4)
-	copy(nb, b)
-	return nb
 }
 
 // PartIDs returns how many identities fit one snapshot message of at most
 // maxPayload bytes for provider (at least 1).
 func PartIDs(maxPayload int, provider string) int {
-	// Header: 2 + 8 + 10 (seq) + 1 + len(provider); status ≤ 1 + 4×10 +
-	// 8 + 2×10; part numbers and count ≤ 3×10.
-	overhead := 2 + 8 + 10 + 1 + len(provider) + 1 + 40 + 8 + 20 + 30
+	// Everything but the IDs, at its largest: version, type, epoch and seq
+	// ≤ 24 bytes; the provider ≤ 3 + len; the status ≤ 95 (two
+	// sub-messages of varints and a double); the snapshot part's header
+	// ≤ 24. Each ID is 8 bytes.
+	overhead := 24 + 3 + len(provider) + 95 + 24 + 14 // 14: slack
 	return max((maxPayload-overhead)/8, 1)
 }
 
@@ -391,212 +363,134 @@ func Decode(b []byte) (*Message, error) {
 // partial results.
 func DecodeInto(m *Message, b []byte) error {
 	*m = Message{}
-	r := reader{b: b}
-	if len(b) < 2 {
-		return fmt.Errorf("%w: %d bytes", ErrMalformed, len(b))
+	var pb kvv1.Message
+	// Unknown fields (from a newer minor revision of the schema) are
+	// skipped; what this version needs is checked below.
+	if err := proto.Unmarshal(b, &pb); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	if b[0] != Version {
-		return fmt.Errorf("%w: %d (want %d)", ErrVersion, b[0], Version)
+	switch pb.Version {
+	case Version:
+	case 0: // every encoder writes it: these bytes are no message of ours
+		return malformed("no version")
+	default:
+		return fmt.Errorf("%w: %d (want %d)", ErrVersion, pb.Version, Version)
 	}
-	m.Type = Type(b[1])
-	r.off = 2
+	m.Type, m.Epoch, m.Seq, m.Provider = Type(pb.Type), pb.Epoch, pb.Seq, pb.Provider
 	if m.Type < TypeDelta || m.Type > TypeSnapshotRequest {
-		return fmt.Errorf("%w: unknown type %d", ErrMalformed, b[1])
+		return malformed("unknown type %d", int32(pb.Type))
 	}
-	m.Epoch = r.u64()
-	m.Seq = r.uvarint()
-	n := r.uvarint()
-	if r.err == nil && (n == 0 || n > MaxProviderLen) {
-		r.fail("provider name of %d bytes", n)
+	if n := len(pb.Provider); n == 0 || n > MaxProviderLen {
+		return malformed("provider name of %d bytes", n)
 	}
-	m.Provider = string(r.bytes(int(min(n, MaxProviderLen))))
-	r.status(&m.Status)
+	if err := fromProtoStatus(&m.Status, pb.Status); err != nil {
+		return err
+	}
+	if m.Type != TypeDelta && len(pb.Ops) > 0 {
+		return malformed("%s with ops", m.Type)
+	}
+	if (m.Type == TypeSnapshot) != (pb.Snapshot != nil) {
+		return malformed("%s with snapshot part %t", m.Type, pb.Snapshot != nil)
+	}
 	switch m.Type {
 	case TypeDelta:
-		nops := r.uvarint()
-		if r.err == nil && (nops == 0 || nops > uint64(r.left())) {
-			r.fail("%d ops", nops)
+		if len(pb.Ops) == 0 {
+			return malformed("delta without ops")
 		}
-		if r.err == nil {
-			m.Ops = make([]Op, 0, min(nops, 64))
-		}
-		for i := uint64(0); i < nops && r.err == nil; i++ {
-			m.Ops = append(m.Ops, r.op())
+		m.Ops = make([]Op, len(pb.Ops))
+		for i, op := range pb.Ops {
+			if err := fromProtoOp(&m.Ops[i], op); err != nil {
+				return fmt.Errorf("%w (op %d)", err, i)
+			}
 		}
 	case TypeSnapshot:
-		part, parts := r.uvarint(), r.uvarint()
-		if r.err == nil && (parts == 0 || parts > maxParts || part >= parts) {
-			r.fail("snapshot part %d of %d", part, parts)
+		sp := pb.Snapshot
+		if sp.Parts == 0 || sp.Parts > maxParts || sp.Part >= sp.Parts {
+			return malformed("snapshot part %d of %d", sp.Part, sp.Parts)
 		}
-		m.Part, m.Parts = int(part), int(parts)
-		m.IDs = r.ids(true)
+		m.Part, m.Parts = int(sp.Part), int(sp.Parts)
+		if len(sp.Ids) > 0 {
+			m.IDs = sp.Ids
+		}
 	}
-	if r.err == nil && r.left() > 0 {
-		r.fail("%d trailing bytes", r.left())
-	}
-	return r.err
+	return nil
 }
 
-// reader reads b, remembering the first error.
-type reader struct {
-	b   []byte
-	off int
-	err error
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrMalformed}, args...)...)
 }
 
-func (r *reader) fail(format string, args ...any) {
-	if r.err == nil {
-		r.err = fmt.Errorf("%w: "+format+" at offset %d", append([]any{ErrMalformed}, append(args, r.off)...)...)
-	}
-}
-
-func (r *reader) left() int { return len(r.b) - r.off }
-
-func (r *reader) u8() byte {
-	if r.err != nil {
-		return 0
-	}
-	if r.left() < 1 {
-		r.fail("truncated")
-		return 0
-	}
-	c := r.b[r.off]
-	r.off++
-	return c
-}
-
-func (r *reader) u64() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	if r.left() < 8 {
-		r.fail("truncated")
-		return 0
-	}
-	v := binary.LittleEndian.Uint64(r.b[r.off:])
-	r.off += 8
-	return v
-}
-
-func (r *reader) uvarint() uint64 {
-	if r.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(r.b[r.off:])
-	if n <= 0 {
-		r.fail("bad varint")
-		return 0
-	}
-	r.off += n
-	return v
-}
-
-func (r *reader) bytes(n int) []byte {
-	if r.err != nil {
+func fromProtoStatus(s *Status, pb *kvv1.Status) error {
+	if pb == nil {
 		return nil
 	}
-	if r.left() < n {
-		r.fail("truncated")
+	var err error
+	if kv := pb.Kv; kv != nil {
+		s.KV, s.Synced = true, kv.Synced
+		if kv.BlockSize > maxCount || kv.Blocks > maxCount {
+			return malformed("block size %d, %d blocks", kv.BlockSize, kv.Blocks)
+		}
+		s.BlockSize, s.Blocks = int(kv.BlockSize), int(kv.Blocks)
+		if s.KVAge, err = age(kv.AgeMs); err != nil {
+			return err
+		}
+		if s.KVStale, err = duration(kv.StaleMs); err != nil {
+			return err
+		}
+	}
+	if lm := pb.Lmcache; lm != nil {
+		s.LM, s.LMAvailable, s.Occupancy = true, lm.Available, lm.Occupancy
+		// NaN and ±Inf fail this too.
+		if !(lm.Occupancy >= 0 && lm.Occupancy <= 1) {
+			return malformed("occupancy %v", lm.Occupancy)
+		}
+		if s.LMAge, err = age(lm.AgeMs); err != nil {
+			return err
+		}
+		if s.LMStale, err = duration(lm.StaleMs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func age(ms *uint64) (time.Duration, error) {
+	if ms == nil {
+		return -1, nil
+	}
+	return duration(*ms)
+}
+
+func duration(ms uint64) (time.Duration, error) {
+	if ms > maxMillis {
+		return 0, malformed("duration of %d ms", ms)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+func fromProtoOp(op *Op, pb *kvv1.Op) error {
+	switch o := pb.GetOp().(type) {
+	case *kvv1.Op_Stored:
+		op.Kind = OpStored
+		if p := o.Stored.GetParent(); o.Stored.Parent != nil {
+			op.Parent, op.HasParent = p, true
+		}
+		op.IDs = o.Stored.GetIds()
+	case *kvv1.Op_Removed:
+		op.Kind = OpRemoved
+		op.IDs = o.Removed.GetIds()
+	case *kvv1.Op_Cleared:
+		op.Kind = OpCleared
+		op.Reason = Reason(o.Cleared.GetReason())
+		if r := o.Cleared.GetReason(); r < kvv1.ClearReason_CLEAR_REASON_ENGINE || r > kvv1.ClearReason_CLEAR_REASON_CONFIG {
+			return malformed("unknown clear reason %d", int32(r))
+		}
 		return nil
-	}
-	p := r.b[r.off : r.off+n]
-	r.off += n
-	return p
-}
-
-func (r *reader) duration(age bool) time.Duration {
-	v := r.uvarint()
-	if v > maxMillis {
-		r.fail("duration of %d ms", v)
-		return 0
-	}
-	if age {
-		if v == 0 {
-			return -1
-		}
-		v--
-	}
-	return time.Duration(v) * time.Millisecond
-}
-
-func (r *reader) count(what string, limit uint64) int {
-	v := r.uvarint()
-	if r.err == nil && v > limit {
-		r.fail("%s %d", what, v)
-	}
-	return int(min(v, limit))
-}
-
-func (r *reader) status(s *Status) {
-	f := r.u8()
-	if f&^flagsKnown != 0 {
-		r.fail("unknown status flags %#x", f)
-	}
-	s.KV, s.Synced, s.LM, s.LMAvailable = f&flagKV != 0, f&flagSynced != 0, f&flagLM != 0, f&flagLMAvailable != 0
-	if s.KV {
-		s.KVAge = r.duration(true)
-		s.KVStale = r.duration(false)
-		s.BlockSize = r.count("block size", math.MaxInt32)
-		s.Blocks = r.count("block count", math.MaxInt32)
-	}
-	if s.LM {
-		s.Occupancy = math.Float64frombits(r.u64())
-		if r.err == nil && !(s.Occupancy >= 0 && s.Occupancy <= 1) {
-			r.fail("occupancy %v", s.Occupancy)
-		}
-		s.LMAge = r.duration(true)
-		s.LMStale = r.duration(false)
-	}
-}
-
-func (r *reader) op() Op {
-	op := Op{Kind: OpKind(r.u8())}
-	switch op.Kind {
-	case OpStored:
-		switch r.u8() {
-		case 0:
-		case 1:
-			op.HasParent = true
-			op.Parent = r.u64()
-		default:
-			r.fail("bad has-parent byte")
-		}
-		op.IDs = r.ids(false)
-	case OpRemoved:
-		op.IDs = r.ids(false)
-	case OpCleared:
-		op.Reason = Reason(r.u8())
-		if r.err == nil && (op.Reason < ReasonEngine || op.Reason > ReasonConfig) {
-			r.fail("unknown clear reason %d", op.Reason)
-		}
 	default:
-		r.fail("unknown op kind %d", op.Kind)
+		return malformed("op without a kind")
 	}
-	return op
-}
-
-// ids reads a counted list of u64s; empty lists are allowed only when
-// allowEmpty.
-func (r *reader) ids(allowEmpty bool) []uint64 {
-	n := r.uvarint()
-	if r.err != nil {
-		return nil
+	if len(op.IDs) == 0 {
+		return malformed("%s op without ids", op.Kind)
 	}
-	if n > uint64(r.left()/8) {
-		r.fail("%d ids in %d bytes", n, r.left())
-		return nil
-	}
-	if n == 0 {
-		if !allowEmpty {
-			r.fail("empty id list")
-		}
-		return nil
-	}
-	ids := make([]uint64, n)
-	p := r.b[r.off:]
-	for i := range ids {
-		ids[i] = binary.LittleEndian.Uint64(p[8*i:])
-	}
-	r.off += 8 * int(n)
-	return ids
+	return nil
 }

@@ -24,6 +24,12 @@
 // routing [Index.Speculate] with the blocks the request will create. The
 // index follows the providers given to [New] and [Index.SetProviders].
 //
+// # Tracing
+//
+// With Options.TracerProvider each snapshot resync is a "kvindex.resync"
+// span; deltas are too frequent and cheap to trace one by one (see
+// [Options]).
+//
 // # Concurrency
 //
 // Identity functions are pure. An [Index] is safe for concurrent use (see

@@ -12,6 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"rolter.dev/pkg/kvdelta"
 )
@@ -44,6 +48,14 @@ type Options struct {
 	// MaxPending bounds the deltas buffered while a snapshot is awaited;
 	// default 4096.
 	MaxPending int
+	// TracerProvider receives a span per resync ("kvindex.resync"); default:
+	// none. Deltas get no span: a proxy applies one per engine step of
+	// every replica (thousands a second in a fleet), each in well under a
+	// microsecond, so a span each would cost more than the work and drown
+	// the trace backend; Stats and the metrics count them instead. A resync
+	// is rare and slow (a NATS round trip, a state of up to max_blocks),
+	// which is what a trace helps explain.
+	TracerProvider trace.TracerProvider
 }
 
 // Index is a proxy's view of the providers' KV caches: per provider, the
@@ -71,9 +83,10 @@ type Options struct {
 // takes only that provider's lock; no provider code takes Index.mu, and no
 // lock is held across NATS I/O.
 type Index struct {
-	nc   *nats.Conn
-	opts Options
-	log  *slog.Logger
+	nc     *nats.Conn
+	opts   Options
+	log    *slog.Logger
+	tracer trace.Tracer
 
 	mu        sync.Mutex // serializes SetProviders and Close
 	closed    bool
@@ -101,7 +114,10 @@ func New(nc *nats.Conn, providers []string, opts Options) (*Index, error) {
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = DefaultMaxPending
 	}
-	ix := &Index{nc: nc, opts: opts, log: opts.Logger.With("component", "kvindex")}
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = noop.NewTracerProvider()
+	}
+	ix := &Index{nc: nc, opts: opts, log: opts.Logger.With("component", "kvindex"), tracer: opts.TracerProvider.Tracer("rolter.dev/pkg/kvindex")}
 	empty := map[string]*provider{}
 	ix.providers.Store(&empty)
 	if err := ix.SetProviders(providers); err != nil {
@@ -526,16 +542,12 @@ func (p *provider) resyncLoop(ctx context.Context) {
 			if !need {
 				break
 			}
-			snap, err := p.fetch(ctx, epoch)
-			if ctx.Err() != nil {
-				return
-			}
-			if err == nil && p.install(snap) {
+			if p.resync(ctx, epoch) {
 				delay = p.ix.opts.RetryMin
 				continue
 			}
-			if err != nil {
-				p.ix.log.Debug("snapshot request failed", "provider", p.name, "err", err)
+			if ctx.Err() != nil {
+				return
 			}
 			t := time.NewTimer(delay)
 			select {
@@ -549,11 +561,36 @@ func (p *provider) resyncLoop(ctx context.Context) {
 	}
 }
 
+// resync fetches a snapshot of epoch and installs it, in a span; it
+// reports whether it installed one.
+func (p *provider) resync(ctx context.Context, epoch uint64) bool {
+	sctx, span := p.ix.tracer.Start(ctx, "kvindex.resync", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("kv.provider", p.name), attribute.String("kv.epoch_wanted", fmt.Sprintf("%016x", epoch))))
+	defer span.End()
+	snap, err := p.fetch(sctx, epoch)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.ix.log.Debug("snapshot request failed", "provider", p.name, "err", err)
+		}
+		span.SetStatus(codes.Error, err.Error())
+		return false
+	}
+	span.SetAttributes(attribute.String("kv.epoch", fmt.Sprintf("%016x", snap.epoch)), attribute.Int64("kv.seq", int64(snap.seq)),
+		attribute.Int("kv.ids", len(snap.ids)), attribute.Int("kv.parts", snap.parts))
+	applied, ok := p.install(snap)
+	span.SetAttributes(attribute.Int("kv.pending_applied", applied))
+	if !ok {
+		span.SetStatus(codes.Error, "the followed epoch changed meanwhile")
+	}
+	return ok
+}
+
 // snapshot is an assembled snapshot reply.
 type snapshot struct {
 	epoch, seq uint64
 	status     kvdelta.Status
 	ids        []uint64
+	parts      int
 }
 
 // fetch requests a snapshot of epoch (0: any) and assembles its parts.
@@ -607,19 +644,21 @@ func (p *provider) fetch(ctx context.Context, epoch uint64) (*snapshot, error) {
 		}
 		if a.got == len(a.parts) {
 			a.snap.ids = slices.Concat(a.parts...)
+			a.snap.parts = len(a.parts)
 			return &a.snap, nil
 		}
 	}
 }
 
 // install replaces the state by snap and applies the buffered deltas on
-// top. It returns false when the followed epoch changed meanwhile.
-func (p *provider) install(snap *snapshot) bool {
+// top, returning how many. It returns false when the followed epoch changed
+// meanwhile.
+func (p *provider) install(snap *snapshot) (applied int, ok bool) {
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.epoch != 0 && p.epoch != snap.epoch {
-		return false
+		return 0, false
 	}
 	if p.epoch == 0 || p.statusAt.IsZero() {
 		p.status, p.statusAt = snap.status, now
@@ -640,10 +679,11 @@ func (p *provider) install(snap *snapshot) bool {
 		if m.Seq != p.seq+1 {
 			p.gaps.Add(1)
 			p.pending = append(p.pending[:0], pending[i:]...)
-			return true // still resyncing: the loop fetches again
+			return applied, true // still resyncing: the loop fetches again
 		}
 		p.apply(m)
+		applied++
 	}
 	p.resyncing = false
-	return true
+	return applied, true
 }
