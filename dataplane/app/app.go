@@ -32,10 +32,11 @@ import (
 	"rolter.dev/dataplane/internal/filewatch"
 	"rolter.dev/dataplane/internal/health"
 	"rolter.dev/dataplane/internal/proxy"
-	"rolter.dev/dataplane/internal/tracing"
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/fleet"
 	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/respcache"
+	"rolter.dev/pkg/telemetry"
 )
 
 // Options configures a data-plane process.
@@ -58,6 +59,15 @@ type Options struct {
 	// down at start or later leaves those strategies neutral (least load);
 	// the client reconnects by itself.
 	NATSURL string
+	// NoShare, with NATSURL, keeps this proxy's routing state to itself;
+	// by default proxies share prefix observations and in-flight counts
+	// (rolter.dev/pkg/fleet) so several route as well as one.
+	NoShare bool
+	// ShareGroup names the fleet on NATS (default "default").
+	ShareGroup string
+	// ShareFlush is how often batched observations are published (default
+	// 25 ms): shorter means fresher peers, more and smaller messages.
+	ShareFlush time.Duration
 }
 
 // ControlPlaneOptions configures control-plane mode (see package cpfollow).
@@ -95,32 +105,39 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	tp, stopTracing, err := tracing.Setup(ctx, "rolter-proxy")
+	tp, stopTracing, err := telemetry.Setup(ctx, "rolter-proxy")
 	if err != nil {
 		return nil, err
 	}
 	respcache.SetRedisLogger(log.With("component", "redis"))
 	var kv *kvindex.Index
+	var node *fleet.Node
+	var nc *nats.Conn
 	if opts.NATSURL != "" {
-		nc, err := nats.Connect(opts.NATSURL, nats.Name("rolter-proxy"), nats.MaxReconnects(-1),
-			nats.RetryOnFailedConnect(true), nats.ReconnectWait(time.Second))
+		// NoEcho: the proxy consumes nothing it publishes (fleet messages
+		// from itself would only be dropped).
+		nc, err = nats.Connect(opts.NATSURL, nats.Name("rolter-proxy"), nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true), nats.ReconnectWait(time.Second), nats.NoEcho())
 		if err != nil {
 			return nil, fmt.Errorf("nats %s: %w", opts.NATSURL, err)
 		}
-		kv, err = kvindex.New(nc, nil, kvindex.Options{Logger: log.With("component", "kvindex")})
+		kv, err = kvindex.New(nc, nil, kvindex.Options{Logger: log.With("component", "kvindex"), TracerProvider: tp})
 		if err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("kv index: %w", err)
 		}
 		go func() { <-ctx.Done(); kv.Close(); nc.Close() }() // owned: ends with the app's context
+		if !opts.NoShare {
+			node = fleet.NewNode(fleet.Options{Group: opts.ShareGroup, FlushInterval: opts.ShareFlush})
+		}
 	}
-	p := proxy.New(proxy.Options{Logger: log, Registerer: reg, Gatherer: reg, TracerProvider: tp, KVIndex: kv})
+	p := proxy.New(proxy.Options{Logger: log, Registerer: reg, Gatherer: reg, TracerProvider: tp, KVIndex: kv, Fleet: node})
 	var source func(context.Context) // runs the config source until ctx ends
 	if cp := opts.ControlPlane; cp != nil {
 		f := cpfollow.New(cpfollow.Options{
 			Addrs: cp.Addrs, Token: cp.Token, TLS: cp.TLS, NodeID: cp.NodeID, CacheFile: cp.CacheFile,
 			KeyPepper: cp.KeyPepper, MaxBackoff: cp.MaxBackoff,
-			Applier: p, Metrics: p.Metrics(), Registerer: reg, Logger: log,
+			Applier: p, Metrics: p.Metrics(), Registerer: reg, Logger: log, TracerProvider: tp,
 		})
 		if err := f.LoadCache(); err != nil {
 			log.Warn("snapshot cache unusable; waiting for a control plane", "err", err)
@@ -155,6 +172,13 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	var wg sync.WaitGroup
 	wg.Go(func() { source(bg) })
 	wg.Go(func() { health.New(p.Snapshot, p.Registry(), p.Metrics(), log).Run(bg) })
+	if node != nil {
+		wg.Go(func() {
+			if err := node.Run(bg, nc, log.With("component", "fleet")); err != nil {
+				log.Warn("fleet sharing stopped; routing on this proxy's own view", "err", err)
+			}
+		})
+	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }() // owned: Shutdown below ends it and we read serveErr
 	version := "none yet"

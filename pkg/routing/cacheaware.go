@@ -47,7 +47,12 @@ import (
 //     ineligible target's turns to its successor).
 //
 // Observe(target, ctx) inserts ctx.Prompt into target's tree and counts it in
-// warm[target]; an empty prompt or a target out of range is ignored. The
+// warm[target]; an empty prompt or a target out of range is ignored.
+//
+// Sharing (Spec.Share): match[i] in step 1 is the larger of the tree's match
+// and the shared chunk index's (what peers sent to target i, at 64-byte
+// granularity), and Observe also records the prompt there and publishes the
+// new hashes. The
 // proxy calls it on every attempt, before the upstream call, so concurrent
 // requests see the pick's cache effect at once.
 //
@@ -63,6 +68,7 @@ type cacheAware struct {
 	warm      []atomic.Uint64
 	rr        atomic.Uint64
 	decisions [numCacheDecisions]atomic.Uint64
+	*sharing  // nil unless Spec.Share is set
 }
 
 // Indexes of cacheAware.decisions.
@@ -83,10 +89,12 @@ var (
 	_ Balancer        = (*cacheAware)(nil)
 	_ TrieStats       = (*cacheAware)(nil)
 	_ DecisionCounter = (*cacheAware)(nil)
+	_ SharedAffinity  = (*cacheAware)(nil)
 )
 
-func newCacheAware(n int, p params) *cacheAware {
+func newCacheAware(n int, p params, s *sharing) *cacheAware {
 	return &cacheAware{
+		sharing:   s,
 		n:         n,
 		threshold: p.threshold,
 		abs:       p.balanceAbs,
@@ -111,6 +119,7 @@ func (c *cacheAware) Pick(ctx *Context, loads []int, eligible Set) int {
 		var buf [MaxTargets]int
 		match := buf[:c.n]
 		c.tree.Match(ctx.Prompt, match)
+		c.sharing.widen(ctx.Prompt, match, el)
 		best := -1
 		for wi, w := range el.w {
 			for ; w != 0; w &= w - 1 {
@@ -215,6 +224,7 @@ func (c *cacheAware) Observe(target int, ctx *Context) {
 	}
 	c.tree.Insert(target, ctx.Prompt)
 	c.warm[target].Add(1)
+	c.sharing.observe(target, ctx.Prompt)
 }
 
 // TrieStats implements [TrieStats].

@@ -54,6 +54,7 @@ type pipeline struct {
 	static   []float64
 	tree     *prefixtree.Tree // nil when prefix_cache is off
 	sessions *sessionTable    // nil when session_affinity is off
+	*sharing                  // nil unless Spec.Share is set and prefix_cache is on
 }
 
 var (
@@ -61,7 +62,7 @@ var (
 	_ TrieStats = (*pipeline)(nil)
 )
 
-func newPipeline(weights []int, p params) *pipeline {
+func newPipeline(weights []int, p params, s *sharing) *pipeline {
 	n := len(weights)
 	pl := &pipeline{n: n, w: p.scorers, static: make([]float64, n)}
 	top := 1
@@ -73,6 +74,7 @@ func newPipeline(weights []int, p params) *pipeline {
 	}
 	if pl.w[scorerPrefixCache] > 0 {
 		pl.tree = prefixtree.New(n, p.maxNodes)
+		pl.sharing = s
 	}
 	if pl.w[scorerSessionAffinity] > 0 {
 		pl.sessions = newSessionTable()
@@ -98,6 +100,7 @@ func (p *pipeline) Pick(ctx *Context, loads []int, eligible Set) int {
 		var mbuf [MaxTargets]int
 		match := mbuf[:p.n]
 		p.tree.Match(ctx.Prompt, match)
+		p.sharing.widen(ctx.Prompt, match, el)
 		w := p.w[scorerPrefixCache] / float64(len(ctx.Prompt))
 		for i, m := range match {
 			scores[i] += w * float64(m)
@@ -124,6 +127,7 @@ func (p *pipeline) Observe(target int, ctx *Context) {
 	}
 	if p.tree != nil && ctx.Prompt != "" {
 		p.tree.Insert(target, ctx.Prompt)
+		p.sharing.observe(target, ctx.Prompt)
 	}
 	if p.sessions != nil && ctx.SessionKey != "" {
 		p.sessions.record(ctx.SessionKey, target)

@@ -3,6 +3,7 @@ package routing
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 var signalBufs = sync.Pool{New: func() any { return new([MaxTargets]float64) }}
@@ -16,9 +17,10 @@ type KVSource interface {
 	// in [0, 1]. It reports false when no target has fresh state: the
 	// scores are then neutral and must not be used.
 	KVScores(tokenIDs []uint32, scores []float64) bool
-	// Speculate records that target is about to hold the request's blocks,
-	// closing the blind spot until its engine's events confirm them.
-	Speculate(target int, tokenIDs []uint32)
+	// Speculate records that target is about to hold the request's blocks
+	// for ttl (> 0), closing the blind spot until its engine's events
+	// confirm them.
+	Speculate(target int, tokenIDs []uint32, ttl time.Duration)
 }
 
 // LMCacheSource gives lmcache_aware each target's LMCache headroom.
@@ -36,6 +38,13 @@ const (
 	DefaultSignalLoadWeight = 0.25
 )
 
+// DefaultSpeculativeTTL is Spec.SpeculativeTTL's default: long enough to
+// cover a prefill and the event's trip through the watcher.
+const DefaultSpeculativeTTL = 5 * time.Second
+
+// NoSpeculation as Spec.SpeculativeTTL turns the speculative insert off.
+const NoSpeculation time.Duration = -1
+
 // signalScored is precise_cache_aware or lmcache_aware: score_i = w_s ·
 // signal_i + w_l · (1 - load_i / max load), argmax over the eligible
 // targets with uniform tie-break. Without a signal (no token ids, no fresh
@@ -48,6 +57,7 @@ type signalScored struct {
 	lm      LMCacheSource
 	wSignal float64
 	wLoad   float64
+	specTTL time.Duration // ≤ 0: no speculation
 	scored  atomic.Uint64 // picks decided with a signal
 	neutral atomic.Uint64 // picks without one
 }
@@ -101,8 +111,8 @@ func (s *signalScored) Pick(ctx *Context, loads []int, eligible Set) int {
 // Observe implements Balancer: the chosen target is about to create the
 // request's blocks.
 func (s *signalScored) Observe(target int, ctx *Context) {
-	if s.kv != nil && ctx != nil && len(ctx.TokenIDs) > 0 && target >= 0 && target < s.n {
-		s.kv.Speculate(target, ctx.TokenIDs)
+	if s.kv != nil && s.specTTL > 0 && ctx != nil && len(ctx.TokenIDs) > 0 && target >= 0 && target < s.n {
+		s.kv.Speculate(target, ctx.TokenIDs, s.specTTL)
 	}
 }
 

@@ -2,6 +2,7 @@ package routing_test
 
 import (
 	"testing"
+	"time"
 
 	"rolter.dev/pkg/routing"
 )
@@ -11,6 +12,7 @@ type fakeKV struct {
 	scores     []float64
 	fresh      bool
 	speculated []int
+	ttls       []time.Duration
 }
 
 func (f *fakeKV) KVScores(_ []uint32, out []float64) bool {
@@ -18,7 +20,10 @@ func (f *fakeKV) KVScores(_ []uint32, out []float64) bool {
 	return f.fresh
 }
 
-func (f *fakeKV) Speculate(target int, _ []uint32) { f.speculated = append(f.speculated, target) }
+func (f *fakeKV) Speculate(target int, _ []uint32, ttl time.Duration) {
+	f.speculated = append(f.speculated, target)
+	f.ttls = append(f.ttls, ttl)
+}
 
 type fakeLM struct {
 	scores []float64
@@ -81,5 +86,33 @@ func TestLMCacheAware(t *testing.T) {
 	b, _ = routing.New(routing.Spec{Strategy: routing.LMCacheAware, Weights: []int{1, 1}})
 	if got := b.Pick(&routing.Context{}, []int{5, 1}, routing.All(2)); got != 1 {
 		t.Fatalf("no source: Pick = %d", got)
+	}
+}
+
+// TestSpeculativeTTL: Observe speculates for Spec.SpeculativeTTL, the
+// default when it is 0, and not at all when it is negative.
+func TestSpeculativeTTL(t *testing.T) {
+	ctx := &routing.Context{TokenIDs: []uint32{1, 2, 3}}
+	tests := []struct {
+		name string
+		ttl  time.Duration
+		want []time.Duration
+	}{
+		{"default", 0, []time.Duration{routing.DefaultSpeculativeTTL}},
+		{"configured", 1500 * time.Millisecond, []time.Duration{1500 * time.Millisecond}},
+		{"off", routing.NoSpeculation, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			kv := &fakeKV{scores: []float64{1, 0}, fresh: true}
+			b, err := routing.New(routing.Spec{Strategy: routing.PreciseCacheAware, Weights: []int{1, 1}, KV: kv, SpeculativeTTL: tc.ttl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Observe(b.Pick(ctx, []int{0, 0}, routing.All(2)), ctx)
+			if len(kv.ttls) != len(tc.want) || (len(tc.want) > 0 && kv.ttls[0] != tc.want[0]) {
+				t.Errorf("speculated with %v, want %v", kv.ttls, tc.want)
+			}
+		})
 	}
 }

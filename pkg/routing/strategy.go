@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"rolter.dev/pkg/prefixtree"
 )
@@ -71,6 +72,15 @@ type Spec struct {
 	// 0 turns it off.
 	Scorers map[string]float64
 
+	// Share, when set, makes cache_aware and the pipeline's prefix_cache
+	// scorer keep a shared prefix index (rolter.dev/pkg/chunkindex, capped
+	// at MaxTrieNodes/ChunkBytes hashes per target) next to their tree: every
+	// Observe reports through Share the hashes the fleet should hear about,
+	// and peers' observations come in through [SharedAffinity]. Share is
+	// called outside the balancer's locks; chunks is valid only during the
+	// call.
+	Share func(target int, chunks []uint64)
+
 	// KV feeds precise_cache_aware; nil leaves it neutral (least load).
 	KV KVSource
 	// LMCache feeds lmcache_aware; nil leaves it neutral (least load).
@@ -79,6 +89,11 @@ type Spec struct {
 	// precise_cache_aware and lmcache_aware; 0 means the defaults 1.0 and
 	// 0.25.
 	SignalWeight, LoadWeight float64
+	// SpeculativeTTL is how long precise_cache_aware has the KV source
+	// count a routed request's blocks as resident on its target; 0 means
+	// [DefaultSpeculativeTTL], [NoSpeculation] (or any negative) turns it
+	// off.
+	SpeculativeTTL time.Duration
 }
 
 // params are a Spec's per-route parameters with defaults applied.
@@ -155,16 +170,17 @@ func New(spec Spec) (Balancer, error) {
 	case ConsistentHash:
 		return newConsistentHash(n), nil
 	case CacheAware:
-		return newCacheAware(n, p), nil
+		return newCacheAware(n, p, newSharing(n, p.maxNodes, spec.Share)), nil
 	case Pipeline:
-		return newPipeline(spec.Weights, p), nil
+		return newPipeline(spec.Weights, p, newSharing(n, p.maxNodes, spec.Share)), nil
 	case PredictedLatency:
 		return newPredictedLatency(n), nil
 	case PreciseCacheAware, LMCacheAware:
 		if spec.SignalWeight < 0 || spec.LoadWeight < 0 {
 			return nil, fmt.Errorf("routing: negative signal or load weight")
 		}
-		s := &signalScored{name: spec.Strategy, n: n, wSignal: spec.SignalWeight, wLoad: spec.LoadWeight}
+		s := &signalScored{name: spec.Strategy, n: n, wSignal: spec.SignalWeight, wLoad: spec.LoadWeight,
+			specTTL: cmp.Or(spec.SpeculativeTTL, DefaultSpeculativeTTL)}
 		if s.wSignal == 0 {
 			s.wSignal = DefaultSignalWeight
 		}

@@ -6,6 +6,9 @@
 package proto_test
 
 import (
+	"io/fs"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/bufbuild/protocompile"
@@ -15,11 +18,28 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 
 	controlplanev1 "rolter.dev/proto/rolter/controlplane/v1"
+	fleetv1 "rolter.dev/proto/rolter/fleet/v1"
+	kvv1 "rolter.dev/proto/rolter/kv/v1"
 )
 
 func TestGeneratedDescriptorsMatchSources(t *testing.T) {
 	generated := []protoreflect.FileDescriptor{
 		controlplanev1.File_rolter_controlplane_v1_controlplane_proto,
+		kvv1.File_rolter_kv_v1_kv_proto,
+		fleetv1.File_rolter_fleet_v1_fleet_proto,
+	}
+	checked := map[string]bool{}
+	for _, gen := range generated {
+		checked[gen.Path()] = true
+	}
+	err := fs.WalkDir(os.DirFS("../../proto"), ".", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(path, ".proto") && !checked[path] {
+			t.Errorf("%s is not in this test's list of generated files", path)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	c := protocompile.Compiler{
 		Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{ImportPaths: []string{"../../proto"}}),

@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"rolter.dev/dataplane/app"
+	"rolter.dev/pkg/fleet"
 )
 
 func main() {
@@ -34,7 +35,10 @@ func main() {
 	nodeID := flag.String("node-id", "", "node ID reported to the control plane (default hostname-pid)")
 	cache := flag.String("snapshot-cache", "", "file caching the last control-plane snapshot, served at startup while no control plane answers")
 	pepperFile := flag.String("key-pepper-file", "", "file holding the virtual-key pepper, the control plane's ($ROLTER_KEY_PEPPER takes precedence)")
-	natsURL := flag.String("nats", "", "NATS URL of the kvwatchers' KV-event deltas (precise_cache_aware, lmcache_aware)")
+	natsURL := flag.String("nats", "", "NATS URL: the kvwatchers' KV-event deltas (precise_cache_aware, lmcache_aware) and the proxies' shared routing state")
+	share := flag.Bool("share", true, "with --nats: share routing observations and in-flight counts with the other proxies of the fleet")
+	shareFlush := flag.Duration("share-flush", fleet.DefaultFlushInterval, "with --share: how often batched routing observations are published")
+	shareGroup := flag.String("share-group", "default", "with --share: the fleet's name; proxies share state only within one group")
 	flag.Parse()
 
 	var level slog.Level
@@ -43,7 +47,7 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	opts := app.Options{ConfigPath: *configPath, Listen: *listen, Logger: log, NATSURL: *natsURL}
+	opts := app.Options{ConfigPath: *configPath, Listen: *listen, Logger: log, NATSURL: *natsURL, NoShare: !*share, ShareGroup: *shareGroup, ShareFlush: *shareFlush}
 	if *cpAddrs != "" {
 		cp, err := controlPlaneOptions(*cpAddrs, *token, *tokenFile, *cpCA, *cpCert, *cpKey, *cpTLS, *cpInsecure, *pepperFile)
 		if err != nil {

@@ -243,7 +243,8 @@ func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
 		eligible = candidates
 	}
 	for i := range targets {
-		loads[i] = targets[i].state.InFlight()
+		// The fleet's load: this proxy's live count plus its peers' latest.
+		loads[i] = targets[i].state.InFlight() + x.route.fleet.PeerLoad(i)
 	}
 	idx := x.route.balancer.Pick(&x.rctx, loads, eligible)
 	if !eligible.Has(idx) {

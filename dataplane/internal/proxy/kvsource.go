@@ -7,11 +7,6 @@ import (
 	"rolter.dev/pkg/routing"
 )
 
-// speculationTTL is how long blocks a routed request will create count as
-// resident on its target before the engine's KV events confirm them: long
-// enough to cover a prefill and the event's trip through the watcher.
-const speculationTTL = 5 * time.Second
-
 // kvSource feeds precise_cache_aware and lmcache_aware from the proxy's
 // NATS-fed index, for one route's targets. Identities are seeded with each
 // target's upstream model, as the watcher seeds the engine's blocks.
@@ -67,8 +62,10 @@ func (s *kvSource) KVScores(tokenIDs []uint32, scores []float64) bool {
 	return fresh
 }
 
-// Speculate implements routing.KVSource.
-func (s *kvSource) Speculate(target int, tokenIDs []uint32) {
+// Speculate implements routing.KVSource: the blocks a routed request will
+// create count as resident on its target for ttl (the route's
+// balancer.speculative_ttl_ms) before the engine's KV events confirm them.
+func (s *kvSource) Speculate(target int, tokenIDs []uint32, ttl time.Duration) {
 	if target < 0 || target >= len(s.targets) {
 		return
 	}
@@ -77,7 +74,7 @@ func (s *kvSource) Speculate(target int, tokenIDs []uint32) {
 	if bs <= 0 || len(tokenIDs) < bs {
 		return
 	}
-	s.ix.Speculate(t.provider, kvindex.Identities(t.seed, tokenIDs, bs), speculationTTL)
+	s.ix.Speculate(t.provider, kvindex.Identities(t.seed, tokenIDs, bs), ttl)
 }
 
 // LMCacheScores implements routing.LMCacheSource.

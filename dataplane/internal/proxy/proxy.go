@@ -23,6 +23,7 @@ import (
 	"rolter.dev/dataplane/internal/metrics"
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/delivery"
+	"rolter.dev/pkg/fleet"
 	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/reliability"
 )
@@ -45,6 +46,9 @@ type Options struct {
 	// the engines' KV events and LMCache occupancy shared over NATS; the
 	// proxy keeps its provider list in step with the config.
 	KVIndex *kvindex.Index
+	// Fleet, when set, shares routing observations and in-flight counts
+	// with the other proxies (rolter.dev/pkg/fleet); the caller runs it.
+	Fleet *fleet.Node
 }
 
 // Proxy serves the data plane's HTTP API. Create it with [New] and give it a
@@ -56,6 +60,7 @@ type Proxy struct {
 	client   *http.Client
 	reg      *reliability.Registry
 	kv       *kvindex.Index
+	fleet    *fleet.Node
 	tracer   trace.Tracer
 	prop     propagation.TextMapPropagator
 
@@ -85,6 +90,7 @@ func New(opts Options) *Proxy {
 	}
 	p := &Proxy{
 		kv:       opts.KVIndex,
+		fleet:    opts.Fleet,
 		tracer:   opts.TracerProvider.Tracer("rolter.dev/dataplane/proxy"),
 		prop:     propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 		log:      opts.Logger.With("component", "proxy"),
@@ -103,6 +109,9 @@ func New(opts Options) *Proxy {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	opts.Registerer.MustRegister(&inflightCollector{p: p})
+	if p.fleet != nil {
+		opts.Registerer.MustRegister(&fleetCollector{p: p})
+	}
 	return p
 }
 
@@ -165,6 +174,9 @@ func (p *Proxy) Apply(snap *config.Snapshot) error {
 	}
 	p.rt.Store(rt)
 	rt.retain(p.reg)
+	if p.fleet != nil {
+		p.fleet.Retain(rt.fleetRoutes())
+	}
 	if prev != nil && prev.cache != nil && prev.cache != rt.cache {
 		// Requests still on prev may store into it; their errors are misses.
 		p.cacheTotals.retire(prev.cache.cache.Stats())

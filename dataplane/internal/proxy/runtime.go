@@ -5,8 +5,11 @@ import (
 	"slices"
 	"time"
 
+	"github.com/zeebo/xxh3"
+
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/delivery"
+	"rolter.dev/pkg/fleet"
 	"rolter.dev/pkg/reliability"
 	"rolter.dev/pkg/routing"
 	"rolter.dev/pkg/usage"
@@ -36,6 +39,9 @@ type route struct {
 	// fingerprint decides whether a reload may keep the balancer (and with
 	// it learned affinity) for this route.
 	fingerprint string
+	// fleet is the route's state shared with the other proxies; nil
+	// without sharing.
+	fleet *fleet.Route
 }
 
 type target struct {
@@ -100,6 +106,9 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 				health: reg.Provider(tc.Provider.Name),
 			})
 		}
+		if p.fleet != nil {
+			r.fleet = p.fleet.Bind(rc.Model, xxh3.HashString(r.fingerprint), len(rc.Targets))
+		}
 		if prev != nil {
 			if old := prev.routes[rc.Model]; old != nil && old.fingerprint == r.fingerprint {
 				r.balancer = old.balancer
@@ -111,10 +120,17 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 				Strategy: rc.Strategy, Weights: weights,
 				Threshold: bp.Threshold, BalanceAbs: bp.BalanceAbs, BalanceRel: bp.BalanceRel,
 				MaxTrieNodes: bp.MaxTrieNodes, Scorers: bp.Scorers,
+				SpeculativeTTL: rc.SpeculativeTTL,
+			}
+			if rc.SpeculativeTTL == 0 {
+				spec.SpeculativeTTL = routing.NoSpeculation // 0 in the config turns it off
 			}
 			if p.kv != nil {
 				src := newKVSource(p.kv, r)
 				spec.KV, spec.LMCache = src, src
+			}
+			if r.fleet != nil {
+				spec.Share = r.fleet.Record
 			}
 			b, err := routing.New(spec)
 			if err != nil {
@@ -122,17 +138,35 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 			}
 			r.balancer = b
 		}
+		if r.fleet != nil {
+			if sa, ok := r.balancer.(routing.SharedAffinity); ok {
+				r.fleet.SetAffinity(sa)
+			}
+			targets := r.targets
+			r.fleet.SetOwnLoad(func(i int) int { return targets[i].state.InFlight() })
+		}
 		rt.routes[rc.Model] = r
 	}
 	return rt, nil
 }
 
 func fingerprint(rc *config.CompiledRoute) string {
-	s := fmt.Sprintf("%s|%+v", rc.Strategy, rc.Balancer)
+	s := fmt.Sprintf("%s|%+v|%v", rc.Strategy, rc.Balancer, rc.SpeculativeTTL)
 	for _, t := range rc.Targets {
 		s += fmt.Sprintf("|%s/%s/%d", t.Provider.Name, t.Model, t.Weight)
 	}
 	return s
+}
+
+// fleetRoutes lists the routes' shared state, for fleet.Node.Retain.
+func (rt *runtime) fleetRoutes() []*fleet.Route {
+	var out []*fleet.Route
+	for _, r := range rt.routes {
+		if r.fleet != nil {
+			out = append(out, r.fleet)
+		}
+	}
+	return out
 }
 
 // retain drops live state of targets and providers that left the config.

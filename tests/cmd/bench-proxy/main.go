@@ -4,6 +4,11 @@
 // round_robin route, at fixed concurrency, non-streaming and streaming, and
 // prints requests/s, p50 and p99 latency of each and the ratios.
 //
+// With --sharing it also measures what sharing routing state across proxies
+// costs the request path: cache_aware through one proxy alone, and through
+// one of three proxies sharing over an in-process NATS server, with
+// GSP-like prompts (64 system prompts of 2 KiB, unique questions).
+//
 // It is a benchmark, not a test: `make bench-proxy`, numbers go to
 // docs/benchmarks.md with the command line that produced them.
 package main
@@ -37,6 +42,7 @@ func main() {
 	high := flag.Int("concurrency", 32, "concurrent clients for the throughput runs")
 	moderate := flag.Int("moderate", 4, "concurrent clients for the moderate-load latency runs")
 	events := flag.Int("stream-events", 20, "SSE events per streamed response")
+	sharing := flag.Bool("sharing", false, "only measure the cost of sharing routing state across proxies")
 	flag.Parse()
 
 	upstream, err := startUpstream(*events)
@@ -51,7 +57,11 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	rolter, stop, err := startRolter(upstream)
+	if *sharing {
+		benchSharing(upstream, *moderate, *high, *warmup, *duration)
+		return
+	}
+	rolter, stop, err := startRolter(upstream, "round_robin", app.Options{})
 	if err != nil {
 		fail(err)
 	}
@@ -99,6 +109,11 @@ func run(base string, stream bool, conc int, d time.Duration) result {
 	if stream {
 		body = strings.Replace(chatBody, `"max_tokens"`, `"stream":true,"max_tokens"`, 1)
 	}
+	return runBodies(base, conc, d, func(int) string { return body })
+}
+
+// runBodies is run with a body per request (n counts the worker's requests).
+func runBodies(base string, conc int, d time.Duration, bodyOf func(n int) string) result {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	var errs atomic.Int64
@@ -107,7 +122,8 @@ func run(base string, stream bool, conc int, d time.Duration) result {
 	start := time.Now()
 	for w := range conc {
 		wg.Go(func() {
-			for ctx.Err() == nil {
+			for n := w; ctx.Err() == nil; n += conc {
+				body := bodyOf(n)
 				t0 := time.Now()
 				req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
@@ -170,7 +186,7 @@ func serve(h http.Handler) (string, error) {
 	return "http://" + ln.Addr().String(), nil
 }
 
-func startRolter(upstream string) (string, func(), error) {
+func startRolter(upstream, strategy string, opts app.Options) (string, func(), error) {
 	dir, err := os.MkdirTemp("", "bench-proxy")
 	if err != nil {
 		return "", nil, err
@@ -178,21 +194,24 @@ func startRolter(upstream string) (string, func(), error) {
 	cfg := fmt.Sprintf(`
 [server]
 listen = "127.0.0.1:0"
+[accounting]
+sink = "none"
 [[providers]]
 name = "up"
 kind = "openai_compatible"
 api_base = %q
 [[routes]]
 model = "bench"
-strategy = "round_robin"
-targets = [{ provider = "up" }]
-`, upstream)
+strategy = %q
+targets = [{ provider = "up" }, { provider = "up", model = "b" }, { provider = "up", model = "c" }, { provider = "up", model = "d" }]
+`, upstream, strategy)
 	path := filepath.Join(dir, "rolter.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return "", nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.Start(ctx, app.Options{ConfigPath: path, Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))}) // access logs on, as in production
+	opts.ConfigPath, opts.Logger = path, slog.New(slog.NewJSONHandler(io.Discard, nil)) // access logs on, as in production
+	a, err := app.Start(ctx, opts)
 	if err != nil {
 		cancel()
 		return "", nil, err

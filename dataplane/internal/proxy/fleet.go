@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"rolter.dev/pkg/routing"
+)
+
+// fleetCollector reports, at scrape time, what the proxy shares with its
+// peers (rolter.dev/pkg/fleet) and the shared prefix index per target.
+type fleetCollector struct{ p *Proxy }
+
+func fleetDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc("rolter_fleet_"+name, help, labels, nil)
+}
+
+var (
+	fleetPublished = fleetDesc("published_total", "What this proxy published to its peers, by unit (batches, chunks, bytes).", "unit")
+	fleetReceived  = fleetDesc("received_total", "Peers' observation batches folded, hashes folded (batches and snapshots), and load reports taken, by unit (batches, chunks, load_reports).", "unit")
+	fleetDropped   = fleetDesc("dropped_total", "Peer messages or entries dropped, by reason (malformed; unknown_route: a route or layout this proxy does not have, e.g. during a config change; lost_batch: gaps in a peer's sequence).", "reason")
+	fleetSnapshots = fleetDesc("snapshots_total", "Warm-up snapshots served to new peers and applied from a peer, by direction (served, applied).", "direction")
+	fleetPubErrors = fleetDesc("publish_errors_total", "Publishes NATS refused (connection closed).")
+	fleetPeers     = fleetDesc("peers", "Peers heard from within their load-report TTL.")
+	fleetStateAge  = fleetDesc("state_age_seconds", "Seconds since a peer was last heard from; absent until one is.")
+	sharedChunks   = prometheus.NewDesc("rolter_shared_prefix_chunks",
+		"Prompt-prefix hashes in a target's shared index (this proxy's and its peers' observations).", []string{"model", "provider"}, nil)
+)
+
+func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{fleetPublished, fleetReceived, fleetDropped, fleetSnapshots, fleetPubErrors, fleetPeers, fleetStateAge, sharedChunks} {
+		ch <- d
+	}
+}
+
+func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	s := c.p.fleet.Stats(now)
+	counter := func(d *prometheus.Desc, v uint64, label ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), label...)
+	}
+	counter(fleetPublished, s.BatchesPublished, "batches")
+	counter(fleetPublished, s.ChunksPublished, "chunks")
+	counter(fleetPublished, s.BytesPublished, "bytes")
+	counter(fleetReceived, s.BatchesReceived, "batches")
+	counter(fleetReceived, s.ChunksFolded, "chunks")
+	counter(fleetReceived, s.LoadReports, "load_reports")
+	counter(fleetDropped, s.Malformed, "malformed")
+	counter(fleetDropped, s.UnknownRoute, "unknown_route")
+	counter(fleetDropped, s.LostBatches, "lost_batch")
+	counter(fleetSnapshots, s.SnapshotsServed, "served")
+	counter(fleetSnapshots, s.SnapshotsApplied, "applied")
+	counter(fleetPubErrors, s.PublishErrors)
+	ch <- prometheus.MustNewConstMetric(fleetPeers, prometheus.GaugeValue, float64(s.Peers))
+	if !s.LastHeard.IsZero() {
+		ch <- prometheus.MustNewConstMetric(fleetStateAge, prometheus.GaugeValue, now.Sub(s.LastHeard).Seconds())
+	}
+	rt := c.p.rt.Load()
+	if rt == nil {
+		return
+	}
+	for name, r := range rt.routes {
+		sa, ok := r.balancer.(routing.SharedAffinity)
+		if !ok {
+			continue
+		}
+		for i, st := range sa.SharedStats() {
+			if i < len(r.targets) {
+				ch <- prometheus.MustNewConstMetric(sharedChunks, prometheus.GaugeValue, float64(st.Chunks), name, r.targets[i].cfg.Provider.Name)
+			}
+		}
+	}
+}

@@ -1,5 +1,0 @@
-package tracing
-
-import "go.opentelemetry.io/otel/attribute"
-
-func serviceName(s string) attribute.KeyValue { return attribute.String("service.name", s) }

@@ -1,0 +1,65 @@
+package chunkindex_test
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"rolter.dev/pkg/chunkindex"
+)
+
+// benchIndex holds 8 targets, each sent 200 prompts of 4 KiB that share a
+// 1 KiB system prompt per target.
+func benchIndex(b *testing.B) (*chunkindex.Index, []string) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	x := chunkindex.New(8, 1_000_000/chunkindex.ChunkBytes)
+	var prompts []string
+	for t := range 8 {
+		sys := text(rng, 1024)
+		for range 200 {
+			p := sys + text(rng, 3072)
+			prompts = append(prompts, p)
+			x.Observe(t, p, nil)
+		}
+	}
+	b.ResetTimer()
+	return x, prompts
+}
+
+// BenchmarkMatch is the cost a shared index adds to a cache_aware pick: a
+// 4 KiB prompt fully held by one target.
+func BenchmarkMatch(b *testing.B) {
+	x, prompts := benchIndex(b)
+	lens := make([]int, 8)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		x.Match(prompts[i%len(prompts)], lens)
+	}
+}
+
+// BenchmarkObserveKnown is the observe of a prompt the target already holds
+// (the common case in multi-turn traffic): hashing and LRU touches.
+func BenchmarkObserveKnown(b *testing.B) {
+	x, prompts := benchIndex(b)
+	buf := make([]uint64, 0, 128)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		x.Observe(i%8, prompts[(i%8)*200+i%200], buf[:0])
+	}
+}
+
+// BenchmarkObserveNew observes a 4 KiB prompt sharing only a 1 KiB system
+// prompt: 48 new hashes, with eviction at capacity.
+func BenchmarkObserveNew(b *testing.B) {
+	rng := rand.New(rand.NewPCG(2, 2))
+	x := chunkindex.New(8, 20_000)
+	sys := text(rng, 1024)
+	tails := make([]string, 1024)
+	for i := range tails {
+		tails[i] = text(rng, 3072)
+	}
+	buf := make([]uint64, 0, 128)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		x.Observe(i%8, sys+tails[i%len(tails)]+string(rune('a'+i%26)), buf[:0])
+	}
+}

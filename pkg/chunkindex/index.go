@@ -1,0 +1,311 @@
+package chunkindex
+
+import (
+	"math/bits"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+)
+
+// ChunkBytes is the size of one fingerprinted chunk of prompt text.
+const ChunkBytes = 64
+
+// MaxTargets is the largest number of targets an Index tracks (a route's
+// limit in rolter.dev/pkg/routing).
+const MaxTargets = 256
+
+// seed starts every chain; tailMark tells a tail hash from a full chunk's.
+const (
+	seed     uint64 = 0x726f6c7465722e63 // "rolter.c"
+	tailMark uint64 = 0x9e3779b97f4a7c15
+)
+
+// Hashes appends prompt's fingerprint (see the package doc) to dst.
+func Hashes(dst []uint64, prompt string) []uint64 {
+	h, off := seed, 0
+	for ; off+ChunkBytes <= len(prompt); off += ChunkBytes {
+		h = xxh3.HashStringSeed(prompt[off:off+ChunkBytes], h)
+		dst = append(dst, h)
+	}
+	if off < len(prompt) {
+		dst = append(dst, xxh3.HashStringSeed(prompt[off:], h^tailMark))
+	}
+	return dst
+}
+
+// Stats describes what one target holds.
+type Stats struct {
+	// Chunks is the number of hashes the target holds.
+	Chunks int
+	// Evictions counts the hashes evicted over the index's life.
+	Evictions uint64
+}
+
+// Index holds, per target, a bounded LRU set of prefix hashes. See the
+// package doc.
+type Index struct {
+	mu       sync.RWMutex
+	holders  map[uint64]set // which targets hold a hash
+	targets  []target
+	capacity int
+}
+
+// set is a bitset of target indexes.
+type set [MaxTargets / 64]uint64
+
+func (s *set) add(i int)          { s[i>>6] |= 1 << (uint(i) & 63) }
+func (s *set) remove(i int)       { s[i>>6] &^= 1 << (uint(i) & 63) }
+func (s *set) has(i int) bool     { return s[i>>6]&(1<<(uint(i)&63)) != 0 }
+func (s *set) empty() bool        { return *s == set{} }
+func (s *set) and(o *set) (r set) { return set{s[0] & o[0], s[1] & o[1], s[2] & o[2], s[3] & o[3]} }
+
+// target is one target's LRU of hashes: an intrusive doubly linked list of
+// indexes into entries, oldest at head.
+type target struct {
+	slots      map[uint64]int32
+	entries    []entry
+	head, tail int32
+	free       int32
+	inserts    uint64 // hashes added over the index's life: the age clock
+	evictions  uint64
+}
+
+type entry struct {
+	hash       uint64
+	published  uint64 // the inserts clock when the hash was last published
+	prev, next int32
+}
+
+// New returns an empty index for targets targets (clamped to [0,
+// MaxTargets]) holding at most capacity hashes each; capacity <= 0 means
+// unbounded (and nothing is ever republished).
+func New(targets, capacity int) *Index {
+	targets = min(max(targets, 0), MaxTargets)
+	x := &Index{holders: make(map[uint64]set), targets: make([]target, targets), capacity: max(capacity, 0)}
+	for i := range x.targets {
+		x.targets[i] = target{slots: make(map[uint64]int32), head: -1, tail: -1, free: -1}
+	}
+	return x
+}
+
+// Targets returns the number of targets.
+func (x *Index) Targets() int { return len(x.targets) }
+
+// Capacity returns the per-target ceiling in hashes (0 = unbounded).
+func (x *Index) Capacity() int { return x.capacity }
+
+// Match sets lens[i], for every target i < len(lens), to the number of
+// leading bytes of prompt that target i holds: a multiple of ChunkBytes, or
+// len(prompt) when it holds the whole fingerprint. It takes the read lock
+// and does not allocate.
+func (x *Index) Match(prompt string, lens []int) {
+	clear(lens)
+	n := min(len(lens), len(x.targets))
+	if n == 0 || prompt == "" {
+		return
+	}
+	var alive set
+	for i := range n {
+		alive.add(i)
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	h, off := seed, 0
+	for ; off+ChunkBytes <= len(prompt); off += ChunkBytes {
+		h = xxh3.HashStringSeed(prompt[off:off+ChunkBytes], h)
+		if !x.narrow(&alive, h, lens, off) {
+			return
+		}
+	}
+	end := off
+	if off < len(prompt) {
+		if x.narrow(&alive, xxh3.HashStringSeed(prompt[off:], h^tailMark), lens, off) {
+			end = len(prompt)
+		} else {
+			return
+		}
+	}
+	forEach(&alive, func(i int) { lens[i] = end })
+}
+
+// narrow intersects alive with the holders of h; targets that drop out get
+// depth as their match. It reports whether any target is still alive.
+func (x *Index) narrow(alive *set, h uint64, lens []int, depth int) bool {
+	hs := x.holders[h]
+	next := alive.and(&hs)
+	if next != *alive {
+		dropped := set{alive[0] &^ next[0], alive[1] &^ next[1], alive[2] &^ next[2], alive[3] &^ next[3]}
+		forEach(&dropped, func(i int) { lens[i] = depth })
+		*alive = next
+	}
+	return !alive.empty()
+}
+
+func forEach(s *set, f func(int)) {
+	for wi, w := range s {
+		for ; w != 0; w &= w - 1 {
+			f(wi*64 + bits.TrailingZeros64(w))
+		}
+	}
+}
+
+// Observe records that target was sent prompt and appends to publish the
+// hashes other proxies should hear about (see the package doc). A target
+// out of range or an empty prompt is ignored.
+func (x *Index) Observe(tgt int, prompt string, publish []uint64) []uint64 {
+	if tgt < 0 || tgt >= len(x.targets) || prompt == "" {
+		return publish
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	t := &x.targets[tgt]
+	h, off := seed, 0
+	for ; off+ChunkBytes <= len(prompt); off += ChunkBytes {
+		h = xxh3.HashStringSeed(prompt[off:off+ChunkBytes], h)
+		publish = x.observeOne(tgt, t, h, publish)
+	}
+	if off < len(prompt) {
+		publish = x.observeOne(tgt, t, xxh3.HashStringSeed(prompt[off:], h^tailMark), publish)
+	}
+	return publish
+}
+
+// observeOne records hash h for target t (index tgt) and appends it to
+// publish when peers should hear of it. The write lock must be held.
+func (x *Index) observeOne(tgt int, t *target, h uint64, publish []uint64) []uint64 {
+	if e, ok := t.slots[h]; ok {
+		t.touch(e)
+		if x.capacity > 0 && t.inserts-t.entries[e].published > uint64(x.capacity/2) {
+			t.entries[e].published = t.inserts
+			publish = append(publish, h)
+		}
+		return publish
+	}
+	x.insert(tgt, h)
+	return append(publish, h)
+}
+
+// Fold records that a peer sent target prompts with these hashes. Hashes
+// are applied in order, so a snapshot folded oldest first keeps the peer's
+// LRU order. A target out of range is ignored.
+func (x *Index) Fold(tgt int, hashes []uint64) {
+	if tgt < 0 || tgt >= len(x.targets) || len(hashes) == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	t := &x.targets[tgt]
+	for _, h := range hashes {
+		if e, ok := t.slots[h]; ok {
+			t.touch(e)
+			t.entries[e].published = t.inserts
+			continue
+		}
+		x.insert(tgt, h)
+	}
+}
+
+// Export appends target's hashes to dst, oldest first, newest last; at most
+// limit of them (the newest), or all when limit <= 0.
+func (x *Index) Export(tgt int, dst []uint64, limit int) []uint64 {
+	if tgt < 0 || tgt >= len(x.targets) {
+		return dst
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	t := &x.targets[tgt]
+	skip := 0
+	if limit > 0 && len(t.slots) > limit {
+		skip = len(t.slots) - limit
+	}
+	for e := t.head; e >= 0; e = t.entries[e].next {
+		if skip > 0 {
+			skip--
+			continue
+		}
+		dst = append(dst, t.entries[e].hash)
+	}
+	return dst
+}
+
+// Stats returns what target holds (the zero Stats out of range).
+func (x *Index) Stats(tgt int) Stats {
+	if tgt < 0 || tgt >= len(x.targets) {
+		return Stats{}
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	t := &x.targets[tgt]
+	return Stats{Chunks: len(t.slots), Evictions: t.evictions}
+}
+
+// insert adds h to target tgt as its newest hash and evicts the oldest
+// while the target is above capacity. The write lock must be held.
+func (x *Index) insert(tgt int, h uint64) {
+	t := &x.targets[tgt]
+	t.inserts++
+	var e int32
+	if t.free >= 0 {
+		e = t.free
+		t.free = t.entries[e].next
+	} else {
+		t.entries = append(t.entries, entry{})
+		e = int32(len(t.entries) - 1)
+	}
+	t.entries[e] = entry{hash: h, published: t.inserts, prev: -1, next: -1}
+	t.link(e)
+	t.slots[h] = e
+	hs := x.holders[h]
+	hs.add(tgt)
+	x.holders[h] = hs
+	for x.capacity > 0 && len(t.slots) > x.capacity {
+		old := t.head
+		oh := t.entries[old].hash
+		t.unlink(old)
+		t.entries[old].next = t.free
+		t.free = old
+		delete(t.slots, oh)
+		t.evictions++
+		hs := x.holders[oh]
+		hs.remove(tgt)
+		if hs.empty() {
+			delete(x.holders, oh)
+		} else {
+			x.holders[oh] = hs
+		}
+	}
+}
+
+// touch moves entry e to the young end.
+func (t *target) touch(e int32) {
+	if t.tail == e {
+		return
+	}
+	t.unlink(e)
+	t.link(e)
+}
+
+// link appends e at the young end.
+func (t *target) link(e int32) {
+	t.entries[e].prev, t.entries[e].next = t.tail, -1
+	if t.tail >= 0 {
+		t.entries[t.tail].next = e
+	} else {
+		t.head = e
+	}
+	t.tail = e
+}
+
+func (t *target) unlink(e int32) {
+	p, n := t.entries[e].prev, t.entries[e].next
+	if p >= 0 {
+		t.entries[p].next = n
+	} else {
+		t.head = n
+	}
+	if n >= 0 {
+		t.entries[n].prev = p
+	} else {
+		t.tail = p
+	}
+}

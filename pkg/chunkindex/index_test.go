@@ -1,0 +1,254 @@
+package chunkindex_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"rolter.dev/pkg/chunkindex"
+)
+
+// text returns n bytes of deterministic pseudo-random lowercase text.
+func text(rng *rand.Rand, n int) string {
+	var b strings.Builder
+	for range n {
+		b.WriteByte(byte('a' + rng.IntN(26)))
+	}
+	return b.String()
+}
+
+func TestHashesChainThePrefix(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	base := text(rng, 3*chunkindex.ChunkBytes)
+	a := chunkindex.Hashes(nil, base+"tail one")
+	b := chunkindex.Hashes(nil, base+"tail two, longer")
+	if len(a) != 4 || len(b) != 4 {
+		t.Fatalf("fingerprint lengths %d, %d; want 3 chunks + tail", len(a), len(b))
+	}
+	if !slices.Equal(a[:3], b[:3]) {
+		t.Fatal("prompts sharing 3 chunks do not share their first 3 hashes")
+	}
+	if a[3] == b[3] {
+		t.Fatal("different tails hash alike")
+	}
+	// A change in the first chunk changes every later hash: hashes name whole prefixes.
+	c := chunkindex.Hashes(nil, "X"+base[1:]+"tail one")
+	for i := range c {
+		if c[i] == a[i] {
+			t.Fatalf("hash %d unchanged after the first byte changed", i)
+		}
+	}
+	if got := chunkindex.Hashes(nil, base); len(got) != 3 || !slices.Equal(got, a[:3]) {
+		t.Fatalf("exact multiple of the chunk size: %d hashes, want 3 equal to the chunk hashes", len(got))
+	}
+	// A tail is not mistaken for a full chunk of the same bytes.
+	short := chunkindex.Hashes(nil, base[:chunkindex.ChunkBytes-1])
+	full := chunkindex.Hashes(nil, base[:chunkindex.ChunkBytes])
+	if short[0] == full[0] {
+		t.Fatal("tail and chunk hashes collide")
+	}
+}
+
+func TestMatch(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	cb := chunkindex.ChunkBytes
+	sys := text(rng, 2*cb)
+	p0 := sys + text(rng, 100)
+	p1 := text(rng, 5*cb)
+	x := chunkindex.New(3, 0)
+	x.Observe(0, p0, nil)
+	x.Observe(1, p1, nil)
+	x.Observe(2, sys+text(rng, 3*cb), nil)
+
+	lens := make([]int, 3)
+	cases := []struct {
+		name   string
+		prompt string
+		want   []int
+	}{
+		{"identical prompt matches in full", p0, []int{len(p0), 0, 2 * cb}},
+		{"longer prompt matches whole chunks", p0 + "more", []int{3 * cb, 0, 2 * cb}},
+		{"another target's prompt", p1, []int{0, len(p1), 0}},
+		{"prefix of p1 cut mid-chunk", p1[:2*cb+10], []int{0, 2 * cb, 0}},
+		{"unknown prompt", text(rng, 300), []int{0, 0, 0}},
+		{"shorter than a chunk", "hi", []int{0, 0, 0}},
+	}
+	for _, c := range cases {
+		x.Match(c.prompt, lens)
+		if !slices.Equal(lens, c.want) {
+			t.Errorf("%s: match %v, want %v", c.name, lens, c.want)
+		}
+	}
+	// lens longer than the index's targets: the extra entries are zeroed.
+	long := []int{9, 9, 9, 9}
+	x.Match(p0, long)
+	if long[3] != 0 {
+		t.Errorf("extra len not cleared: %v", long)
+	}
+}
+
+// A receiver that folds everything an observer publishes matches every
+// prompt exactly as the observer does (unbounded capacity).
+func TestFoldReproducesObserver(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	const n = 4
+	obs, recv := chunkindex.New(n, 0), chunkindex.New(n, 0)
+	var prompts []string
+	stems := []string{text(rng, 200), text(rng, 700), text(rng, 64)}
+	for range 300 {
+		p := stems[rng.IntN(len(stems))] + text(rng, rng.IntN(400))
+		if rng.IntN(3) == 0 && len(prompts) > 0 {
+			p = prompts[rng.IntN(len(prompts))] + text(rng, rng.IntN(200))
+		}
+		prompts = append(prompts, p)
+		tgt := rng.IntN(n)
+		recv.Fold(tgt, obs.Observe(tgt, p, nil))
+	}
+	a, b := make([]int, n), make([]int, n)
+	for _, p := range append(prompts, stems...) {
+		obs.Match(p, a)
+		recv.Match(p, b)
+		if !slices.Equal(a, b) {
+			t.Fatalf("observer %v, receiver %v for a %d-byte prompt", a, b, len(p))
+		}
+	}
+	// Nothing already held is published again (unbounded: no refresh).
+	obs.Observe(0, prompts[0], nil)
+	if got := obs.Observe(0, prompts[0], nil); len(got) != 0 {
+		t.Fatalf("re-observing a held prompt published %d hashes", len(got))
+	}
+}
+
+func TestCapacityEvictsLeastRecentlyUsed(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	cb := chunkindex.ChunkBytes
+	x := chunkindex.New(1, 10)
+	hot := text(rng, 2*cb)
+	x.Observe(0, hot, nil)
+	var cold []string
+	for range 20 {
+		p := text(rng, cb)
+		cold = append(cold, p)
+		x.Observe(0, p, nil)
+		x.Observe(0, hot, nil) // keeps hot young
+		if s := x.Stats(0); s.Chunks > 10 {
+			t.Fatalf("holds %d hashes, capacity 10", s.Chunks)
+		}
+	}
+	lens := make([]int, 1)
+	x.Match(hot, lens)
+	if lens[0] != len(hot) {
+		t.Fatalf("the hot prompt was evicted (match %d)", lens[0])
+	}
+	x.Match(cold[0], lens)
+	if lens[0] != 0 {
+		t.Fatal("the oldest cold prompt survived")
+	}
+	x.Match(cold[len(cold)-1], lens)
+	if lens[0] != cb {
+		t.Fatal("the newest cold prompt was evicted")
+	}
+	if s := x.Stats(0); s.Evictions != 12 || s.Chunks != 10 {
+		t.Fatalf("stats %+v, want 10 chunks and 12 evictions (22 hashes inserted)", s)
+	}
+	if got := x.Export(0, nil, 0); len(got) != 10 {
+		t.Fatalf("export %d hashes, want 10", len(got))
+	}
+	if got := x.Export(0, nil, 3); len(got) != 3 || !slices.Equal(got, x.Export(0, nil, 0)[7:]) {
+		t.Fatal("a limited export is not the newest hashes, oldest first")
+	}
+}
+
+// A hot prompt is published once, then again only after half the
+// capacity's worth of new hashes, and a peer's publication counts as this
+// proxy's own.
+func TestRepublishHalfWindow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	cb := chunkindex.ChunkBytes
+	x := chunkindex.New(1, 8)
+	hot := text(rng, cb)
+	if got := x.Observe(0, hot, nil); len(got) != 1 {
+		t.Fatalf("first observation published %d hashes, want 1", len(got))
+	}
+	republished := 0
+	for i := range 12 {
+		x.Observe(0, text(rng, cb), nil)
+		if got := x.Observe(0, hot, nil); len(got) > 0 {
+			republished++
+			if i < 4 {
+				t.Fatalf("republished after %d inserts, want more than 4", i+1)
+			}
+		}
+	}
+	if republished != 2 {
+		t.Fatalf("hot prompt republished %d times over 12 inserts, want 2 (every 5th)", republished)
+	}
+	// A peer publishing it resets the clock.
+	for range 4 {
+		x.Observe(0, text(rng, cb), nil)
+	}
+	x.Fold(0, chunkindex.Hashes(nil, hot))
+	for range 4 {
+		x.Observe(0, text(rng, cb), nil)
+	}
+	if got := x.Observe(0, hot, nil); len(got) != 0 {
+		t.Fatal("republished although a peer published it 4 inserts ago")
+	}
+}
+
+func TestOutOfRangeIgnored(t *testing.T) {
+	x := chunkindex.New(2, 0)
+	if got := x.Observe(5, "prompt", nil); got != nil {
+		t.Fatal("out-of-range observe published")
+	}
+	x.Observe(-1, "prompt", nil)
+	x.Fold(2, []uint64{1})
+	x.Observe(0, "", nil)
+	if x.Stats(0).Chunks+x.Stats(1).Chunks != 0 || x.Export(9, nil, 0) != nil || x.Stats(-1) != (chunkindex.Stats{}) {
+		t.Fatal("ignored input changed the index")
+	}
+	if chunkindex.New(1000, 0).Targets() != chunkindex.MaxTargets {
+		t.Fatal("targets not clamped")
+	}
+}
+
+func TestConcurrentUse(t *testing.T) {
+	x := chunkindex.New(8, 100)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			lens := make([]int, 8)
+			for i := range 500 {
+				p := fmt.Sprintf("%d-%s", i%37, text(rng, 100+rng.IntN(200)))
+				x.Match(p, lens)
+				x.Fold(rng.IntN(8), x.Observe(rng.IntN(8), p, nil))
+				x.Export(rng.IntN(8), nil, 10)
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range 8 {
+		if c := x.Stats(i).Chunks; c > 100 {
+			t.Fatalf("target %d holds %d > capacity", i, c)
+		}
+	}
+}
+
+func TestMatchDoesNotAllocate(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	x := chunkindex.New(8, 0)
+	p := text(rng, 8<<10)
+	for i := range 8 {
+		x.Observe(i, p[:1024*(i+1)], nil)
+	}
+	lens := make([]int, 8)
+	if a := testing.AllocsPerRun(100, func() { x.Match(p, lens) }); a != 0 {
+		t.Fatalf("Match allocates %.1f times", a)
+	}
+}

@@ -1,0 +1,45 @@
+// Package fleet makes several rolter proxies behind an L4 balancer route as
+// well as one. Each proxy is a [Node]; nodes tell one another, over NATS
+// (or, in the routing simulator, over a modelled delay), what they routed
+// where and how much they have in flight, and fold what their peers say into
+// their own balancers.
+//
+// # What is shared
+//
+// Affinity: a route whose balancer keeps a prefix tree (cache_aware, the
+// pipeline's prefix_cache scorer) is built with routing.Spec.Share set to
+// [Route.Record]. Every local pick then yields the prompt-prefix hashes
+// worth publishing (rolter.dev/pkg/chunkindex: 8 bytes per new 64 bytes of
+// prompt, and a hot prefix about once per half index window); the node
+// batches them per route and target and publishes one
+// rolter.fleet.v1.Observations message per flush interval (25 ms by
+// default). A receiver folds each target's hashes into its balancer's shared
+// index, which cache_aware consults next to its own tree, so the match
+// fraction it compares against its threshold reflects what the whole fleet
+// sent to each replica.
+//
+// Load: every load interval (100 ms) each node publishes its in-flight count
+// per route target (rolter.fleet.v1.Loads, which doubles as a heartbeat).
+// [Route.PeerLoad] is the sum of the latest counts of the peers heard within
+// their report's TTL; the data plane adds it to its own live count before a
+// pick, so the load guard and least load see the fleet's load.
+//
+// Routes are matched by name and layout (a digest of strategy, parameters and
+// ordered targets): during a rolling config change an entry for another
+// layout is dropped and counted, never applied to the wrong target.
+//
+// # Failure behaviour
+//
+// Nothing on the request path waits for the network: Record appends to a
+// buffer, PeerLoad reads an atomic. With NATS down or a peer silent, a
+// peer's loads expire after their TTL and the node routes on its own view;
+// shared prefixes age out through the same LRU ceiling as the proxy's own.
+// A node that binds a route it did not have (at start, or a config change
+// adding one) asks its peers for a snapshot of their shared index (request
+// and reply, one peer answers) and folds it, so a new proxy starts warm.
+//
+// # Subjects
+//
+// rolter.fleet.v1.<group>.obs, .load and .snap; the group (default
+// "default") keeps separate fleets on one NATS apart.
+package fleet

@@ -1,0 +1,48 @@
+package fleet_test
+
+import (
+	"testing"
+	"time"
+
+	"rolter.dev/pkg/fleet"
+)
+
+// FuzzDecode feeds arbitrary bytes to every decoder and to a node's
+// handlers: errors are fine, panics are not, and a message that decodes
+// must not name a target out of range.
+func FuzzDecode(f *testing.F) {
+	a := newMember(f, "a", 1)
+	a.own[0] = 3
+	for i := range 3 {
+		a.send(conversation(i))
+	}
+	f.Add(a.node.FlushObservations())
+	f.Add(a.node.LoadReport())
+	f.Add(a.node.SnapshotRequest())
+	f.Add(a.node.SnapshotReply(newMember(f, "b", 1).node.SnapshotRequest(), 1<<20))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if m, err := fleet.DecodeObservations(data); err == nil {
+			for _, r := range m.Routes {
+				for _, tc := range r.Targets {
+					if tc.Target >= 256 {
+						t.Fatalf("target %d accepted", tc.Target)
+					}
+				}
+			}
+		}
+		_, _ = fleet.DecodeLoads(data)
+		_, _ = fleet.DecodeSnapshotRequest(data)
+		_, _ = fleet.DecodeSnapshot(data)
+		n := newMember(t, "fuzz", 1)
+		n.node.HandleObservations(data, time.Now())
+		n.node.HandleLoads(data, time.Now())
+		_, _ = n.node.ApplySnapshot(data, time.Now())
+		_ = n.node.SnapshotReply(data, 1<<16)
+		for i := range targets {
+			if n.route.PeerLoad(i) < 0 {
+				t.Fatal("negative peer load")
+			}
+		}
+	})
+}

@@ -1,0 +1,120 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// warmTimeout bounds a snapshot request.
+const warmTimeout = 2 * time.Second
+
+// Run connects the node to its peers over nc until ctx ends: it subscribes
+// to the group's subjects, publishes observations every flush interval and
+// loads every load interval, answers snapshot requests, and asks for one
+// whenever a route is bound for the first time. Publishing never blocks the
+// request path; while NATS is down nats.go buffers (and then drops) what is
+// published, and peers' loads expire, so the node routes on its own view.
+func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
+	obsSubj, loadSubj, snapSubj := Subjects(n.opts.Group)
+	var subs []*nats.Subscription
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}()
+	for subj, h := range map[string]nats.MsgHandler{
+		obsSubj:  func(m *nats.Msg) { n.HandleObservations(m.Data, time.Now()) },
+		loadSubj: func(m *nats.Msg) { n.HandleLoads(m.Data, time.Now()) },
+		snapSubj: func(m *nats.Msg) {
+			if m.Reply == "" {
+				return
+			}
+			if b := n.SnapshotReply(m.Data, int(nc.MaxPayload())); b != nil {
+				_ = m.Respond(b)
+			}
+		},
+	} {
+		s, err := nc.Subscribe(subj, h)
+		if err != nil {
+			return err
+		}
+		// Folding is cheap; a burst of peers' batches must not be dropped
+		// as a slow consumer at nats.go's default 64 MiB either.
+		_ = s.SetPendingLimits(-1, 256<<20)
+		subs = append(subs, s)
+	}
+	flush := time.NewTicker(n.opts.FlushInterval)
+	defer flush.Stop()
+	load := time.NewTicker(n.opts.LoadInterval)
+	defer load.Stop()
+	warmDone := make(chan struct{}, 1)
+	warming, again := false, false
+	for {
+		select {
+		case <-ctx.Done():
+			if b := n.FlushObservations(); b != nil {
+				_ = nc.Publish(obsSubj, b)
+			}
+			return nil
+		case <-flush.C:
+			if b := n.FlushObservations(); b != nil {
+				if err := nc.Publish(obsSubj, b); err != nil {
+					n.stats.publishErrors.Add(1)
+				}
+			}
+		case now := <-load.C:
+			if err := nc.Publish(loadSubj, n.LoadReport()); err != nil {
+				n.stats.publishErrors.Add(1)
+			}
+			n.Expire(now)
+		case <-n.unwarmed:
+			if warming {
+				again = true // ask again once the request in flight is answered
+				continue
+			}
+			warming = true
+			req := n.SnapshotRequest()
+			go func() {
+				defer func() { warmDone <- struct{}{} }()
+				msg, err := nc.RequestWithContext(ctxTimeout(ctx, warmTimeout), snapSubj, req)
+				if err != nil {
+					if !errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
+						log.Debug("fleet: no warm-up snapshot", "err", err)
+					}
+					return
+				}
+				folded, err := n.ApplySnapshot(msg.Data, time.Now())
+				if err != nil {
+					log.Warn("fleet: bad warm-up snapshot", "err", err)
+					return
+				}
+				log.Info("fleet: warmed up from a peer", "hashes", folded)
+			}()
+		case <-warmDone:
+			warming = false
+			if again {
+				again = false
+				n.markUnwarmed()
+			}
+		}
+	}
+}
+
+func (n *Node) markUnwarmed() {
+	select {
+	case n.unwarmed <- struct{}{}:
+	default:
+	}
+}
+
+// ctxTimeout returns a context that ends with parent or after d; its cancel
+// runs when the deadline passes (contexts with deadlines free themselves).
+func ctxTimeout(parent context.Context, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(parent, d)
+	context.AfterFunc(ctx, cancel)
+	return ctx
+}

@@ -1,0 +1,99 @@
+package fleet_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func startNATS(t testing.TB) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(5 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
+// runMember connects m to NATS until the test ends.
+func runMember(t *testing.T, s *server.Server, m *member) {
+	t.Helper()
+	nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := m.node.Run(ctx, nc, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+			t.Error(err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait(); nc.Close() })
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting: %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestOverNATS(t *testing.T) {
+	s := startNATS(t)
+	a, b := newMember(t, "a", 3), newMember(t, "b", 3)
+	runMember(t, s, a)
+	runMember(t, s, b)
+
+	// Loads: a's in-flight counts reach b (the counts are read under the
+	// node's lock, so the test sets them before a report is due).
+	eventually(t, "b hears a", func() bool { return b.node.Stats(time.Now()).Peers == 1 })
+	placed := a.send(conversation(1))
+	eventually(t, "a's observation reaches b", func() bool { return b.node.Stats(time.Now()).ChunksFolded > 0 })
+	if got := b.send(conversation(1) + " again"); got != placed {
+		t.Fatalf("b picked %d, a placed the conversation on %d", got, placed)
+	}
+
+	// A late node warms up from a snapshot.
+	late := newMember(t, "late", 3)
+	runMember(t, s, late)
+	eventually(t, "late warms up", func() bool { return late.node.Stats(time.Now()).SnapshotsApplied == 1 })
+	if got := late.send(conversation(1) + " once more"); got != placed {
+		t.Fatalf("the warmed node picked %d, want %d", got, placed)
+	}
+}
+
+func TestNATSDownFallsBackToOwnView(t *testing.T) {
+	s := startNATS(t)
+	a, b := newMember(t, "a", 3), newMember(t, "b", 3)
+	a.own[1] = 7
+	runMember(t, s, a)
+	runMember(t, s, b)
+	eventually(t, "b sees a's load", func() bool { return b.route.PeerLoad(1) == 7 })
+	s.Shutdown()
+	eventually(t, "a's load expires at b", func() bool { return b.route.PeerLoad(1) == 0 })
+	// b keeps routing on its own view.
+	if got := b.send("anything"); got < 0 || got >= targets {
+		t.Fatalf("pick %d with NATS down", got)
+	}
+}

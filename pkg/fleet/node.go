@@ -1,0 +1,486 @@
+package fleet
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	fleetv1 "rolter.dev/proto/rolter/fleet/v1"
+)
+
+// Defaults of [Options].
+const (
+	DefaultGroup         = "default"
+	DefaultFlushInterval = 25 * time.Millisecond
+	DefaultLoadInterval  = 100 * time.Millisecond
+	// loadTTLIntervals is how many load intervals a report stays valid: a
+	// peer's counts survive two lost reports.
+	loadTTLIntervals = 3
+)
+
+// Options configure a Node; zero fields take the defaults.
+type Options struct {
+	// ID names this node to its peers; a random one by default.
+	ID string
+	// Group separates fleets sharing one NATS.
+	Group string
+	// FlushInterval is how often batched observations are published.
+	FlushInterval time.Duration
+	// LoadInterval is how often in-flight counts are published.
+	LoadInterval time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.ID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		o.ID = hex.EncodeToString(b[:])
+	}
+	if o.Group == "" {
+		o.Group = DefaultGroup
+	}
+	if o.FlushInterval <= 0 {
+		o.FlushInterval = DefaultFlushInterval
+	}
+	if o.LoadInterval <= 0 {
+		o.LoadInterval = DefaultLoadInterval
+	}
+	return o
+}
+
+// Affinity is what a node needs of a balancer that shares its prefix
+// affinity (rolter.dev/pkg/routing.SharedAffinity).
+type Affinity interface {
+	FoldPeer(target int, chunks []uint64)
+	ExportShared(target int, dst []uint64, limit int) []uint64
+}
+
+// Node is one proxy's membership in the fleet. Its methods are safe for
+// concurrent use.
+type Node struct {
+	opts Options
+
+	mu      sync.Mutex
+	routes  map[routeKey]*Route
+	peers   map[string]*peer
+	obsSeq  uint64
+	loadSeq uint64
+
+	// unwarmed is signalled when a route is bound for the first time.
+	unwarmed chan struct{}
+
+	stats counters
+}
+
+type routeKey struct {
+	name   string
+	layout uint64
+}
+
+// peer is what a node knows of one other node. Guarded by Node.mu.
+type peer struct {
+	lastObs   uint64
+	heard     time.Time
+	loads     map[routeKey][]uint32
+	loadsTill time.Time
+}
+
+// Route is one route's shared state on a node.
+type Route struct {
+	node *Node
+	key  routeKey
+	n    int
+
+	mu      sync.Mutex
+	pending [][]uint64 // per target, hashes not yet published
+	queued  int
+
+	aff      atomic.Pointer[affinityBox]
+	own      atomic.Pointer[func(int) int]
+	peerLoad []atomic.Int64
+}
+
+type affinityBox struct{ Affinity }
+
+// NewNode returns a node with no routes.
+func NewNode(o Options) *Node {
+	return &Node{
+		opts:     o.withDefaults(),
+		routes:   make(map[routeKey]*Route),
+		peers:    make(map[string]*peer),
+		unwarmed: make(chan struct{}, 1),
+	}
+}
+
+// ID returns the node's id.
+func (n *Node) ID() string { return n.opts.ID }
+
+// Options returns the node's options with defaults applied.
+func (n *Node) Options() Options { return n.opts }
+
+// Bind returns the node's state for a route of targets targets with the
+// given layout digest, creating it when the node had none (and then asking
+// peers, through Run, for a snapshot to warm up from).
+func (n *Node) Bind(name string, layout uint64, targets int) *Route {
+	k := routeKey{name, layout}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if r := n.routes[k]; r != nil && r.n == targets {
+		return r
+	}
+	r := &Route{node: n, key: k, n: targets, pending: make([][]uint64, targets), peerLoad: make([]atomic.Int64, targets)}
+	n.routes[k] = r
+	n.sumLoads(r, time.Now())
+	select {
+	case n.unwarmed <- struct{}{}:
+	default:
+	}
+	return r
+}
+
+// Retain forgets every route but keep (the routes of the config now in
+// force).
+func (n *Node) Retain(keep []*Route) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for k, r := range n.routes {
+		if !slices.Contains(keep, r) {
+			delete(n.routes, k)
+		}
+	}
+}
+
+// SetAffinity connects the route's balancer; nil disconnects it.
+func (r *Route) SetAffinity(a Affinity) {
+	if a == nil {
+		r.aff.Store(nil)
+		return
+	}
+	r.aff.Store(&affinityBox{a})
+}
+
+// SetOwnLoad sets how the node reads its own in-flight count of a target,
+// for its load reports.
+func (r *Route) SetOwnLoad(f func(target int) int) { r.own.Store(&f) }
+
+// Record queues chunks, observed locally for target, for the next flush. It
+// is routing.Spec.Share; it copies chunks.
+func (r *Route) Record(target int, chunks []uint64) {
+	if r == nil || target < 0 || target >= r.n || len(chunks) == 0 {
+		return
+	}
+	r.mu.Lock()
+	r.pending[target] = append(r.pending[target], chunks...)
+	r.queued += len(chunks)
+	r.mu.Unlock()
+}
+
+// PeerLoad is the sum of the peers' latest in-flight counts for target
+// (0 for a nil route or a target out of range). It does not lock.
+func (r *Route) PeerLoad(target int) int {
+	if r == nil || target < 0 || target >= len(r.peerLoad) {
+		return 0
+	}
+	return int(r.peerLoad[target].Load())
+}
+
+// TakeObservations returns the observations recorded since the last call,
+// as the next batch, or nil when there are none.
+func (n *Node) TakeObservations() *fleetv1.Observations {
+	n.mu.Lock()
+	routes := make([]*Route, 0, len(n.routes))
+	for _, r := range n.routes {
+		routes = append(routes, r)
+	}
+	n.mu.Unlock()
+	msg := &fleetv1.Observations{Proxy: n.opts.ID}
+	for _, r := range routes {
+		r.mu.Lock()
+		if r.queued == 0 {
+			r.mu.Unlock()
+			continue
+		}
+		rc := &fleetv1.RouteChunks{Route: r.key.name, Layout: r.key.layout}
+		for t, chunks := range r.pending {
+			if len(chunks) > 0 {
+				rc.Targets = append(rc.Targets, &fleetv1.TargetChunks{Target: uint32(t), Chunks: chunks})
+				r.pending[t] = nil
+			}
+		}
+		r.queued = 0
+		r.mu.Unlock()
+		msg.Routes = append(msg.Routes, rc)
+	}
+	if len(msg.Routes) == 0 {
+		return nil
+	}
+	n.mu.Lock()
+	n.obsSeq++
+	msg.Seq = n.obsSeq
+	n.mu.Unlock()
+	return msg
+}
+
+// FlushObservations encodes TakeObservations; nil when there is nothing to
+// publish.
+func (n *Node) FlushObservations() []byte {
+	msg := n.TakeObservations()
+	if msg == nil {
+		return nil
+	}
+	b := encode(msg)
+	n.stats.published(len(b), msg)
+	return b
+}
+
+// LoadReport encodes this node's in-flight counts for every bound route.
+func (n *Node) LoadReport() []byte {
+	n.mu.Lock()
+	n.loadSeq++
+	msg := &fleetv1.Loads{Proxy: n.opts.ID, Seq: n.loadSeq, TtlMs: uint32(loadTTLIntervals * n.opts.LoadInterval / time.Millisecond)}
+	for _, r := range n.routes {
+		own := r.own.Load()
+		rl := &fleetv1.RouteLoads{Route: r.key.name, Layout: r.key.layout, InFlight: make([]uint32, r.n)}
+		if own != nil {
+			for i := range rl.InFlight {
+				rl.InFlight[i] = uint32(max((*own)(i), 0))
+			}
+		}
+		msg.Routes = append(msg.Routes, rl)
+	}
+	n.mu.Unlock()
+	b := encode(msg)
+	n.stats.bytesPublished.Add(uint64(len(b)))
+	return b
+}
+
+// HandleObservations folds a peer's batch. Malformed batches, a node's own
+// and entries for unknown routes or layouts are counted and dropped.
+func (n *Node) HandleObservations(data []byte, now time.Time) {
+	msg, err := DecodeObservations(data)
+	if err != nil {
+		n.stats.malformed.Add(1)
+		return
+	}
+	if msg.Proxy == n.opts.ID {
+		return
+	}
+	type fold struct {
+		aff    Affinity
+		target int
+		chunks []uint64
+	}
+	var folds []fold
+	n.mu.Lock()
+	p := n.peer(msg.Proxy, now)
+	if p.lastObs != 0 && msg.Seq > p.lastObs+1 {
+		n.stats.lostBatches.Add(msg.Seq - p.lastObs - 1)
+	}
+	p.lastObs = max(p.lastObs, msg.Seq)
+	for _, rc := range msg.Routes {
+		r := n.routes[routeKey{rc.Route, rc.Layout}]
+		if r == nil {
+			n.stats.unknownRoute.Add(1)
+			continue
+		}
+		box := r.aff.Load()
+		if box == nil {
+			n.stats.unknownRoute.Add(1)
+			continue
+		}
+		for _, tc := range rc.Targets {
+			if int(tc.Target) >= r.n {
+				n.stats.malformed.Add(1)
+				continue
+			}
+			folds = append(folds, fold{box.Affinity, int(tc.Target), tc.Chunks})
+		}
+	}
+	n.mu.Unlock()
+	n.stats.batchesReceived.Add(1)
+	for _, f := range folds {
+		f.aff.FoldPeer(f.target, f.chunks)
+		n.stats.chunksFolded.Add(uint64(len(f.chunks)))
+	}
+}
+
+// HandleLoads takes a peer's in-flight counts.
+func (n *Node) HandleLoads(data []byte, now time.Time) {
+	msg, err := DecodeLoads(data)
+	if err != nil {
+		n.stats.malformed.Add(1)
+		return
+	}
+	if msg.Proxy == n.opts.ID {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.stats.loadReports.Add(1)
+	p := n.peer(msg.Proxy, now)
+	p.loads = make(map[routeKey][]uint32, len(msg.Routes))
+	for _, rl := range msg.Routes {
+		p.loads[routeKey{rl.Route, rl.Layout}] = rl.InFlight
+	}
+	p.loadsTill = now.Add(time.Duration(msg.TtlMs) * time.Millisecond)
+	for _, r := range n.routes {
+		n.sumLoads(r, now)
+	}
+}
+
+// Expire forgets the loads of peers not heard within their TTL, and peers
+// silent for long. It is called every load interval.
+func (n *Node) Expire(now time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	changed := false
+	for id, p := range n.peers {
+		if p.loads != nil && !now.Before(p.loadsTill) {
+			p.loads = nil
+			changed = true
+		}
+		if now.Sub(p.heard) > 10*loadTTLIntervals*n.opts.LoadInterval {
+			delete(n.peers, id)
+		}
+	}
+	if changed {
+		for _, r := range n.routes {
+			n.sumLoads(r, now)
+		}
+	}
+}
+
+// peer returns the record of peer id, creating it. n.mu must be held.
+func (n *Node) peer(id string, now time.Time) *peer {
+	p := n.peers[id]
+	if p == nil {
+		p = &peer{}
+		n.peers[id] = p
+	}
+	if now.After(p.heard) {
+		p.heard = now
+	}
+	return p
+}
+
+// sumLoads recomputes r's peer loads. n.mu must be held.
+func (n *Node) sumLoads(r *Route, now time.Time) {
+	for i := range r.peerLoad {
+		var sum int64
+		for _, p := range n.peers {
+			if c := p.loads[r.key]; i < len(c) && now.Before(p.loadsTill) {
+				sum += int64(c[i])
+			}
+		}
+		r.peerLoad[i].Store(sum)
+	}
+}
+
+// snapshotOverhead is left for everything but the hashes in a snapshot.
+const snapshotOverhead = 4 << 10
+
+// SnapshotReply answers a peer's snapshot request with this node's shared
+// index, at most maxBytes long; nil for a malformed request or one of its
+// own.
+func (n *Node) SnapshotReply(req []byte, maxBytes int) []byte {
+	msg, err := DecodeSnapshotRequest(req)
+	if err != nil {
+		n.stats.malformed.Add(1)
+		return nil
+	}
+	if msg.Proxy == n.opts.ID {
+		return nil
+	}
+	n.mu.Lock()
+	var routes []*Route
+	targets := 0
+	for _, r := range n.routes {
+		if r.aff.Load() != nil && (len(msg.Routes) == 0 || slices.Contains(msg.Routes, r.key.name)) {
+			routes = append(routes, r)
+			targets += r.n
+		}
+	}
+	n.mu.Unlock()
+	limit := 1
+	if targets > 0 {
+		// 9 bytes per packed hash leaves room for the per-target framing.
+		limit = max((maxBytes-snapshotOverhead)/9/targets, 1)
+	}
+	snap := &fleetv1.Snapshot{Proxy: n.opts.ID}
+	for _, r := range routes {
+		box := r.aff.Load()
+		if box == nil {
+			continue
+		}
+		rc := &fleetv1.RouteChunks{Route: r.key.name, Layout: r.key.layout}
+		for t := range r.n {
+			chunks := box.ExportShared(t, nil, limit+1)
+			if len(chunks) > limit {
+				chunks = chunks[1:]
+				snap.Truncated = true
+			}
+			if len(chunks) > 0 {
+				rc.Targets = append(rc.Targets, &fleetv1.TargetChunks{Target: uint32(t), Chunks: chunks})
+			}
+		}
+		snap.Routes = append(snap.Routes, rc)
+	}
+	n.stats.snapshotsServed.Add(1)
+	b := encode(snap)
+	n.stats.bytesPublished.Add(uint64(len(b)))
+	return b
+}
+
+// SnapshotRequest encodes a request for the shared index of every route
+// this node has bound.
+func (n *Node) SnapshotRequest() []byte {
+	n.mu.Lock()
+	req := &fleetv1.SnapshotRequest{Proxy: n.opts.ID}
+	for k := range n.routes {
+		if !slices.Contains(req.Routes, k.name) {
+			req.Routes = append(req.Routes, k.name)
+		}
+	}
+	n.mu.Unlock()
+	slices.Sort(req.Routes)
+	return encode(req)
+}
+
+// ApplySnapshot folds a peer's snapshot reply and reports how many hashes it
+// folded.
+func (n *Node) ApplySnapshot(data []byte, now time.Time) (int, error) {
+	snap, err := DecodeSnapshot(data)
+	if err != nil {
+		n.stats.malformed.Add(1)
+		return 0, err
+	}
+	folded := 0
+	for _, rc := range snap.Routes {
+		n.mu.Lock()
+		r := n.routes[routeKey{rc.Route, rc.Layout}]
+		n.mu.Unlock()
+		if r == nil {
+			n.stats.unknownRoute.Add(1)
+			continue
+		}
+		box := r.aff.Load()
+		if box == nil {
+			continue
+		}
+		for _, tc := range rc.Targets {
+			if int(tc.Target) < r.n {
+				box.FoldPeer(int(tc.Target), tc.Chunks)
+				folded += len(tc.Chunks)
+			}
+		}
+	}
+	n.stats.snapshotsApplied.Add(1)
+	n.stats.chunksFolded.Add(uint64(folded))
+	n.mu.Lock()
+	n.peer(snap.Proxy, now)
+	n.mu.Unlock()
+	return folded, nil
+}

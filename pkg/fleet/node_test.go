@@ -1,0 +1,212 @@
+package fleet_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"rolter.dev/pkg/fleet"
+	"rolter.dev/pkg/routing"
+)
+
+const targets = 4
+
+// member is one proxy: a fleet node with one cache_aware route.
+type member struct {
+	node  *fleet.Node
+	route *fleet.Route
+	b     routing.Balancer
+	own   []int
+}
+
+func newMember(t testing.TB, id string, layout uint64) *member {
+	t.Helper()
+	m := &member{node: fleet.NewNode(fleet.Options{ID: id, LoadInterval: 50 * time.Millisecond, FlushInterval: 5 * time.Millisecond}), own: make([]int, targets)}
+	m.route = m.node.Bind("llama", layout, targets)
+	b, err := routing.New(routing.Spec{Strategy: routing.CacheAware, Weights: []int{1, 1, 1, 1}, Share: m.route.Record})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.b = b
+	m.route.SetAffinity(b.(routing.SharedAffinity))
+	m.route.SetOwnLoad(func(i int) int { return m.own[i] })
+	return m
+}
+
+// newSoloMember is a member whose balancer does not share (a proxy
+// without --share): its route still reports and takes loads.
+func newSoloMember(t testing.TB) *member {
+	t.Helper()
+	m := newMember(t, "solo", 1)
+	b, err := routing.New(routing.Spec{Strategy: routing.CacheAware, Weights: []int{1, 1, 1, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.b = b
+	m.route.SetAffinity(nil)
+	return m
+}
+
+// send routes a prompt as the data plane does and returns the target.
+func (m *member) send(prompt string) int {
+	loads := make([]int, targets)
+	for i := range loads {
+		loads[i] = m.own[i] + m.route.PeerLoad(i)
+	}
+	t := m.b.Pick(&routing.Context{Prompt: prompt}, loads, routing.Set{})
+	m.b.Observe(t, &routing.Context{Prompt: prompt})
+	return t
+}
+
+func conversation(i int) string {
+	return fmt.Sprintf("system %d: %s", i, strings.Repeat(fmt.Sprintf("conversation %d says hello. ", i), 30))
+}
+
+func TestObservationsMoveAffinityAcrossNodes(t *testing.T) {
+	a, b := newMember(t, "a", 7), newMember(t, "b", 7)
+	placed := make([]int, targets)
+	for i := range targets {
+		placed[i] = a.send(conversation(i))
+	}
+	batch := a.node.FlushObservations()
+	if batch == nil {
+		t.Fatal("no batch after four observations")
+	}
+	if a.node.FlushObservations() != nil {
+		t.Fatal("a second flush with nothing new published again")
+	}
+	b.node.HandleObservations(batch, time.Now())
+	for i := range targets {
+		if got := b.send(conversation(i) + " next turn"); got != placed[i] {
+			t.Errorf("conversation %d: b picked %d, a placed it on %d", i, got, placed[i])
+		}
+	}
+	st := b.node.Stats(time.Now())
+	if st.BatchesReceived != 1 || st.ChunksFolded == 0 || st.Malformed != 0 {
+		t.Fatalf("receiver stats %+v", st)
+	}
+	if s := a.node.Stats(time.Now()); s.BatchesPublished != 1 || s.ChunksPublished != st.ChunksFolded || s.BytesPublished != uint64(len(batch)) {
+		t.Fatalf("publisher stats %+v; receiver folded %d", s, st.ChunksFolded)
+	}
+	// A node ignores its own batches (NATS echoes them).
+	a.node.HandleObservations(batch, time.Now())
+	if a.node.Stats(time.Now()).BatchesReceived != 0 {
+		t.Fatal("a node folded its own batch")
+	}
+}
+
+func TestObservationsForAnotherLayoutAreDropped(t *testing.T) {
+	a, b := newMember(t, "a", 1), newMember(t, "b", 2)
+	a.send(conversation(0))
+	b.node.HandleObservations(a.node.FlushObservations(), time.Now())
+	st := b.node.Stats(time.Now())
+	if st.UnknownRoute != 1 || st.ChunksFolded != 0 {
+		t.Fatalf("stats %+v, want the entry dropped as an unknown route", st)
+	}
+}
+
+func TestLostBatchesAreCounted(t *testing.T) {
+	a, b := newMember(t, "a", 1), newMember(t, "b", 1)
+	var batches [][]byte
+	for i := range 4 {
+		a.send(conversation(i))
+		batches = append(batches, a.node.FlushObservations())
+	}
+	b.node.HandleObservations(batches[0], time.Now())
+	b.node.HandleObservations(batches[3], time.Now())
+	if got := b.node.Stats(time.Now()).LostBatches; got != 2 {
+		t.Fatalf("lost batches %d, want 2", got)
+	}
+}
+
+func TestPeerLoadsAddUpAndExpire(t *testing.T) {
+	a, b, c := newMember(t, "a", 1), newMember(t, "b", 1), newMember(t, "c", 1)
+	a.own[2], b.own[2], b.own[0] = 5, 3, 1
+	now := time.Now()
+	c.node.HandleLoads(a.node.LoadReport(), now)
+	c.node.HandleLoads(b.node.LoadReport(), now)
+	if got := []int{c.route.PeerLoad(0), c.route.PeerLoad(2)}; got[0] != 1 || got[1] != 8 {
+		t.Fatalf("peer loads %v, want [1 8]", got)
+	}
+	if c.node.Stats(now).Peers != 2 {
+		t.Fatal("two peers not seen")
+	}
+	// A newer report replaces the older one of the same peer.
+	a.own[2] = 1
+	c.node.HandleLoads(a.node.LoadReport(), now.Add(10*time.Millisecond))
+	if got := c.route.PeerLoad(2); got != 4 {
+		t.Fatalf("peer load %d after a's update, want 4", got)
+	}
+	// b falls silent: its counts expire after its TTL (3 × 50 ms), a's stay.
+	c.node.HandleLoads(a.node.LoadReport(), now.Add(140*time.Millisecond))
+	c.node.Expire(now.Add(160 * time.Millisecond))
+	if got := c.route.PeerLoad(2); got != 1 {
+		t.Fatalf("peer load %d after b expired, want a's 1", got)
+	}
+	if c.node.Stats(now.Add(160*time.Millisecond)).Peers != 1 {
+		t.Fatal("a silent peer still counts as seen")
+	}
+	// The picks follow the fleet's load: c itself has nothing in flight.
+	a.own = []int{9, 9, 0, 9}
+	c.node.HandleLoads(a.node.LoadReport(), now.Add(200*time.Millisecond))
+	if got := c.send("a prompt nobody has seen"); got != 2 {
+		t.Fatalf("picked %d, want the only target idle fleet-wide (2)", got)
+	}
+}
+
+func TestSnapshotWarmsANewNode(t *testing.T) {
+	a := newMember(t, "a", 1)
+	placed := make([]int, targets)
+	for i := range targets {
+		placed[i] = a.send(conversation(i))
+	}
+	late := newMember(t, "late", 1)
+	reply := a.node.SnapshotReply(late.node.SnapshotRequest(), 1<<20)
+	if reply == nil {
+		t.Fatal("no snapshot reply")
+	}
+	folded, err := late.node.ApplySnapshot(reply, time.Now())
+	if err != nil || folded == 0 {
+		t.Fatalf("apply: %d hashes, %v", folded, err)
+	}
+	for i := range targets {
+		if got := late.send(conversation(i) + " more"); got != placed[i] {
+			t.Errorf("conversation %d: warmed node picked %d, want %d", i, got, placed[i])
+		}
+	}
+	// A node does not answer itself.
+	if a.node.SnapshotReply(a.node.SnapshotRequest(), 1<<20) != nil {
+		t.Fatal("a node answered its own request")
+	}
+}
+
+func TestSnapshotFitsThePayloadLimit(t *testing.T) {
+	a := newMember(t, "a", 1)
+	for i := range 400 {
+		a.send(conversation(i))
+	}
+	const limit = 8 << 10
+	reply := a.node.SnapshotReply(newMember(t, "b", 1).node.SnapshotRequest(), limit)
+	if len(reply) > limit {
+		t.Fatalf("snapshot of %d bytes, limit %d", len(reply), limit)
+	}
+	snap, err := fleet.DecodeSnapshot(reply)
+	if err != nil || !snap.Truncated {
+		t.Fatalf("decode %v, truncated %v", err, snap.GetTruncated())
+	}
+}
+
+func TestMalformedInputIsCounted(t *testing.T) {
+	b := newMember(t, "b", 1)
+	for _, in := range [][]byte{{0xff, 0xff}, {}, []byte("garbage that is not protobuf")} {
+		b.node.HandleObservations(in, time.Now())
+		b.node.HandleLoads(in, time.Now())
+	}
+	if got := b.node.Stats(time.Now()).Malformed; got != 6 {
+		t.Fatalf("malformed %d, want 6", got)
+	}
+	if _, err := b.node.ApplySnapshot([]byte{0xff}, time.Now()); err == nil {
+		t.Fatal("a bad snapshot applied")
+	}
+}

@@ -1,0 +1,81 @@
+package fleet
+
+import (
+	"sync/atomic"
+	"time"
+
+	fleetv1 "rolter.dev/proto/rolter/fleet/v1"
+)
+
+// Stats are a node's counters, for metrics.
+type Stats struct {
+	// BatchesPublished, ChunksPublished and BytesPublished count what the
+	// node sent: observation batches, the hashes in them, and the bytes of
+	// every message (observations, loads, snapshots).
+	BatchesPublished, ChunksPublished, BytesPublished uint64
+	// BatchesReceived counts peers' observation batches folded;
+	// ChunksFolded the hashes folded from them and from snapshots.
+	BatchesReceived, ChunksFolded uint64
+	// LoadReports counts peers' load reports taken.
+	LoadReports uint64
+	// Malformed counts messages that did not decode (or named a target out
+	// of range); UnknownRoute entries for a route or layout this node does
+	// not have (a config change in flight); LostBatches the gaps in peers'
+	// batch sequences.
+	Malformed, UnknownRoute, LostBatches uint64
+	// SnapshotsServed and SnapshotsApplied count warm-up snapshots.
+	SnapshotsServed, SnapshotsApplied uint64
+	// PublishErrors counts publishes NATS refused (connection closed).
+	PublishErrors uint64
+	// Peers is the number of peers heard within their load TTL.
+	Peers int
+	// LastHeard is when a peer was last heard from (zero: never).
+	LastHeard time.Time
+}
+
+type counters struct {
+	batchesPublished, chunksPublished, bytesPublished atomic.Uint64
+	batchesReceived, chunksFolded, loadReports        atomic.Uint64
+	malformed, unknownRoute, lostBatches              atomic.Uint64
+	snapshotsServed, snapshotsApplied                 atomic.Uint64
+	publishErrors                                     atomic.Uint64
+}
+
+func (c *counters) published(bytes int, msg *fleetv1.Observations) {
+	c.batchesPublished.Add(1)
+	c.bytesPublished.Add(uint64(bytes))
+	for _, r := range msg.Routes {
+		for _, t := range r.Targets {
+			c.chunksPublished.Add(uint64(len(t.Chunks)))
+		}
+	}
+}
+
+// Stats returns the node's counters as of now.
+func (n *Node) Stats(now time.Time) Stats {
+	s := Stats{
+		BatchesPublished: n.stats.batchesPublished.Load(),
+		ChunksPublished:  n.stats.chunksPublished.Load(),
+		BytesPublished:   n.stats.bytesPublished.Load(),
+		BatchesReceived:  n.stats.batchesReceived.Load(),
+		ChunksFolded:     n.stats.chunksFolded.Load(),
+		LoadReports:      n.stats.loadReports.Load(),
+		Malformed:        n.stats.malformed.Load(),
+		UnknownRoute:     n.stats.unknownRoute.Load(),
+		LostBatches:      n.stats.lostBatches.Load(),
+		SnapshotsServed:  n.stats.snapshotsServed.Load(),
+		SnapshotsApplied: n.stats.snapshotsApplied.Load(),
+		PublishErrors:    n.stats.publishErrors.Load(),
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, p := range n.peers {
+		if p.heard.After(s.LastHeard) {
+			s.LastHeard = p.heard
+		}
+		if now.Sub(p.heard) < loadTTLIntervals*n.opts.LoadInterval {
+			s.Peers++
+		}
+	}
+	return s
+}

@@ -1,0 +1,127 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"rolter.dev/dataplane/app"
+	"rolter.dev/tests/vllmsim"
+)
+
+// TestProxiesShareAffinity sends the same traffic (groups of requests, each
+// group sharing a long system prompt, interleaved) to three replicas whose
+// caches cannot each hold every group, through (a) one proxy, (b) three
+// proxies behind a random spreader that share nothing, and (c) three proxies
+// that share their routing state over an in-process NATS server, and
+// compares the prefix-cache hit rate the replicas themselves report.
+func TestProxiesShareAffinity(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(5 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+
+	runs := []struct {
+		name    string
+		proxies int
+		share   bool
+	}{{"one proxy", 1, false}, {"three independent", 3, false}, {"three sharing", 3, true}}
+	hit := map[string]float64{}
+	for _, run := range runs {
+		var rs []*replica
+		for range 3 {
+			rs = append(rs, startReplica(t, vllmsim.Options{Models: []string{"sim"}, CapacityBlocks: 100, MaxTokensDefault: 1}))
+		}
+		cfg := fleetConfig("", "cache_aware", rs...)
+		var urls []string
+		for i := range run.proxies {
+			opts := app.Options{}
+			if run.proxies > 1 {
+				// A group per run keeps the independent proxies' NATS
+				// traffic (none) apart from the sharing ones'.
+				opts = app.Options{NATSURL: ns.ClientURL(), NoShare: !run.share, ShareGroup: fmt.Sprintf("run-%d", len(hit)), ShareFlush: 2 * time.Millisecond}
+			}
+			urls = append(urls, startFleetProxy(t, cfg, opts, i))
+		}
+		if run.share {
+			// Every proxy hears every other before traffic starts.
+			for _, u := range urls {
+				waitFor(t, "proxy sees its two peers", func() bool { return metric(t, u, "rolter_fleet_peers") == 2 })
+			}
+		}
+		rng := rand.New(rand.NewPCG(11, 11))
+		for i := range 360 {
+			g := rng.IntN(12)
+			u := urls[rng.IntN(len(urls))] // the L4 spreader
+			body, _ := json.Marshal(map[string]any{
+				"model": "m",
+				"messages": []map[string]string{
+					{"role": "system", "content": systemPrompt(g)},
+					{"role": "user", "content": fmt.Sprintf("question %d of group %d: what now?", i, g)},
+				},
+				"max_tokens": 1,
+			})
+			resp, err := http.Post(u+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s request %d: status %d", run.name, i, resp.StatusCode)
+			}
+		}
+		var prompt, cached uint64
+		for _, r := range rs {
+			st := r.sim.Stats()
+			prompt += st.PromptTokens
+			cached += st.CachedPromptTokens
+		}
+		hit[run.name] = float64(cached) / float64(prompt)
+		t.Logf("%s: replica prefix-cache hit rate %.3f", run.name, hit[run.name])
+	}
+	one, off, on := hit["one proxy"], hit["three independent"], hit["three sharing"]
+	if on < 0.95*one {
+		t.Errorf("sharing proxies hit %.3f, below 95%% of one proxy's %.3f", on, one)
+	}
+	if on < off+0.05 {
+		t.Errorf("sharing proxies hit %.3f, not clearly above independent proxies' %.3f", on, off)
+	}
+}
+
+// startFleetProxy starts a data plane on cfg with the given NATS options.
+func startFleetProxy(t *testing.T, cfg string, opts app.Options, i int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), fmt.Sprintf("rolter-%d.toml", i))
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts.ConfigPath, opts.Listen, opts.Logger, opts.DrainTimeout = path, "127.0.0.1:0", slog.New(slog.DiscardHandler), 5*time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := app.Start(ctx, opts)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := a.Wait(); err != nil {
+			t.Errorf("proxy stopped with error: %v", err)
+		}
+	})
+	return a.URL()
+}
