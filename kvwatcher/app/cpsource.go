@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,8 +30,9 @@ type ControlPlaneSource struct {
 	Addrs []string
 	// Token is the node token of the snapshot service.
 	Token string
-	// TLS selects TLS with the system roots; plaintext otherwise.
-	TLS bool
+	// TLSConfig, when set, dials with TLS (nil RootCAs: the system
+	// roots); nil dials in plaintext.
+	TLSConfig *tls.Config
 	// NodeID names this watcher to the control plane (default hostname-pid).
 	NodeID string
 	// Logger receives logs (required).
@@ -58,7 +60,13 @@ func (s *ControlPlaneSource) Run(ctx context.Context, update func([]Provider)) e
 			if got {
 				backoff = 200 * time.Millisecond
 			}
-			s.Logger.Warn("control plane stream ended; reconnecting", "addr", addr, "err", err)
+			if got {
+				s.Logger.Warn("control plane stream ended; reconnecting", "addr", addr, "err", err)
+			} else {
+				// Nothing received: unreachable, refused (token) or, with
+				// TLS, a certificate that does not verify; err says which.
+				s.Logger.Warn("cannot follow the control plane; retrying", "addr", addr, "tls", s.TLSConfig != nil, "err", err)
+			}
 		}
 		t := time.NewTimer(backoff)
 		select {
@@ -85,12 +93,12 @@ func (b bearer) RequireTransportSecurity() bool { return b.secure }
 // session follows one stream; got reports whether a snapshot arrived.
 func (s *ControlPlaneSource) session(ctx context.Context, addr string, update func([]Provider)) (got bool, err error) {
 	creds := insecure.NewCredentials()
-	if s.TLS {
-		creds = credentials.NewTLS(nil)
+	if s.TLSConfig != nil {
+		creds = credentials.NewTLS(s.TLSConfig)
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20))}
 	if s.Token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: s.Token, secure: s.TLS}))
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: s.Token, secure: s.TLSConfig != nil}))
 	}
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {

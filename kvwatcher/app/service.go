@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +28,9 @@ type ServiceOptions struct {
 	// ControlPlane lists the control planes' addresses (comma-separated);
 	// Token is the node token of their snapshot service.
 	ControlPlane, Token string
+	// ControlPlaneTLS, when set, dials the control planes with TLS;
+	// nil dials them in plaintext.
+	ControlPlaneTLS *tls.Config
 	// NATSURL is the NATS server (required unless EmbedNATS is set).
 	NATSURL string
 	// EmbedNATS, when set, runs an in-process NATS server listening on
@@ -48,7 +52,13 @@ func RunService(ctx context.Context, o ServiceOptions) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	switch {
 	case o.ControlPlane != "":
-		src = &ControlPlaneSource{Addrs: strings.Split(o.ControlPlane, ","), Token: o.Token, Logger: o.Logger}
+		var addrs []string
+		for _, a := range strings.Split(o.ControlPlane, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				addrs = append(addrs, a)
+			}
+		}
+		src = &ControlPlaneSource{Addrs: addrs, Token: o.Token, TLSConfig: o.ControlPlaneTLS, Logger: o.Logger}
 	case o.ConfigPath != "":
 		src = &FileSource{Path: o.ConfigPath, Logger: o.Logger}
 	default:

@@ -652,7 +652,10 @@ func TestCompose(t *testing.T) {
 // checkFollower checks a node following control planes (a proxy or a
 // kvwatcher with --controlplane): it has a node token (--token,
 // --token-file or $ROLTER_NODE_TOKEN), and the binary reads the token
-// variable it is given.
+// variable it is given; off loopback it says how it dials them, since
+// without a flag both binaries use TLS with the system roots (pkg/tlsflags),
+// which verify neither a plaintext control plane nor a private CA's
+// certificate.
 func checkFollower(t *testing.T, c *container) {
 	t.Helper()
 	if c.vals == nil || c.vals["controlplane"] == "" || (c.bin.name != "rolter-proxy" && c.bin.name != "rolter-kvwatcher") {
@@ -660,6 +663,55 @@ func checkFollower(t *testing.T, c *container) {
 	}
 	if c.vals["token"] == "" && c.vals["token-file"] == "" && !slices.Contains(c.env, "ROLTER_NODE_TOKEN") {
 		t.Errorf("%s: %s follows a control plane without a node token (--token, --token-file or ROLTER_NODE_TOKEN)", c.where, c.bin.name)
+	}
+	loopback := true
+	for _, a := range strings.Split(c.vals["controlplane"], ",") {
+		host, _, _ := net.SplitHostPort(strings.TrimSpace(a))
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			loopback = false
+		}
+	}
+	_, insecure := c.vals["controlplane-insecure"]
+	_, sysRoots := c.vals["controlplane-tls"]
+	if !loopback && !insecure && !sysRoots && c.vals["controlplane-ca"] == "" {
+		t.Errorf("%s: %s dials %s with TLS and the system roots by default: give --controlplane-insecure (plaintext) or --controlplane-ca",
+			c.where, c.bin.name, c.vals["controlplane"])
+	}
+}
+
+// followerTLSFlags are the control-plane TLS flags of the proxy and the
+// kvwatcher (pkg/tlsflags).
+var followerTLSFlags = []string{"controlplane-ca", "controlplane-tls", "controlplane-insecure", "controlplane-cert", "controlplane-key"}
+
+// TestFollowerTLSFlags: rolter-proxy and rolter-kvwatcher print the same
+// control-plane TLS flags in their -h, with the same help and defaults, so
+// a manifest can give both the same ones.
+func TestFollowerTLSFlags(t *testing.T) {
+	if _, err := loadInfos(); err != nil {
+		t.Fatal(err)
+	}
+	// One flag's entry in -h: its line and the indented help below it.
+	entries := func(name string) map[string]string {
+		out, _ := exec.Command(filepath.Join(binDir, name), "-h").CombinedOutput()
+		got := map[string]string{}
+		cur := ""
+		for _, line := range strings.Split(string(out), "\n") {
+			if m := usageRe.FindStringSubmatch(line); m != nil {
+				cur = m[1]
+				got[cur] = line
+			} else if cur != "" && strings.HasPrefix(line, "    ") {
+				got[cur] += "\n" + line
+			}
+		}
+		return got
+	}
+	proxy, kv := entries("rolter-proxy"), entries("rolter-kvwatcher")
+	for _, f := range followerTLSFlags {
+		if proxy[f] == "" || kv[f] == "" {
+			t.Errorf("--%s: rolter-proxy %q, rolter-kvwatcher %q: both should define it", f, proxy[f], kv[f])
+		} else if proxy[f] != kv[f] {
+			t.Errorf("--%s differs:\nrolter-proxy:\n%s\nrolter-kvwatcher:\n%s", f, proxy[f], kv[f])
+		}
 	}
 }
 
@@ -818,12 +870,12 @@ type k8sPod struct {
 	spec   map[string]any
 }
 
-func TestKubernetes(t *testing.T) { checkKubernetes(t, loadK8s(t), true) }
+func TestKubernetes(t *testing.T) { checkKubernetes(t, loadK8s(t)) }
 
 // checkKubernetes checks a set of manifests (the files as they are, or with
-// a component's patches applied) and returns their pods. kvFollows: the
-// kvwatchers must follow the control plane rather than read --config.
-func checkKubernetes(t *testing.T, objs []object, kvFollows bool) []k8sPod {
+// a component's patches applied) and returns their pods. The kvwatchers
+// must follow the control plane rather than read --config.
+func checkKubernetes(t *testing.T, objs []object) []k8sPod {
 	t.Helper()
 	secretKeys := map[string]bool{}
 	configFiles := map[string]bool{}
@@ -916,7 +968,7 @@ func checkKubernetes(t *testing.T, objs []object, kvFollows bool) []k8sPod {
 			}
 			checkFollower(t, c)
 			checkSecretFiles(t, c, spec, mounts)
-			if kvFollows && c.bin.name == "rolter-kvwatcher" && (c.vals["controlplane"] == "" || c.vals["config"] != "") {
+			if c.bin.name == "rolter-kvwatcher" && (c.vals["controlplane"] == "" || c.vals["config"] != "") {
 				t.Errorf("%s: the kvwatcher should follow the control plane (--controlplane), not a mounted --config", where)
 			}
 			pd.rolter = append(pd.rolter, c)
@@ -1388,19 +1440,20 @@ func argsWithout(t *testing.T, c *container, drop ...string) []string {
 
 // TestKubernetesTLS checks components/tls applied to the manifests: every
 // flag, mount and address is valid as in TestKubernetes; the control
-// planes serve TLS with a mounted certificate, the proxies and rolterctl
-// verify it with a mounted CA, nothing is left in plaintext, and the
+// planes serve TLS with a mounted certificate, the proxies, the kvwatchers
+// and rolterctl verify it with a mounted CA, nothing is left in plaintext,
+// and the
 // component changes nothing else in the patched arguments.
 func TestKubernetesTLS(t *testing.T) {
 	plain := loadK8s(t)
 	plainPods := map[string][]*container{}
-	for _, pd := range checkKubernetes(t, plain, true) {
+	for _, pd := range checkKubernetes(t, plain) {
 		plainPods[pd.o.name()] = pd.rolter
 	}
 	objs := withComponent(t, plain, "tls")
 	var secret string
 	hosts := map[string]bool{}
-	for _, pd := range checkKubernetes(t, objs, false) {
+	for _, pd := range checkKubernetes(t, objs) {
 		for i, c := range pd.rolter {
 			where := pd.o.file + ": " + pd.o.kind() + " " + pd.o.name()
 			for _, f := range plaintextFlags {
@@ -1412,16 +1465,10 @@ func TestKubernetesTLS(t *testing.T) {
 			switch c.bin.name {
 			case "rolter-controlplane":
 				want, dropped, added = []string{"tls-cert", "tls-key"}, []string{"insecure"}, []string{"tls-cert", "tls-key", "tls-client-ca"}
-			case "rolter-proxy":
-				want, dropped, added = []string{"controlplane-ca"}, []string{"controlplane-insecure"}, []string{"controlplane-ca", "controlplane-cert", "controlplane-key"}
+			case "rolter-proxy", "rolter-kvwatcher":
+				want, dropped, added = []string{"controlplane", "controlplane-ca"}, []string{"controlplane-insecure"}, []string{"controlplane-ca", "controlplane-cert", "controlplane-key"}
 			case "rolterctl":
 				want, dropped, added = []string{"tls-ca"}, []string{"insecure"}, []string{"tls-ca", "tls-server-name"}
-			case "rolter-kvwatcher":
-				// No TLS client options yet: it reads the ConfigMap.
-				if c.vals["config"] == "" || c.vals["controlplane"] != "" {
-					t.Errorf("%s: with components/tls the kvwatcher should read --config (it cannot verify the control plane)", where)
-				}
-				dropped, added = []string{"controlplane"}, []string{"config"}
 			default:
 				continue
 			}
@@ -1554,7 +1601,7 @@ func mergeCompose(base, over composeFile) composeFile {
 // nothing is plaintext, every TLS file is mounted from the directory
 // gen-dev-ca.sh writes, only the TLS flags change, and (with openssl) the
 // script's certificate verifies against its CA for every control-plane
-// address the proxies and rolterctl dial.
+// address the proxies, the kvwatchers and rolterctl dial.
 func TestComposeTLS(t *testing.T) {
 	base := loadCompose(t, "docker-compose.yml")
 	cf := mergeCompose(base, loadCompose(t, "docker-compose.tls.yml"))
@@ -1579,16 +1626,10 @@ func TestComposeTLS(t *testing.T) {
 		switch c.bin.name {
 		case "rolter-controlplane":
 			want, dropped, added = []string{"tls-cert", "tls-key"}, []string{"insecure"}, []string{"tls-cert", "tls-key", "tls-client-ca"}
-		case "rolter-proxy":
-			want, dropped, added = []string{"controlplane-ca"}, []string{"controlplane-insecure"}, []string{"controlplane-ca", "controlplane-cert", "controlplane-key"}
+		case "rolter-proxy", "rolter-kvwatcher":
+			want, dropped, added = []string{"controlplane", "controlplane-ca"}, []string{"controlplane-insecure"}, []string{"controlplane-ca", "controlplane-cert", "controlplane-key"}
 		case "rolterctl":
 			want, dropped, added = []string{"tls-ca"}, []string{"insecure"}, []string{"tls-ca", "tls-server-name"}
-		case "rolter-kvwatcher":
-			if c.vals["config"] == "" || c.vals["controlplane"] != "" {
-				t.Errorf("%s: with TLS the kvwatcher should read --config (it cannot verify the control plane)", c.where)
-			}
-			checkMounted(t, c.where, cf.services[name], c.vals["config"])
-			dropped, added = []string{"controlplane"}, []string{"config"}
 		}
 		for _, f := range want {
 			if c.vals[f] == "" {
@@ -1601,7 +1642,7 @@ func TestComposeTLS(t *testing.T) {
 			}
 		}
 		for _, a := range strings.Split(c.vals["controlplane"], ",") {
-			if host, _, err := net.SplitHostPort(a); err == nil && c.bin.name != "rolter-kvwatcher" {
+			if host, _, err := net.SplitHostPort(a); err == nil {
 				hosts[host] = true
 			}
 		}

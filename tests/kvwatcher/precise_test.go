@@ -52,6 +52,12 @@ endpoint = %q
 model = "m"
 strategy = "precise_cache_aware"
 targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %q }]
+# The KV events alone decide here: a request routed before the events
+# arrived would otherwise leave a speculative copy of its prefix on the
+# wrong replica (these replicas never compute the header's tokens), tying
+# with the real one for its TTL.
+[routes.balancer]
+speculative_ttl_ms = 0
 `, urls[0], a.pub.Endpoint(), urls[1], b.pub.Endpoint(), model, model)
 	proxies := startProxies(t, s, cfg, 2)
 

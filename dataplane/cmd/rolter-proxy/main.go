@@ -5,12 +5,9 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -18,6 +15,7 @@ import (
 
 	"rolter.dev/dataplane/app"
 	"rolter.dev/pkg/fleet"
+	"rolter.dev/pkg/tlsflags"
 )
 
 func main() {
@@ -27,11 +25,8 @@ func main() {
 	cpAddrs := flag.String("controlplane", "", "follow these control planes (comma-separated host:port) instead of --config")
 	token := flag.String("token", "", "bearer token for the control plane's snapshot service (also $ROLTER_NODE_TOKEN)")
 	tokenFile := flag.String("token-file", "", "file holding the control-plane token")
-	cpCA := flag.String("controlplane-ca", "", "CA bundle (PEM) to verify the control plane's TLS certificate (implies TLS)")
-	cpTLS := flag.Bool("controlplane-tls", false, "use TLS with the system roots (the default unless every address is loopback)")
-	cpInsecure := flag.Bool("controlplane-insecure", false, "plaintext to the control plane even off loopback")
-	cpCert := flag.String("controlplane-cert", "", "client certificate (PEM) for mutual TLS")
-	cpKey := flag.String("controlplane-key", "", "client key (PEM) for mutual TLS")
+	var cpTLS tlsflags.ControlPlane
+	cpTLS.Register(flag.CommandLine)
 	nodeID := flag.String("node-id", "", "node ID reported to the control plane (default hostname-pid)")
 	cache := flag.String("snapshot-cache", "", "file caching the last control-plane snapshot, served at startup while no control plane answers")
 	pepperFile := flag.String("key-pepper-file", "", "file holding the virtual-key pepper, the control plane's ($ROLTER_KEY_PEPPER takes precedence)")
@@ -49,7 +44,7 @@ func main() {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	opts := app.Options{ConfigPath: *configPath, Listen: *listen, Logger: log, NATSURL: *natsURL, NoShare: !*share, ShareGroup: *shareGroup, ShareFlush: *shareFlush}
 	if *cpAddrs != "" {
-		cp, err := controlPlaneOptions(*cpAddrs, *token, *tokenFile, *cpCA, *cpCert, *cpKey, *cpTLS, *cpInsecure, *pepperFile)
+		cp, err := controlPlaneOptions(*cpAddrs, *token, *tokenFile, cpTLS, *pepperFile)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "rolter-proxy: %v\n", err)
 			os.Exit(2)
@@ -70,7 +65,7 @@ func main() {
 	}
 }
 
-func controlPlaneOptions(addrs, token, tokenFile, ca, cert, key string, useTLS, plaintext bool, pepperFile string) (*app.ControlPlaneOptions, error) {
+func controlPlaneOptions(addrs, token, tokenFile string, tlsOpts tlsflags.ControlPlane, pepperFile string) (*app.ControlPlaneOptions, error) {
 	cp := &app.ControlPlaneOptions{}
 	for _, a := range strings.Split(addrs, ",") {
 		if a = strings.TrimSpace(a); a != "" {
@@ -96,40 +91,9 @@ func controlPlaneOptions(addrs, token, tokenFile, ca, cert, key string, useTLS, 
 		}
 		cp.KeyPepper = []byte(strings.TrimSpace(string(b)))
 	}
-	loopback := true
-	for _, a := range cp.Addrs {
-		host, _, err := net.SplitHostPort(a)
-		if err != nil {
-			return nil, fmt.Errorf("--controlplane %q: %w", a, err)
-		}
-		ip := net.ParseIP(host)
-		if host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-			loopback = false
-		}
-	}
-	if plaintext && (useTLS || ca != "" || cert != "") {
-		return nil, fmt.Errorf("--controlplane-insecure excludes the TLS flags")
-	}
-	if plaintext || (loopback && !useTLS && ca == "" && cert == "") {
-		return cp, nil
-	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if ca != "" {
-		pem, err := os.ReadFile(ca)
-		if err != nil {
-			return nil, fmt.Errorf("read --controlplane-ca: %w", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--controlplane-ca holds no PEM certificate")
-		}
-	}
-	if cert != "" || key != "" {
-		pair, err := tls.LoadX509KeyPair(cert, key)
-		if err != nil {
-			return nil, fmt.Errorf("load --controlplane-cert/--controlplane-key: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
+	cfg, err := tlsOpts.Config(cp.Addrs)
+	if err != nil {
+		return nil, err
 	}
 	cp.TLS = cfg
 	return cp, nil

@@ -2,7 +2,11 @@
 // occupancy of the configured providers and publishes compact per-provider
 // deltas over NATS, which every rolter-proxy applies to its local index.
 //
-//	rolter-kvwatcher (--config FILE | --controlplane ADDR [--token T]) (--nats URL | --embed-nats HOST:PORT) [--metrics-listen ADDR]
+//	rolter-kvwatcher (--config FILE | --controlplane ADDR [--token T] [--controlplane-ca FILE ...]) (--nats URL | --embed-nats HOST:PORT) [--metrics-listen ADDR]
+//
+// The control-plane TLS flags (--controlplane-ca, --controlplane-tls,
+// --controlplane-insecure, --controlplane-cert, --controlplane-key) are the
+// proxy's (pkg/tlsflags): TLS unless every address is loopback.
 package main
 
 import (
@@ -12,15 +16,21 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"rolter.dev/kvwatcher/app"
+	"rolter.dev/pkg/tlsflags"
 )
+
+const usage = "usage: rolter-kvwatcher (--config FILE | --controlplane ADDR [--token T] [--controlplane-ca FILE]) (--nats URL | --embed-nats HOST:PORT)"
 
 func main() {
 	configPath := flag.String("config", "", "rolter TOML config file (polled for changes)")
 	cp := flag.String("controlplane", "", "control plane address(es), comma-separated: follow its snapshots instead of --config")
 	token := flag.String("token", "", "bearer token for the control plane (also $ROLTER_NODE_TOKEN)")
+	var cpTLS tlsflags.ControlPlane
+	cpTLS.Register(flag.CommandLine)
 	natsURL := flag.String("nats", "", "NATS server URL, e.g. nats://127.0.0.1:4222")
 	embedNATS := flag.String("embed-nats", "", "run an in-process NATS server on this host:port and use it (development)")
 	metricsListen := flag.String("metrics-listen", "127.0.0.1:9465", "address serving /metrics (empty: none)")
@@ -35,19 +45,33 @@ func main() {
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if (*configPath == "") == (*cp == "") || (*natsURL == "" && *embedNATS == "") {
-		fmt.Fprintln(os.Stderr, "usage: rolter-kvwatcher (--config FILE | --controlplane ADDR [--token T]) (--nats URL | --embed-nats HOST:PORT)")
+		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
 	}
 	if *token == "" {
 		*token = os.Getenv("ROLTER_NODE_TOKEN")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	err := app.RunService(ctx, app.ServiceOptions{
+	opts := app.ServiceOptions{
 		ConfigPath: *configPath, ControlPlane: *cp, Token: *token, NATSURL: *natsURL, EmbedNATS: *embedNATS,
 		MetricsListen: *metricsListen, Heartbeat: *heartbeat, Logger: log,
-	})
-	if err != nil {
+	}
+	if *cp != "" {
+		var addrs []string
+		for _, a := range strings.Split(*cp, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				addrs = append(addrs, a)
+			}
+		}
+		cfg, err := cpTLS.Config(addrs)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "rolter-kvwatcher: %v\n", err)
+			os.Exit(2)
+		}
+		opts.ControlPlaneTLS = cfg
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := app.RunService(ctx, opts); err != nil {
 		log.Error("rolter-kvwatcher stopped", "err", err)
 		os.Exit(1)
 	}
