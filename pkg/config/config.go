@@ -190,6 +190,11 @@ type Balancer struct {
 	// speculation. Compiled into CompiledRoute.SpeculativeTTL (and cleared
 	// in CompiledRoute.Balancer).
 	SpeculativeTTLMS *int `toml:"speculative_ttl_ms"`
+	// SignalWeight and LoadWeight weigh the cache signal (KV blocks held,
+	// LMCache headroom) and least load in precise_cache_aware and
+	// lmcache_aware; 0 means the strategy's default.
+	SignalWeight float64 `toml:"signal_weight"`
+	LoadWeight   float64 `toml:"load_weight"`
 }
 
 // Target is one upstream of a route.

@@ -69,6 +69,13 @@ func TestDataParallelSize(t *testing.T) {
 	compileDoc(t, kv("endpoint = \"tcp://*:5557\"\nmode = \"bind\"\ndata_parallel_size = 2\n"))
 }
 
+func TestSignalWeights(t *testing.T) {
+	snap := compileDoc(t, minimal+"[routes.balancer]\nsignal_weight = 2\nload_weight = 0.25\n")
+	if b := snap.Routes[0].Balancer; b.SignalWeight != 2 || b.LoadWeight != 0.25 {
+		t.Fatalf("compiled weights %v, %v", b.SignalWeight, b.LoadWeight)
+	}
+}
+
 func TestKVParamsRejected(t *testing.T) {
 	tests := []struct {
 		name, doc, want string
@@ -79,6 +86,10 @@ func TestKVParamsRejected(t *testing.T) {
 			"routes[0].balancer.speculative_ttl_ms: must be in [0, 600000], got 600001"},
 		{"error: ttl of the wrong type", minimal + "[routes.balancer]\nspeculative_ttl_ms = \"5s\"\n",
 			"routes[0].balancer.speculative_ttl_ms: expected an integer"},
+		{"error: negative load weight", minimal + "[routes.balancer]\nload_weight = -0.5\n",
+			"routes[0].balancer.load_weight: must be in [0, 1e6], got -0.5"},
+		{"error: signal weight not a number", minimal + "[routes.balancer]\nsignal_weight = nan\n",
+			"routes[0].balancer.signal_weight: must be in [0, 1e6], got NaN"},
 		{"error: negative dp size", minimal + "[providers.kv_events]\nendpoint = \"tcp://a:5557\"\ndata_parallel_size = -2\n",
 			"providers[0].kv_events.data_parallel_size: must be in [1, 256], got -2"},
 		{"error: dp size too large", minimal + "[providers.kv_events]\nendpoint = \"tcp://a:5557\"\ndata_parallel_size = 257\n",

@@ -223,6 +223,12 @@ func validateRoute(v *validator, path string, r *Route, providers map[string]int
 		if b.MaxTrieNodes < 0 {
 			v.add(bp+".max_trie_nodes", "must be >= 0, got %d", b.MaxTrieNodes)
 		}
+		if w := b.SignalWeight; w < 0 || w != w || w > 1e6 {
+			v.add(bp+".signal_weight", "must be in [0, 1e6], got %g", w)
+		}
+		if w := b.LoadWeight; w < 0 || w != w || w > 1e6 {
+			v.add(bp+".load_weight", "must be in [0, 1e6], got %g", w)
+		}
 		if t := b.SpeculativeTTLMS; t != nil && (*t < 0 || *t > MaxSpeculativeTTLMS) {
 			v.add(bp+".speculative_ttl_ms", "must be in [0, %d], got %d", MaxSpeculativeTTLMS, *t)
 		}

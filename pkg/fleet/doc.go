@@ -8,12 +8,12 @@
 //
 // Affinity: a route whose balancer keeps a prefix tree (cache_aware, the
 // pipeline's prefix_cache scorer) is built with routing.Spec.Share set to
-// [Route.Record]. Every local pick then yields the prompt-prefix hashes
-// worth publishing (rolter.dev/pkg/chunkindex: 8 bytes per new 64 bytes of
-// prompt, and a hot prefix about once per half index window); the node
-// batches them per route and target and publishes one
-// rolter.fleet.v1.Observations message per flush interval (25 ms by
-// default). A receiver folds each target's hashes into its balancer's shared
+// [Route.Record], which queues each local pick. Every flush interval (25 ms
+// by default) the node records the queued picks in the balancer's shared
+// index, off the request path, collects the prompt-prefix hashes worth
+// publishing (rolter.dev/pkg/chunkindex: 8 bytes per new 64 bytes of
+// prompt, and a hot prefix about once per half index window) and publishes
+// them per route and target in one rolter.fleet.v1.Observations message. A receiver folds each target's hashes into its balancer's shared
 // index, which cache_aware consults next to its own tree, so the match
 // fraction it compares against its threshold reflects what the whole fleet
 // sent to each replica.
@@ -31,7 +31,7 @@
 // # Failure behaviour
 //
 // Nothing on the request path waits for the network: Record appends to a
-// buffer, PeerLoad reads an atomic. With NATS down or a peer silent, a
+// bounded queue (a full queue drops and counts), PeerLoad reads an atomic. With NATS down or a peer silent, a
 // peer's loads expire after their TTL and the node routes on its own view;
 // shared prefixes age out through the same LRU ceiling as the proxy's own.
 // A node that binds a route it did not have (at start, or a config change

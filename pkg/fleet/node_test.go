@@ -161,6 +161,7 @@ func TestSnapshotWarmsANewNode(t *testing.T) {
 	for i := range targets {
 		placed[i] = a.send(conversation(i))
 	}
+	a.node.FlushObservations() // the picks reach the shared index on the flush
 	late := newMember(t, "late", 1)
 	reply := a.node.SnapshotReply(late.node.SnapshotRequest(), 1<<20)
 	if reply == nil {
@@ -186,6 +187,7 @@ func TestSnapshotFitsThePayloadLimit(t *testing.T) {
 	for i := range 400 {
 		a.send(conversation(i))
 	}
+	a.node.FlushObservations()
 	const limit = 8 << 10
 	reply := a.node.SnapshotReply(newMember(t, "b", 1).node.SnapshotRequest(), limit)
 	if len(reply) > limit {
@@ -209,4 +211,27 @@ func TestMalformedInputIsCounted(t *testing.T) {
 	if _, err := b.node.ApplySnapshot([]byte{0xff}, time.Now()); err == nil {
 		t.Fatal("a bad snapshot applied")
 	}
+}
+
+// Record never blocks a request: past the queue's bound picks are dropped
+// and counted, and the flush drains the queue.
+func TestRecordQueueIsBounded(t *testing.T) {
+	a := newMember(t, "a", 1)
+	for range 4096 + 3 {
+		a.route.Record(1, "a prompt routed between two flushes")
+	}
+	if got := a.node.Stats(time.Now()).Overflow; got != 3 {
+		t.Fatalf("overflow %d, want 3", got)
+	}
+	if a.node.FlushObservations() == nil {
+		t.Fatal("the queued picks published nothing")
+	}
+	a.route.Record(1, "after the flush")
+	if got := a.node.Stats(time.Now()).Overflow; got != 3 {
+		t.Fatalf("overflow %d after the flush drained the queue", got)
+	}
+	a.route.Record(targets, "out of range")
+	a.route.Record(0, "")
+	var nilRoute *fleet.Route
+	nilRoute.Record(0, "no route")
 }

@@ -25,8 +25,9 @@ type Stats struct {
 	Malformed, UnknownRoute, LostBatches uint64
 	// SnapshotsServed and SnapshotsApplied count warm-up snapshots.
 	SnapshotsServed, SnapshotsApplied uint64
-	// PublishErrors counts publishes NATS refused (connection closed).
-	PublishErrors uint64
+	// PublishErrors counts publishes NATS refused (connection closed);
+	// Overflow local picks dropped because a route's queue was full.
+	PublishErrors, Overflow uint64
 	// Peers is the number of peers heard within their load TTL.
 	Peers int
 	// LastHeard is when a peer was last heard from (zero: never).
@@ -38,7 +39,7 @@ type counters struct {
 	batchesReceived, chunksFolded, loadReports        atomic.Uint64
 	malformed, unknownRoute, lostBatches              atomic.Uint64
 	snapshotsServed, snapshotsApplied                 atomic.Uint64
-	publishErrors                                     atomic.Uint64
+	publishErrors, overflow                           atomic.Uint64
 }
 
 func (c *counters) published(bytes int, msg *fleetv1.Observations) {
@@ -66,6 +67,7 @@ func (n *Node) Stats(now time.Time) Stats {
 		SnapshotsServed:  n.stats.snapshotsServed.Load(),
 		SnapshotsApplied: n.stats.snapshotsApplied.Load(),
 		PublishErrors:    n.stats.publishErrors.Load(),
+		Overflow:         n.stats.overflow.Load(),
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -42,16 +42,19 @@ func TestPreciseCacheAware(t *testing.T) {
 		el     routing.Set
 		want   int
 		decide string
+		lw     float64 // load weight; 0: the default (1.0)
 	}{
-		{"the replica holding the prefix wins", &fakeKV{scores: []float64{0, 1, 0.2}, fresh: true}, ids, []int{0, 0, 0}, routing.All(3), 1, routing.DecisionScored},
-		{"load only shifts it by its weight", &fakeKV{scores: []float64{0, 1, 0}, fresh: true}, ids, []int{0, 4, 0}, routing.All(3), 1, routing.DecisionScored},
-		{"ineligible holder loses", &fakeKV{scores: []float64{0, 1, 0.5}, fresh: true}, ids, []int{0, 0, 0}, eligibleOf(0, 2), 2, routing.DecisionScored},
-		{"stale state is neutral: least load", &fakeKV{scores: []float64{0, 1, 0}, fresh: false}, ids, []int{3, 2, 0}, routing.All(3), 2, routing.DecisionNeutral},
-		{"no token ids is neutral: least load", &fakeKV{scores: []float64{1, 0, 0}, fresh: true}, &routing.Context{}, []int{3, 0, 5}, routing.All(3), 1, routing.DecisionNeutral},
+		{"the replica holding the prefix wins", &fakeKV{scores: []float64{0, 1, 0.2}, fresh: true}, ids, []int{0, 0, 0}, routing.All(3), 1, routing.DecisionScored, 0},
+		{"load only shifts it by its weight", &fakeKV{scores: []float64{0, 1, 0}, fresh: true}, ids, []int{0, 4, 0}, routing.All(3), 1, routing.DecisionScored, 0.25},
+		{"a busier holder keeps it while the others are busy too", &fakeKV{scores: []float64{0, 1, 0}, fresh: true}, ids, []int{1, 2, 1}, routing.All(3), 1, routing.DecisionScored, 0},
+		{"with the default weight a full prefix outweighs less than a whole queue", &fakeKV{scores: []float64{0, 0.6, 0}, fresh: true}, ids, []int{0, 4, 2}, routing.All(3), 0, routing.DecisionScored, 0},
+		{"ineligible holder loses", &fakeKV{scores: []float64{0, 1, 0.5}, fresh: true}, ids, []int{0, 0, 0}, eligibleOf(0, 2), 2, routing.DecisionScored, 0},
+		{"stale state is neutral: least load", &fakeKV{scores: []float64{0, 1, 0}, fresh: false}, ids, []int{3, 2, 0}, routing.All(3), 2, routing.DecisionNeutral, 0},
+		{"no token ids is neutral: least load", &fakeKV{scores: []float64{1, 0, 0}, fresh: true}, &routing.Context{}, []int{3, 0, 5}, routing.All(3), 1, routing.DecisionNeutral, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := routing.New(routing.Spec{Strategy: routing.PreciseCacheAware, Weights: []int{1, 1, 1}, KV: tc.kv})
+			b, err := routing.New(routing.Spec{Strategy: routing.PreciseCacheAware, Weights: []int{1, 1, 1}, KV: tc.kv, LoadWeight: tc.lw})
 			if err != nil {
 				t.Fatal(err)
 			}

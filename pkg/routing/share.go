@@ -1,20 +1,17 @@
 package routing
 
-import (
-	"sync"
-
-	"rolter.dev/pkg/chunkindex"
-)
-
-// publishBufs recycles the buffers of hashes handed to Spec.Share (a
-// stack array would escape through the callback).
-var publishBufs = sync.Pool{New: func() any { b := make([]uint64, 0, 64); return &b }}
+import "rolter.dev/pkg/chunkindex"
 
 // SharedAffinity is implemented by balancers built with [Spec.Share]
 // (cache_aware, and pipeline with its prefix_cache scorer): other proxies'
 // observations fold into their prefix matching, so several proxies behind an
 // L4 balancer match against what the whole fleet sent to each target.
 type SharedAffinity interface {
+	// RecordLocal adds a prompt this proxy sent to target (as handed to
+	// Spec.Share) to the shared index and appends to dst the hashes the
+	// fleet should hear about (see rolter.dev/pkg/chunkindex). The fleet
+	// calls it from its flush, off the request path.
+	RecordLocal(target int, prompt string, dst []uint64) []uint64
 	// FoldPeer records that a peer sent target prompts whose fingerprints
 	// include chunks (rolter.dev/pkg/chunkindex hashes).
 	FoldPeer(target int, chunks []uint64)
@@ -30,12 +27,12 @@ type SharedAffinity interface {
 // does not share.
 type sharing struct {
 	index   *chunkindex.Index
-	publish func(target int, chunks []uint64)
+	publish func(target int, prompt string)
 }
 
 // newSharing returns nil when publish is nil. The index holds at most
 // maxNodes bytes' worth of chunks per target, the tree's own ceiling.
-func newSharing(n, maxNodes int, publish func(int, []uint64)) *sharing {
+func newSharing(n, maxNodes int, publish func(int, string)) *sharing {
 	if publish == nil {
 		return nil
 	}
@@ -64,18 +61,19 @@ func (s *sharing) widen(prompt string, match []int, el Set) {
 	}
 }
 
-// observe records a local pick and publishes what the fleet should hear.
+// observe hands a local pick to the fleet; the index work waits for its
+// flush (RecordLocal).
 func (s *sharing) observe(target int, prompt string) {
+	if s != nil {
+		s.publish(target, prompt)
+	}
+}
+
+func (s *sharing) RecordLocal(target int, prompt string, dst []uint64) []uint64 {
 	if s == nil {
-		return
+		return dst
 	}
-	bp := publishBufs.Get().(*[]uint64)
-	chunks := s.index.Observe(target, prompt, (*bp)[:0])
-	if len(chunks) > 0 {
-		s.publish(target, chunks)
-	}
-	*bp = chunks[:0]
-	publishBufs.Put(bp)
+	return s.index.Observe(target, prompt, dst)
 }
 
 func (s *sharing) FoldPeer(target int, chunks []uint64) {

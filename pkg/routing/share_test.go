@@ -9,30 +9,42 @@ import (
 	"rolter.dev/pkg/routing"
 )
 
-// pairOfProxies builds two balancers of one strategy where everything a
-// publishes folds into b (when share is set), as the fleet does over NATS.
-func pairOfProxies(t *testing.T, spec routing.Spec, n int, share bool) (a, b routing.Balancer, published *int) {
+// pair is two balancers of one strategy where what a observes reaches b
+// through flush, as the fleet does over NATS (when share is set).
+type pair struct {
+	a, b      routing.Balancer
+	queued    []queuedPick
+	published int
+}
+
+type queuedPick struct {
+	target int
+	prompt string
+}
+
+func newPair(t *testing.T, spec routing.Spec, n int, share bool) *pair {
 	t.Helper()
-	var count int
-	var sink routing.SharedAffinity
+	p := &pair{}
 	if share {
-		spec.Share = func(target int, chunks []uint64) {
-			count += len(chunks)
-			if sink != nil {
-				sink.FoldPeer(target, slices.Clone(chunks))
-			}
-		}
+		spec.Share = func(target int, prompt string) { p.queued = append(p.queued, queuedPick{target, prompt}) }
 	}
-	a = newBalancer(t, spec, n)
-	spec.Share = func(int, []uint64) {}
-	if !share {
-		spec.Share = nil
-	}
-	b = newBalancer(t, spec, n)
+	p.a = newBalancer(t, spec, n)
 	if share {
-		sink = b.(routing.SharedAffinity)
+		spec.Share = func(int, string) {}
 	}
-	return a, b, &count
+	p.b = newBalancer(t, spec, n)
+	return p
+}
+
+// flush records a's queued picks in its shared index and folds what it
+// would publish into b.
+func (p *pair) flush() {
+	for _, q := range p.queued {
+		chunks := p.a.(routing.SharedAffinity).RecordLocal(q.target, q.prompt, nil)
+		p.published += len(chunks)
+		p.b.(routing.SharedAffinity).FoldPeer(q.target, slices.Clone(chunks))
+	}
+	p.queued = nil
 }
 
 func TestSharedAffinityFollowsPeers(t *testing.T) {
@@ -44,7 +56,8 @@ func TestSharedAffinityFollowsPeers(t *testing.T) {
 		for _, share := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s share=%v", spec.Strategy, share), func(t *testing.T) {
 				const n = 4
-				a, b, published := pairOfProxies(t, spec, n, share)
+				pr := newPair(t, spec, n, share)
+				a, b := pr.a, pr.b
 				// Proxy a sends each of four conversations to its own target.
 				convs := make([]string, n)
 				for i := range convs {
@@ -55,7 +68,8 @@ func TestSharedAffinityFollowsPeers(t *testing.T) {
 				for i, c := range convs {
 					placed[i] = pa.send(&routing.Context{Prompt: c}, routing.Set{})
 				}
-				if share && *published == 0 {
+				pr.flush()
+				if share && pr.published == 0 {
 					t.Fatal("nothing was published")
 				}
 				// Proxy b, which never saw these prompts, gets their next turns.
@@ -79,13 +93,19 @@ func TestSharedAffinityFollowsPeers(t *testing.T) {
 
 func TestSharedAffinityExportWarmsANewProxy(t *testing.T) {
 	const n = 3
-	spec := routing.Spec{Strategy: routing.CacheAware, Share: func(int, []uint64) {}}
-	old := newBalancer(t, spec, n)
+	pr := newPair(t, routing.Spec{Strategy: routing.CacheAware}, n, true)
 	prompt := strings.Repeat("a long shared system prompt. ", 20)
-	old.Observe(2, &routing.Context{Prompt: prompt})
-	fresh := newBalancer(t, spec, n).(routing.SharedAffinity)
+	pr.a.Observe(2, &routing.Context{Prompt: prompt})
+	if len(pr.queued) != 1 || pr.queued[0].target != 2 {
+		t.Fatalf("Observe handed %v to Share", pr.queued)
+	}
+	if pr.a.(routing.SharedAffinity).SharedStats()[2].Chunks != 0 {
+		t.Fatal("Observe did the index work on the request path")
+	}
+	pr.flush()
+	fresh := newBalancer(t, routing.Spec{Strategy: routing.CacheAware, Share: func(int, string) {}}, n).(routing.SharedAffinity)
 	for i := range n {
-		fresh.FoldPeer(i, old.(routing.SharedAffinity).ExportShared(i, nil, 0))
+		fresh.FoldPeer(i, pr.a.(routing.SharedAffinity).ExportShared(i, nil, 0))
 	}
 	if got := fresh.(routing.Balancer).Pick(&routing.Context{Prompt: prompt + "question"}, []int{0, 0, 0}, routing.Set{}); got != 2 {
 		t.Fatalf("warmed proxy picked %d, want 2", got)

@@ -74,20 +74,22 @@ type Spec struct {
 
 	// Share, when set, makes cache_aware and the pipeline's prefix_cache
 	// scorer keep a shared prefix index (rolter.dev/pkg/chunkindex, capped
-	// at MaxTrieNodes/ChunkBytes hashes per target) next to their tree: every
-	// Observe reports through Share the hashes the fleet should hear about,
-	// and peers' observations come in through [SharedAffinity]. Share is
-	// called outside the balancer's locks; chunks is valid only during the
-	// call.
-	Share func(target int, chunks []uint64)
+	// at MaxTrieNodes/ChunkBytes hashes per target) next to their tree and
+	// consult it at pick time: every Observe hands the prompt to Share,
+	// which must only queue it (it runs on the request path); the fleet
+	// later records it with [SharedAffinity.RecordLocal] and folds peers'
+	// observations with FoldPeer. Share is called outside the balancer's
+	// locks.
+	Share func(target int, prompt string)
 
 	// KV feeds precise_cache_aware; nil leaves it neutral (least load).
 	KV KVSource
 	// LMCache feeds lmcache_aware; nil leaves it neutral (least load).
 	LMCache LMCacheSource
 	// SignalWeight and LoadWeight weigh the cache signal and least load in
-	// precise_cache_aware and lmcache_aware; 0 means the defaults 1.0 and
-	// 0.25.
+	// precise_cache_aware and lmcache_aware; 0 means the defaults
+	// (DefaultSignalWeight; DefaultPreciseLoadWeight or
+	// DefaultSignalLoadWeight).
 	SignalWeight, LoadWeight float64
 	// SpeculativeTTL is how long precise_cache_aware has the KV source
 	// count a routed request's blocks as resident on its target; 0 means
@@ -186,6 +188,9 @@ func New(spec Spec) (Balancer, error) {
 		}
 		if s.wLoad == 0 {
 			s.wLoad = DefaultSignalLoadWeight
+			if spec.Strategy == PreciseCacheAware {
+				s.wLoad = DefaultPreciseLoadWeight
+			}
 		}
 		if spec.Strategy == PreciseCacheAware {
 			s.kv = spec.KV

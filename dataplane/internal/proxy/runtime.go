@@ -120,6 +120,7 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 				Strategy: rc.Strategy, Weights: weights,
 				Threshold: bp.Threshold, BalanceAbs: bp.BalanceAbs, BalanceRel: bp.BalanceRel,
 				MaxTrieNodes: bp.MaxTrieNodes, Scorers: bp.Scorers,
+				SignalWeight: bp.SignalWeight, LoadWeight: bp.LoadWeight,
 				SpeculativeTTL: rc.SpeculativeTTL,
 			}
 			if rc.SpeculativeTTL == 0 {

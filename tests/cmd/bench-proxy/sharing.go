@@ -12,9 +12,10 @@ import (
 	"rolter.dev/dataplane/app"
 )
 
-// benchSharing compares cache_aware through a proxy that shares nothing
-// with cache_aware through one of three proxies sharing their routing state
-// over NATS (the two others idle, folding what the measured one publishes).
+// benchSharing compares cache_aware through a proxy that shares nothing,
+// through a sharing proxy alone in its group, and through one of three
+// proxies sharing their routing state over NATS (the two others idle,
+// folding what the measured one publishes, on the same CPUs).
 func benchSharing(upstream string, moderate, high int, warmup, duration time.Duration) {
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
 	if err != nil {
@@ -31,6 +32,14 @@ func benchSharing(upstream string, moderate, high int, warmup, duration time.Dur
 		fail(err)
 	}
 	defer stopAlone()
+	// A sharing proxy alone in its group: the request path's own cost
+	// (shared index, queueing, publishing) without peers folding on the
+	// same CPUs.
+	lone, stopLone, err := startRolter(upstream, "cache_aware", app.Options{NATSURL: ns.ClientURL(), ShareGroup: "alone"})
+	if err != nil {
+		fail(err)
+	}
+	defer stopLone()
 	var shared string
 	for i := range 3 {
 		u, stop, err := startRolter(upstream, "cache_aware", app.Options{NATSURL: ns.ClientURL()})
@@ -51,15 +60,16 @@ func benchSharing(upstream string, moderate, high int, warmup, duration time.Dur
 		fmt.Println("| path | requests/s | p50 ms | p99 ms | errors |")
 		fmt.Println("|---|---:|---:|---:|---:|")
 		var res []result
-		for _, t := range []struct{ name, url string }{{"one proxy, no sharing", alone}, {"one of three sharing proxies", shared}} {
+		for _, t := range []struct{ name, url string }{{"one proxy, no sharing", alone}, {"one sharing proxy, no peers", lone}, {"one of three sharing proxies", shared}} {
 			runBodies(t.url, conc, warmup, bodyOf)
 			r := runBodies(t.url, conc, duration, bodyOf)
 			r.name = t.name
 			res = append(res, r)
 			fmt.Printf("| %s | %.0f | %.3f | %.3f | %d |\n", r.name, r.rps, ms(r.p50), ms(r.p99), r.errors)
 		}
-		fmt.Printf("\nsharing: throughput %.2f×, p50 %+.3f ms, p99 %+.3f ms\n\n",
-			res[1].rps/res[0].rps, ms(res[1].p50-res[0].p50), ms(res[1].p99-res[0].p99))
+		fmt.Printf("\nrequest path (no peers): throughput %.2f×, p50 %+.3f ms, p99 %+.3f ms; with two peers folding on the same machine: %.2f×, p50 %+.3f ms, p99 %+.3f ms\n\n",
+			res[1].rps/res[0].rps, ms(res[1].p50-res[0].p50), ms(res[1].p99-res[0].p99),
+			res[2].rps/res[0].rps, ms(res[2].p50-res[0].p50), ms(res[2].p99-res[0].p99))
 	}
 }
 
