@@ -28,15 +28,36 @@
 // arrivals (Config.Rate), or at their trace timestamps. Every request goes
 // to a uniformly random proxy of Config.Proxies; each proxy has its own
 // policy instance and counts its own requests in flight per replica, the
-// load it hands to its balancer.
+// load it hands to its balancer. Config.Ramp starts a closed loop's clients
+// one by one instead of all at time 0; SpreadArrivals spreads a trace's
+// same-timestamp requests over their bucket.
+//
+// With Config.Share the proxies share their routing state as rolter-proxy
+// --nats does: each is a pkg/fleet node, its balancer built with
+// routing.Spec.Share, publishing its observations every Config.ShareFlush and
+// its in-flight counts every Config.ShareLoadInterval; every other node
+// receives the encoded messages Config.ShareDelay later, and a proxy's
+// balancer sees its own counts plus its peers' latest (share.go).
 //
 // # Strategies
 //
 // rolter's strategies run the real pkg/routing balancers: Pick with the
 // proxy's loads, Observe right after, Learn on completion. The peers' policies
-// (sglang, llmd_approx, dynamo, aibrix) are re-implemented here with their
-// published defaults, and the oracle reads the replicas' true caches. See
-// [ParseStrategy] for the names and parameters.
+// (sglang, llmd_approx, llmd_precise, dynamo, aibrix) are re-implemented here
+// with their published defaults, and the oracle reads the replicas' true
+// caches. See [ParseStrategy] for the names and parameters.
+//
+// # KV events
+//
+// precise_cache_aware and llmd_precise route on the replicas' KV events:
+// each replica's cache reports its stored, removed and cleared blocks; a
+// per-replica watcher maps them to pkg/kvindex identities at once, and every
+// proxy's own index receives them Config.KVEventDelay later. The request's
+// token ids (what the proxy reads from x-rolter-vllm-token-ids) map to the
+// same identities. precise_cache_aware is the real balancer fed through
+// routing.KVSource; the index re-implements pkg/kvindex.Index's semantics
+// on the virtual clock, since the real one is fed only over NATS and reads
+// the wall clock.
 //
 // # Text
 //

@@ -17,10 +17,11 @@ import (
 // with their published defaults (docs/routing.md cites each constant). They
 // see what the peer would see, restricted to what the simulator models: the
 // request text each of them extracts from a chat request, the token ids
-// (Dynamo tokenizes), the
-// router-tracked in-flight counts, and, for llm-d's queue scorer, the
-// replicas' waiting queues. Each instance draws its tie breaks from its own
-// seeded generator, so runs are reproducible.
+// (Dynamo tokenizes), the router-tracked in-flight counts, and, for llm-d's
+// queue scorer, the replicas' waiting queues (llmd_precise, in precise.go,
+// also reads the replicas' KV cache usage and their KV events). Each
+// instance draws its tie breaks from its own seeded generator, so runs are
+// reproducible.
 
 func peerFactory(name string) func(Env) (Policy, error) {
 	return func(env Env) (Policy, error) {
@@ -229,18 +230,8 @@ func (l *llmd) Pick(f *Flight, v *View) int {
 		}
 	}
 	minQ, maxQ := slices.Min(v.Waiting), slices.Max(v.Waiting)
-	maxA := 0
 	counts := make([]int, l.n)
-	for i, m := range l.active {
-		for fl, at := range m {
-			if v.Now-at < llmdRequestTimeout {
-				counts[i]++
-			} else {
-				delete(m, fl)
-			}
-		}
-		maxA = max(maxA, counts[i])
-	}
+	maxA := activeCounts(l.active, v.Now, counts)
 	for i := range l.n {
 		prefix := 0.0
 		if len(l.hashes) > 0 {
@@ -257,6 +248,25 @@ func (l *llmd) Pick(f *Flight, v *View) int {
 		l.scores[i] = -(llmdWeightPrefix*prefix + llmdWeightQueue*queue + llmdWeightActive*act)
 	}
 	return argminRandom(l.scores, l.rng)
+}
+
+// activeCounts sets counts[i] to the requests the active-request scorer
+// tracks for pod i, dropping those older than its 2-minute timeout, and
+// returns the largest count.
+func activeCounts(active []map[*Flight]time.Duration, now time.Duration, counts []int) int {
+	maxA := 0
+	for i, m := range active {
+		counts[i] = 0
+		for fl, at := range m {
+			if now-at < llmdRequestTimeout {
+				counts[i]++
+			} else {
+				delete(m, fl)
+			}
+		}
+		maxA = max(maxA, counts[i])
+	}
+	return maxA
 }
 
 func (l *llmd) Observe(target int, f *Flight, v *View) {

@@ -32,9 +32,11 @@ type Flight struct {
 }
 
 // View is what a policy may look at when it picks. Rolter's balancers get
-// only Loads; the peers' policies get what their systems read (SGLang,
+// only Loads (precise_cache_aware also its proxy's index of the replicas' KV
+// events); the peers' policies get what their systems read (SGLang,
 // Dynamo, AIBrix: router-tracked in-flight = Loads; llm-d's queue scorer:
-// the replicas' waiting queues); the oracle reads the replicas' caches.
+// the replicas' waiting queues; its kv-cache-utilization scorer: KVUsage);
+// the oracle reads the replicas' caches.
 type View struct {
 	Now time.Duration
 	// Loads is the proxy's own in-flight count per replica (incremented at
@@ -43,6 +45,9 @@ type View struct {
 	// Waiting is each replica's true number of requests waiting for a batch
 	// slot (vLLM's num_requests_waiting).
 	Waiting []int
+	// KVUsage is each replica's vllm:kv_cache_usage_perc: cache blocks held
+	// by running requests over capacity, in [0, 1].
+	KVUsage []float64
 	// Caches are the replicas' prefix caches (oracle only).
 	Caches []*vllmsim.Cache
 	// BlockSize is the replicas' cache block size.
@@ -70,6 +75,9 @@ type Env struct {
 	// Seed seeds the policy's own randomness (tie breaks), so the peers'
 	// policies are reproducible.
 	Seed uint64
+	// Share, when set, is the proxy's fleet route's Record (Config.Share):
+	// rolter's balancers publish their prefix observations through it.
+	Share func(target int, prompt string)
 }
 
 // Strategy names a policy and builds one instance per proxy.
@@ -83,6 +91,10 @@ type Strategy struct {
 	// from the process-wide math/rand/v2 generator, which cannot be seeded:
 	// their results vary from run to run.
 	Deterministic bool
+	// TokenIDs: the client sends the prompt's token ids
+	// (x-rolter-vllm-token-ids), which the proxy puts in the routing
+	// context (precise_cache_aware).
+	TokenIDs bool
 	// New builds one instance.
 	New func(env Env) (Policy, error)
 }
@@ -91,6 +103,7 @@ type Strategy struct {
 const (
 	SGLang       = "sglang"
 	LLMDApprox   = "llmd_approx"
+	LLMDPrecise  = "llmd_precise"
 	Dynamo       = "dynamo"
 	AIBrix       = "aibrix"
 	Oracle       = "oracle"
@@ -101,10 +114,11 @@ const (
 var RolterStrategies = []string{
 	routing.RoundRobin, routing.Random, routing.Weighted, routing.PowerOfTwo, routing.LeastLoad,
 	routing.ConsistentHash, routing.CacheAware, routing.Pipeline, routing.PredictedLatency,
+	routing.PreciseCacheAware,
 }
 
 // PeerStrategies are the peers' published policies and the oracle.
-var PeerStrategies = []string{SGLang, LLMDApprox, Dynamo, AIBrix, Oracle, OracleGreedy}
+var PeerStrategies = []string{SGLang, LLMDApprox, LLMDPrecise, Dynamo, AIBrix, Oracle, OracleGreedy}
 
 // AllStrategies lists every strategy name.
 func AllStrategies() []string { return append(slices.Clone(RolterStrategies), PeerStrategies...) }
@@ -117,15 +131,22 @@ var nondeterministic = map[string]bool{
 
 // ParseStrategy reads "name" or "name:key=value:key=value". For pkg/routing
 // strategies the keys are Spec fields: threshold, balance_abs, balance_rel,
-// max_trie_nodes, and pipeline scorer weights by scorer name (prefix_cache,
-// least_load, session_affinity, static_weight). The peers take no
-// parameters: they run with their published defaults.
+// max_trie_nodes, signal_weight and load_weight (precise_cache_aware), and
+// pipeline scorer weights by scorer name (prefix_cache, least_load,
+// session_affinity, static_weight); precise_cache_aware also takes
+// speculate_ms, Spec.SpeculativeTTL in milliseconds (default 5 s; 0 turns
+// speculation off). The peers run with their published defaults and take no
+// parameters, except the oracle (its guard margins) and llmd_precise (its
+// scorer weights prefix, kv_cache, queue, active, and speculate_ms).
 func ParseStrategy(s string) (Strategy, error) {
 	s = strings.TrimSpace(s)
 	base, params, _ := strings.Cut(s, ":")
 	st := Strategy{Name: s, Base: base, Deterministic: !nondeterministic[base]}
 	if base == Oracle && params != "" {
 		return parseOracle(st, params)
+	}
+	if base == LLMDPrecise {
+		return parseLLMDPrecise(st, params)
 	}
 	if slices.Contains(PeerStrategies, base) {
 		if params != "" {
@@ -157,6 +178,18 @@ func ParseStrategy(s string) (Strategy, error) {
 				spec.BalanceRel = f
 			case "max_trie_nodes":
 				spec.MaxTrieNodes = int(f)
+			case "signal_weight":
+				spec.SignalWeight = f
+			case "load_weight":
+				spec.LoadWeight = f
+			case "speculate_ms":
+				if base != routing.PreciseCacheAware || f < 0 {
+					return st, fmt.Errorf("strategy %q: speculate_ms: want a number >= 0 on %s", s, routing.PreciseCacheAware)
+				}
+				spec.SpeculativeTTL = time.Duration(f * float64(time.Millisecond))
+				if f == 0 {
+					spec.SpeculativeTTL = routing.NoSpeculation
+				}
 			default:
 				if spec.Scorers == nil {
 					spec.Scorers = map[string]float64{}
@@ -171,11 +204,16 @@ func ParseStrategy(s string) (Strategy, error) {
 	if _, err := routing.New(probe); err != nil {
 		return st, fmt.Errorf("strategy %q: %w", s, err)
 	}
+	st.TokenIDs = base == routing.PreciseCacheAware
 	st.New = func(env Env) (Policy, error) {
 		sp := spec
+		sp.Share = env.Share
 		sp.Weights = make([]int, env.Replicas)
 		for i := range sp.Weights {
 			sp.Weights[i] = 1
+		}
+		if base == routing.PreciseCacheAware {
+			return newPrecise(sp, env)
 		}
 		b, err := routing.New(sp)
 		if err != nil {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"container/heap"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"rolter.dev/pkg/fleet"
 	"rolter.dev/tests/vllmsim"
 )
 
@@ -39,6 +41,11 @@ type Config struct {
 	Proxies int
 	// Concurrency overrides the workload's number of closed-loop clients.
 	Concurrency int
+	// Ramp > 0 starts the closed loop's clients one by one, evenly over the
+	// ramp, instead of all at time 0 (a load generator's ramp-up); with
+	// several proxies an all-at-once start is a burst no proxy can hear of
+	// from another in time.
+	Ramp time.Duration
 	// Rate > 0 replaces the closed loop by open-loop Poisson arrivals of
 	// sessions per second (later turns still follow their predecessor).
 	Rate float64
@@ -47,6 +54,20 @@ type Config struct {
 	Seed uint64
 	// SessionKeys sends each session's x-session-id.
 	SessionKeys bool
+	// KVEventDelay is how long a replica's KV cache change takes to reach
+	// the proxies' indexes (precise_cache_aware, llmd_precise): the engine's
+	// event publishing plus the trip through the watcher and NATS. Every
+	// proxy receives every event after the same delay. Negative: events are
+	// never delivered (a broken event path).
+	KVEventDelay time.Duration
+	// Share makes the proxies share their routing state (prefix
+	// observations and in-flight counts) through pkg/fleet, as rolter-proxy
+	// --nats does; only rolter's strategies share. ShareDelay is a message's
+	// trip from one proxy to the others, ShareFlush and ShareLoadInterval
+	// how often each proxy publishes observations and loads (zero: the
+	// defaults, 2 ms, 25 ms and 100 ms).
+	Share                                     bool
+	ShareDelay, ShareFlush, ShareLoadInterval time.Duration
 	// Progress, if set, is called once per completed request.
 	Progress func()
 }
@@ -54,14 +75,21 @@ type Config struct {
 // DefaultConfig returns the default fleet: 8 replicas with the vLLM
 // simulator's cache (16-token blocks, 4096 blocks = 65,536 tokens each), 64
 // running requests per replica, 50 µs per uncached prompt token (20,000
-// tokens/s), 5 ms per request, 20 ms per output token.
+// tokens/s), 5 ms per request, 20 ms per output token, KV events delivered
+// 50 ms after the change.
 func DefaultConfig() Config {
 	return Config{
 		Replicas: 8, BlockSize: vllmsim.DefaultBlockSize, CapacityBlocks: vllmsim.DefaultCapacityBlocks,
 		MaxBatch: 64, PrefillPerToken: 50 * time.Microsecond, PrefillBase: 5 * time.Millisecond,
-		DecodePerToken: 20 * time.Millisecond, Proxies: 1, Seed: 1,
+		DecodePerToken: 20 * time.Millisecond, Proxies: 1, Seed: 1, KVEventDelay: DefaultKVEventDelay,
 	}
 }
+
+// DefaultKVEventDelay is Config.KVEventDelay's default. It is pessimistic:
+// docs/benchmarks.md measures 0.2 ms (p50) to 2 ms (p99) from the ZMQ socket
+// to a proxy's index, and vLLM publishes a step's events at the end of the
+// step, tens of milliseconds.
+const DefaultKVEventDelay = 50 * time.Millisecond
 
 func (c *Config) validate() error {
 	var errs []error
@@ -97,6 +125,9 @@ type Result struct {
 	Strategy string
 	Workload string
 	Proxies  int
+	// Shared reports whether the proxies shared their routing state
+	// (Config.Share with several proxies and a rolter strategy).
+	Shared   bool
 	Requests int
 	// PromptTokens and CachedTokens add up every request's prompt tokens and
 	// the prefix-cache hits the replicas reported.
@@ -139,22 +170,31 @@ type replica struct {
 type proxy struct {
 	policy Policy
 	loads  []int
+	kv     kvConsumer // policy, when it reads the KV events
 }
 
 // event kinds
 const (
 	evIssue = iota // a session's next turn is sent
 	evReady        // a closed-loop session is ready for its next turn
+	evJoin         // a closed-loop client starts (Config.Ramp)
 	evFirstToken
 	evDone
+	evKV // a replica's KV events reach the proxies
+	// sharing among proxies (share.go)
+	evShareFlush
+	evShareLoad
+	evShareDeliver
 )
 
 type event struct {
-	at   time.Duration
-	seq  uint64
-	kind uint8
-	s    *sessionState
-	f    *Flight
+	at    time.Duration
+	seq   uint64
+	kind  uint8
+	s     *sessionState
+	f     *Flight
+	kv    *kvBatch
+	share *shareMsg
 }
 
 type eventQueue []event
@@ -193,6 +233,9 @@ type run struct {
 	proxies  []*proxy
 	caches   []*vllmsim.Cache
 	waiting  []int
+	usage    []float64    // replicas' KV cache usage (View.KVUsage)
+	watchers []*kvWatcher // per replica, when a policy reads KV events
+	share    *sharing     // nil unless the proxies share state
 
 	closed     bool
 	clients    int
@@ -217,26 +260,54 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 		return Result{}, fmt.Errorf("strategy %q has no constructor", st.Name)
 	}
 	r := &run{cfg: cfg, strategy: st, w: w, rng: rand.New(rand.NewPCG(cfg.Seed, 0x73696d))}
-	for range cfg.Replicas {
-		c := vllmsim.NewCache(cfg.BlockSize, cfg.CapacityBlocks, nil)
+	r.cfg.ShareDelay = cmp.Or(r.cfg.ShareDelay, DefaultShareDelay)
+	r.cfg.ShareFlush = cmp.Or(r.cfg.ShareFlush, fleet.DefaultFlushInterval)
+	r.cfg.ShareLoadInterval = cmp.Or(r.cfg.ShareLoadInterval, fleet.DefaultLoadInterval)
+	events := false
+	for p := range cfg.Proxies {
+		env := Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, Seed: Key(cfg.Seed, uint64(p))}
+		if r.shareEnabled() {
+			r.newShareNode(p, &env)
+		}
+		pol, err := st.New(env)
+		if err != nil {
+			return Result{}, fmt.Errorf("strategy %q: %w", st.Name, err)
+		}
+		px := &proxy{policy: pol, loads: make([]int, cfg.Replicas)}
+		if r.share != nil {
+			r.bindShare(p, px)
+		}
+		px.kv, _ = pol.(kvConsumer)
+		events = events || px.kv != nil
+		r.proxies = append(r.proxies, px)
+	}
+	for i := range cfg.Replicas {
+		// The event path only when a policy reads it: translating every
+		// stored block costs time on the long traces.
+		var l vllmsim.Listener
+		if events {
+			r.watchers = append(r.watchers, newKVWatcher())
+			l = vllmsim.ListenerFunc(func(b []vllmsim.KVEvent) { r.kvEvents(i, b) })
+		}
+		c := vllmsim.NewCache(cfg.BlockSize, cfg.CapacityBlocks, l)
 		r.replicas = append(r.replicas, &replica{cache: c})
 		r.caches = append(r.caches, c)
 	}
 	r.waiting = make([]int, cfg.Replicas)
-	for p := range cfg.Proxies {
-		pol, err := st.New(Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, Seed: Key(cfg.Seed, uint64(p))})
-		if err != nil {
-			return Result{}, fmt.Errorf("strategy %q: %w", st.Name, err)
-		}
-		r.proxies = append(r.proxies, &proxy{policy: pol, loads: make([]int, cfg.Replicas)})
-	}
+	r.usage = make([]float64, cfg.Replicas)
 	r.start()
+	if r.share != nil {
+		r.startShare()
+	}
 	for r.events.Len() > 0 {
 		e := heap.Pop(&r.events).(event)
 		r.now = e.at
 		switch e.kind {
 		case evIssue:
 			r.issue(e.s)
+		case evJoin:
+			r.clients++
+			r.fill()
 		case evReady:
 			r.ready = append(r.ready, e.s)
 			r.fill()
@@ -244,6 +315,14 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 			r.firstToken(e.f)
 		case evDone:
 			r.done(e.f)
+		case evShareFlush, evShareLoad, evShareDeliver:
+			r.shareEvent(e)
+		case evKV:
+			for _, px := range r.proxies {
+				if px.kv != nil {
+					px.kv.applyKV(e.kv.replica, e.kv.ops)
+				}
+			}
 		}
 	}
 	return r.result(), nil
@@ -252,6 +331,18 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 func (r *run) push(at time.Duration, kind uint8, s *sessionState, f *Flight) {
 	r.seq++
 	heap.Push(&r.events, event{at: at, seq: r.seq, kind: kind, s: s, f: f})
+}
+
+// kvEvents receives a replica's cache events (synchronously, from the cache
+// operation that made them): its watcher translates them at once, and the
+// proxies get them Config.KVEventDelay later.
+func (r *run) kvEvents(replica int, batch []vllmsim.KVEvent) {
+	ops := r.watchers[replica].translate(batch)
+	if len(ops) == 0 || r.cfg.KVEventDelay < 0 {
+		return
+	}
+	r.seq++
+	heap.Push(&r.events, event{at: r.now + r.cfg.KVEventDelay, seq: r.seq, kind: evKV, kv: &kvBatch{replica, ops}})
 }
 
 // start schedules the first turns: at the sessions' trace times, as a
@@ -281,6 +372,15 @@ func (r *run) start() {
 		for _, s := range r.w.Sessions {
 			r.ready = append(r.ready, &sessionState{s: s})
 		}
+		if r.cfg.Ramp > 0 {
+			// Client k joins at k/clients of the ramp instead of all at 0.
+			total := r.clients
+			r.clients = 0
+			for k := range total {
+				r.push(r.cfg.Ramp*time.Duration(k)/time.Duration(total), evJoin, nil, nil)
+			}
+			return
+		}
 		r.fill()
 	}
 }
@@ -302,6 +402,11 @@ func (r *run) issue(s *sessionState) {
 	s.next++
 	f := &Flight{Req: req, Issued: r.now}
 	f.Ctx = RouteContext(req, r.cfg.SessionKeys)
+	if r.strategy.TokenIDs {
+		// What affinity.Build parses from x-rolter-vllm-token-ids, without
+		// the round trip through text (TestTokenIDsHeader checks they agree).
+		f.Ctx.TokenIDs = req.Tokens()
+	}
 	if !r.firstSet {
 		r.first, r.firstSet = r.now, true
 	}
@@ -310,12 +415,12 @@ func (r *run) issue(s *sessionState) {
 		p = r.rng.IntN(len(r.proxies))
 	}
 	px := r.proxies[p]
-	v := &View{Now: r.now, Loads: px.loads, Waiting: r.waiting, Caches: r.caches, BlockSize: r.cfg.BlockSize}
+	v := &View{Now: r.now, Loads: r.fleetLoads(p, px.loads), Waiting: r.waiting, KVUsage: r.usage, Caches: r.caches, BlockSize: r.cfg.BlockSize}
 	target := px.policy.Pick(f, v)
 	if target < 0 || target >= len(r.replicas) {
 		panic(fmt.Sprintf("sim: strategy %s picked replica %d of %d", r.strategy.Name, target, len(r.replicas)))
 	}
-	f.Proxy, f.Target, f.Depth = p, target, px.loads[target]
+	f.Proxy, f.Target, f.Depth = p, target, v.Loads[target]
 	px.policy.Observe(target, f, v)
 	px.loads[target]++
 	f.sess = s
@@ -326,6 +431,14 @@ func (r *run) issue(s *sessionState) {
 	rep.queue = append(rep.queue, f)
 	r.waiting[target]++
 	r.schedule(target)
+}
+
+// updateUsage refreshes replica i's KV cache usage: the blocks its running
+// requests hold over its capacity, as vLLM reports kv_cache_usage_perc
+// (cached blocks no request holds count as free).
+func (r *run) updateUsage(i int) {
+	c := r.replicas[i].cache
+	r.usage[i] = float64(c.Stats().Pinned) / float64(c.Capacity())
 }
 
 // account adds the replica's in-flight area up to now.
@@ -345,6 +458,7 @@ func (r *run) schedule(i int) {
 		rep.running++
 		toks := f.Req.Tokens()
 		f.Cached, f.lease = rep.cache.Admit(toks)
+		r.updateUsage(i)
 		f.Started = r.now
 		prefill := r.cfg.PrefillBase + time.Duration(len(toks)-f.Cached)*r.cfg.PrefillPerToken
 		end := r.now + prefill
@@ -375,6 +489,7 @@ func (r *run) done(f *Flight) {
 	rep := r.replicas[f.Target]
 	rep.cache.Release(f.lease)
 	f.lease = nil
+	r.updateUsage(f.Target)
 	r.account(rep)
 	rep.inflight--
 	rep.running--
@@ -384,6 +499,7 @@ func (r *run) done(f *Flight) {
 		l.Done(f, r.now)
 	}
 	f.Req.release()
+	f.Ctx.TokenIDs = nil
 	r.completed++
 	r.outputToks += int64(f.Req.Output)
 	r.last = r.now
@@ -408,7 +524,7 @@ func (r *run) done(f *Flight) {
 
 func (r *run) result() Result {
 	res := Result{
-		Strategy: r.strategy.Name, Workload: r.w.Name, Proxies: r.cfg.Proxies, Requests: r.completed,
+		Strategy: r.strategy.Name, Workload: r.w.Name, Proxies: r.cfg.Proxies, Shared: r.share != nil, Requests: r.completed,
 		Deterministic: r.strategy.Deterministic,
 	}
 	var busy, area []float64

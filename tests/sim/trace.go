@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
+	"slices"
 	"time"
 )
 
@@ -145,4 +147,42 @@ func TraceWorkload(recs []TraceRecord, speedup float64, seed uint64) *Workload {
 		})
 	}
 	return w
+}
+
+// SpreadArrivals spreads sessions that start at the same instant evenly at
+// random over the time until the next distinct start (or, for the last
+// group, over the mean gap), keeping their order. The Mooncake trace's
+// timestamps are bucketed in ~3 s steps, about 10 requests to a bucket: as
+// recorded they arrive in the same nanosecond, a burst that one proxy serves
+// in turn but that several proxies behind an L4 spread see at once, with no
+// time to hear of one another. Spreading them is what the traffic looked
+// like before bucketing.
+func SpreadArrivals(w *Workload, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0x737072656164)) // "spread"
+	ss := w.Sessions
+	var mean time.Duration
+	if n := len(ss); n > 1 && ss[n-1].Start > ss[0].Start {
+		mean = (ss[n-1].Start - ss[0].Start) / time.Duration(n-1)
+	}
+	for i := 0; i < len(ss); {
+		j := i
+		for j < len(ss) && ss[j].Start == ss[i].Start {
+			j++
+		}
+		gap := mean * time.Duration(j-i)
+		if j < len(ss) {
+			gap = ss[j].Start - ss[i].Start
+		}
+		if ss[i].Start >= 0 && j-i > 1 && gap > 0 {
+			offs := make([]time.Duration, j-i)
+			for k := range offs {
+				offs[k] = time.Duration(rng.Int64N(int64(gap)))
+			}
+			slices.Sort(offs)
+			for k := range offs {
+				ss[i+k].Start += offs[k]
+			}
+		}
+		i = j
+	}
 }

@@ -25,6 +25,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"rolter.dev/pkg/fleet"
 	"rolter.dev/tests/sim"
 )
 
@@ -39,24 +40,25 @@ func main() {
 }
 
 type options struct {
-	workload   string
-	strategies string
-	jsonOut    bool
-	pngPath    string
-	quiet      bool
-	cfg        sim.Config
-	prefillUS  float64
-	prefillMS  float64
-	itlMS      float64
-	gsp        sim.GSPParams
-	mt         sim.MultiturnParams
-	agent      sim.AgentParams
-	unique     sim.UniqueParams
-	tracePath  string
-	traceLimit int
-	speedup    float64
-	thinkMS    float64
-	toolMS     float64
+	workload    string
+	strategies  string
+	jsonOut     bool
+	pngPath     string
+	quiet       bool
+	cfg         sim.Config
+	prefillUS   float64
+	prefillMS   float64
+	itlMS       float64
+	gsp         sim.GSPParams
+	mt          sim.MultiturnParams
+	agent       sim.AgentParams
+	unique      sim.UniqueParams
+	tracePath   string
+	traceLimit  int
+	traceSpread bool
+	speedup     float64
+	thinkMS     float64
+	toolMS      float64
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -65,7 +67,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("rolter-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: rolter-sim [flags]\n\nStrategies: %s\n(\"all\", \"rolter\" and \"peers\" name groups; a rolter strategy takes Spec fields as name:key=value:key=value,\ne.g. cache_aware:threshold=0.3:balance_abs=8)\n\nFlags:\n",
+		fmt.Fprintf(stderr, "usage: rolter-sim [flags]\n\nStrategies: %s\n(\"all\", \"rolter\" and \"peers\" name groups; a rolter strategy takes Spec fields as name:key=value:key=value,\ne.g. cache_aware:threshold=0.3:balance_abs=8, precise_cache_aware:load_weight=0.5:speculate_ms=0;\nllmd_precise takes prefix, kv_cache, queue, active, speculate_ms)\n\nFlags:\n",
 			strings.Join(sim.AllStrategies(), ", "))
 		fs.PrintDefaults()
 	}
@@ -85,10 +87,26 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&c.ParallelPrefill, "parallel-prefill", false, "prefill running requests independently (vllmsim's model) instead of one at a time per replica")
 	fs.Float64Var(&o.itlMS, "itl-ms", 20, "decode time per output token, ms")
 	fs.IntVar(&c.Proxies, "proxies", 1, "proxies, each with its own balancer state, behind a random L4 spread")
+	fs.Func("share", "on: the proxies share prefix observations and in-flight counts as rolter-proxy --nats does (rolter strategies only); off: independent (default)", func(v string) error {
+		switch v {
+		case "on":
+			c.Share = true
+		case "off":
+			c.Share = false
+		default:
+			return fmt.Errorf("want on or off, got %q", v)
+		}
+		return nil
+	})
+	fs.DurationVar(&c.ShareDelay, "share-delay", sim.DefaultShareDelay, "with --share on: a fleet message's trip from one proxy to the others")
+	fs.DurationVar(&c.ShareFlush, "share-flush", fleet.DefaultFlushInterval, "with --share on: how often each proxy publishes its observations (rolter-proxy --share-flush)")
+	fs.DurationVar(&c.ShareLoadInterval, "share-load-interval", fleet.DefaultLoadInterval, "with --share on: how often each proxy publishes its in-flight counts")
 	fs.IntVar(&c.Concurrency, "concurrency", 0, "closed-loop clients (0: the workload's default)")
+	fs.DurationVar(&c.Ramp, "ramp", 0, "start the closed-loop clients one by one over this time instead of all at once")
 	fs.Float64Var(&c.Rate, "rate", 0, "open-loop Poisson session arrivals per second instead of the closed loop")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random seed (workload text, arrivals, proxy spread, peers' tie breaks)")
 	fs.BoolVar(&c.SessionKeys, "session-header", false, "send x-session-id with each session's requests")
+	fs.DurationVar(&c.KVEventDelay, "kv-delay", c.KVEventDelay, "delay from a replica's KV cache change to the proxies' indexes (precise_cache_aware, llmd_precise); negative: never delivered")
 
 	fs.IntVar(&o.gsp.Groups, "gsp-groups", o.gsp.Groups, "gsp: groups (system prompts)")
 	fs.IntVar(&o.gsp.PromptsPerGroup, "gsp-prompts", o.gsp.PromptsPerGroup, "gsp: prompts per group")
@@ -120,6 +138,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 
 	fs.StringVar(&o.tracePath, "trace", "../shared/traces/mooncake_conversation_trace.jsonl", "trace: Mooncake JSONL file")
 	fs.IntVar(&o.traceLimit, "trace-limit", 0, "trace: replay only the first N records (0: all)")
+	fs.BoolVar(&o.traceSpread, "trace-spread", false, "trace: spread the requests of each timestamp bucket (the trace's ~3 s steps) at random over the bucket instead of all at its start")
 	fs.Float64Var(&o.speedup, "speedup", 1, "trace: divide the timestamps by this")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -151,7 +170,11 @@ func (o *options) buildWorkload() (*sim.Workload, error) {
 		if err != nil {
 			return nil, fmt.Errorf("trace: %w", err)
 		}
-		return sim.TraceWorkload(recs, o.speedup, seed), nil
+		w := sim.TraceWorkload(recs, o.speedup, seed)
+		if o.traceSpread {
+			sim.SpreadArrivals(w, seed)
+		}
+		return w, nil
 	}
 	return nil, fmt.Errorf("unknown workload %q (want gsp, multiturn, agent, unique or trace)", o.workload)
 }
@@ -218,6 +241,24 @@ func run(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// shareNote describes the proxies' sharing for the table's header.
+func shareNote(c sim.Config) string {
+	if c.Proxies < 2 {
+		return ""
+	}
+	if !c.Share {
+		return ", independent"
+	}
+	return fmt.Sprintf(", sharing state (messages after %v; peers' policies independent)", c.ShareDelay)
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
 func plural(n int, one, many string) string {
 	if n == 1 {
 		return one
@@ -244,7 +285,7 @@ func (o *options) jsonRecord(r sim.Result, unbounded, oracle float64) map[string
 		"ttft_p99_ms":        ms(r.TTFTP99),
 		"throughput_rps":     r.Throughput,
 		"proxies":            r.Proxies,
-		"share":              "off",
+		"share":              onOff(r.Shared),
 		"ttft_mean_ms":       ms(r.TTFTMean),
 		"inflight_imbalance": r.InflightImbalance,
 		"unbounded_hit_rate": unbounded,
@@ -255,6 +296,7 @@ func (o *options) jsonRecord(r sim.Result, unbounded, oracle float64) map[string
 		"capacity_blocks":    o.cfg.CapacityBlocks,
 		"block_size":         o.cfg.BlockSize,
 		"seed":               o.cfg.Seed,
+		"kv_delay_ms":        ms(o.cfg.KVEventDelay),
 		"deterministic":      r.Deterministic,
 	}
 	if oracle >= 0 {
@@ -267,9 +309,9 @@ func (o *options) jsonRecord(r sim.Result, unbounded, oracle float64) map[string
 }
 
 func (o *options) printTable(out io.Writer, w *sim.Workload, results []sim.Result, unbounded, oracle float64) {
-	fmt.Fprintf(out, "workload %s: %d requests; %d replicas x %d blocks of %d tokens; max batch %d; %d prox%s; seed %d\n",
+	fmt.Fprintf(out, "workload %s: %d requests; %d replicas x %d blocks of %d tokens; max batch %d; %d prox%s%s; seed %d; KV events after %v\n",
 		w.Name, w.Requests(), o.cfg.Replicas, o.cfg.CapacityBlocks, o.cfg.BlockSize, o.cfg.MaxBatch,
-		o.cfg.Proxies, plural(o.cfg.Proxies, "y", "ies"), o.cfg.Seed)
+		o.cfg.Proxies, plural(o.cfg.Proxies, "y", "ies"), shareNote(o.cfg), o.cfg.Seed, kvDelay(o.cfg.KVEventDelay))
 	fmt.Fprintf(out, "unbounded single-cache hit rate: %.1f%%\n\n", 100*unbounded)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "strategy\thit %\t/unbounded\t/oracle\timbalance\tinflight imb\tTTFT mean ms\tp50 ms\tp99 ms\treq/s\t")
@@ -300,9 +342,16 @@ func (o *options) printTable(out io.Writer, w *sim.Workload, results []sim.Resul
 	}
 }
 
+func kvDelay(d time.Duration) string {
+	if d < 0 {
+		return "never"
+	}
+	return d.String()
+}
+
 func formatDecisions(d map[string]uint64) string {
 	var parts []string
-	for _, k := range []string{"affinity_hit", "load_spill", "least_load", "least_warmed", "cold", "predicted", "unpredicted"} {
+	for _, k := range []string{"affinity_hit", "load_spill", "least_load", "least_warmed", "cold", "predicted", "unpredicted", "scored", "neutral"} {
 		if v, ok := d[k]; ok && v > 0 {
 			parts = append(parts, fmt.Sprintf("%s=%d", k, v))
 		}

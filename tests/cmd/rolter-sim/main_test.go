@@ -16,7 +16,8 @@ var small = []string{"--quiet", "--replicas", "3", "--gsp-groups", "3", "--gsp-p
 
 func TestJSON(t *testing.T) {
 	var out, errb bytes.Buffer
-	args := append([]string{"--workload", "gsp", "--json", "--proxies", "2", "--strategies", "round_robin,cache_aware:threshold=0.3,sglang,oracle"}, small...)
+	args := append([]string{"--workload", "gsp", "--json", "--proxies", "2", "--kv-delay", "20ms",
+		"--strategies", "round_robin,cache_aware:threshold=0.3,sglang,oracle,precise_cache_aware,llmd_precise"}, small...)
 	if err := run(args, &out, &errb); err != nil {
 		t.Fatal(err, errb.String())
 	}
@@ -32,16 +33,45 @@ func TestJSON(t *testing.T) {
 				t.Fatalf("record %v has no %q", rec, k)
 			}
 		}
-		if rec["proxies"] != 2.0 || rec["share"] != "off" || rec["workload"] != "gsp" {
+		if rec["proxies"] != 2.0 || rec["share"] != "off" || rec["workload"] != "gsp" || rec["kv_delay_ms"] != 20.0 {
 			t.Fatalf("record %v", rec)
 		}
 		names = append(names, rec["strategy"].(string))
 	}
-	if strings.Join(names, ",") != "round_robin,cache_aware:threshold=0.3,sglang,oracle" {
+	if strings.Join(names, ",") != "round_robin,cache_aware:threshold=0.3,sglang,oracle,precise_cache_aware,llmd_precise" {
 		t.Fatalf("strategies %v", names)
 	}
 	if errb.Len() != 0 {
 		t.Fatalf("stderr %q with --quiet", errb.String())
+	}
+}
+
+// --share on: rolter's strategies say "on", the peers' "off" (they do not
+// share); a bad value is refused.
+func TestShareFlag(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := append([]string{"--workload", "gsp", "--json", "--proxies", "3", "--share", "on", "--ramp", "100ms",
+		"--strategies", "cache_aware,sglang"}, small...)
+	if err := run(args, &out, &errb); err != nil {
+		t.Fatal(err, errb.String())
+	}
+	want := map[string]string{"cache_aware": "on", "sglang": "off"}
+	sc := bufio.NewScanner(&out)
+	for sc.Scan() {
+		var rec map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec["share"] != want[rec["strategy"].(string)] || rec["proxies"] != 3.0 {
+			t.Fatalf("record %v", rec)
+		}
+		delete(want, rec["strategy"].(string))
+	}
+	if len(want) != 0 {
+		t.Fatalf("missing records for %v", want)
+	}
+	if err := run([]string{"--share", "maybe"}, &out, &errb); err == nil {
+		t.Fatal("--share maybe accepted")
 	}
 }
 
@@ -53,7 +83,8 @@ func TestTableAndChart(t *testing.T) {
 	if err := run(args, &out, &errb); err != nil {
 		t.Fatal(err, errb.String())
 	}
-	for _, want := range []string{"workload multiturn: 8 requests", "unbounded single-cache hit rate", "cache_aware", "oracle_greedy", "hit %"} {
+	for _, want := range []string{"workload multiturn: 8 requests", "unbounded single-cache hit rate", "cache_aware", "oracle_greedy", "hit %",
+		"precise_cache_aware", "llmd_precise", "KV events after 50ms", "decisions precise_cache_aware: scored=8"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
 		}
@@ -87,6 +118,7 @@ func TestErrors(t *testing.T) {
 		{"--replicas", "0"},
 		{"--workload", "trace", "--trace", "/nonexistent.jsonl"},
 		{"extra"},
+		{"--kv-delay", "soon"},
 	} {
 		var out, errb bytes.Buffer
 		if err := run(append(args, "--quiet"), &out, &errb); err == nil {

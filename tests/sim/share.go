@@ -1,0 +1,139 @@
+package sim
+
+import (
+	"container/heap"
+	"fmt"
+	"slices"
+	"time"
+
+	"rolter.dev/pkg/fleet"
+	"rolter.dev/pkg/routing"
+)
+
+// Defaults of the sharing model (Config.Share*).
+const (
+	// DefaultShareDelay is the trip of a fleet message from one proxy to
+	// another through NATS on a LAN: about a millisecond, rounded up.
+	DefaultShareDelay = 2 * time.Millisecond
+)
+
+// simEpoch anchors the virtual clock for pkg/fleet, which takes wall times.
+var simEpoch = time.Unix(1_700_000_000, 0)
+
+// sharing is the state of proxies sharing their routing state (Config.Share)
+// through pkg/fleet, the code path rolter-proxy --nats runs: each proxy is a
+// fleet.Node whose route records what its balancer observes; every flush
+// and load interval each node's encoded messages reach every other node
+// Config.ShareDelay later.
+type sharing struct {
+	nodes   []*fleet.Node
+	routes  []*fleet.Route
+	total   int // turns in the workload: ticking stops once all completed
+	scratch [][]int
+}
+
+// shareMsg is one encoded fleet message on its way to the other proxies.
+type shareMsg struct {
+	from  int
+	loads bool
+	data  []byte
+}
+
+// shareEnabled reports whether this run shares state: asked for, with
+// several proxies and one of rolter's own strategies (the peers' policies
+// have no sharing).
+func (r *run) shareEnabled() bool {
+	return r.cfg.Share && r.cfg.Proxies > 1 && slices.Contains(RolterStrategies, r.strategy.Base)
+}
+
+// newShareNode makes proxy p's fleet node and route; env.Share records into
+// it.
+func (r *run) newShareNode(p int, env *Env) {
+	if r.share == nil {
+		r.share = &sharing{}
+		for _, s := range r.w.Sessions {
+			r.share.total += len(s.Turns)
+		}
+	}
+	n := fleet.NewNode(fleet.Options{ID: fmt.Sprintf("proxy-%d", p), FlushInterval: r.cfg.ShareFlush, LoadInterval: r.cfg.ShareLoadInterval})
+	rt := n.Bind("sim", 1, r.cfg.Replicas)
+	r.share.nodes = append(r.share.nodes, n)
+	r.share.routes = append(r.share.routes, rt)
+	r.share.scratch = append(r.share.scratch, make([]int, r.cfg.Replicas))
+	env.Share = rt.Record
+}
+
+// bindShare connects proxy p's policy to its route once built.
+func (r *run) bindShare(p int, px *proxy) {
+	rt := r.share.routes[p]
+	if b, ok := px.policy.(*balancer); ok {
+		if sa, ok := b.b.(routing.SharedAffinity); ok {
+			rt.SetAffinity(sa)
+		}
+	}
+	rt.SetOwnLoad(func(i int) int { return px.loads[i] })
+}
+
+// startShare schedules the first flush and load ticks.
+func (r *run) startShare() {
+	r.pushShare(r.now+r.cfg.ShareFlush, evShareFlush, nil)
+	r.pushShare(r.now+r.cfg.ShareLoadInterval, evShareLoad, nil)
+}
+
+func (r *run) pushShare(at time.Duration, kind uint8, m *shareMsg) {
+	r.seq++
+	heap.Push(&r.events, event{at: at, seq: r.seq, kind: kind, share: m})
+}
+
+// shareEvent handles a sharing event: a tick publishes every node's
+// messages (delivered after the delay), a delivery hands one message to
+// every other node.
+func (r *run) shareEvent(e event) {
+	sh, now := r.share, simEpoch.Add(r.now)
+	switch e.kind {
+	case evShareFlush, evShareLoad:
+		for p, n := range sh.nodes {
+			m := &shareMsg{from: p, loads: e.kind == evShareLoad}
+			if m.loads {
+				m.data = n.LoadReport()
+				n.Expire(now)
+			} else {
+				m.data = n.FlushObservations()
+			}
+			if m.data != nil {
+				r.pushShare(r.now+r.cfg.ShareDelay, evShareDeliver, m)
+			}
+		}
+		if r.completed < sh.total {
+			every := r.cfg.ShareFlush
+			if e.kind == evShareLoad {
+				every = r.cfg.ShareLoadInterval
+			}
+			r.pushShare(r.now+every, e.kind, nil)
+		}
+	case evShareDeliver:
+		for p, n := range sh.nodes {
+			if p == e.share.from {
+				continue
+			}
+			if e.share.loads {
+				n.HandleLoads(e.share.data, now)
+			} else {
+				n.HandleObservations(e.share.data, now)
+			}
+		}
+	}
+}
+
+// fleetLoads is what proxy p's balancer sees: its own in-flight counts
+// plus its peers' latest, as the proxy's pick computes them.
+func (r *run) fleetLoads(p int, own []int) []int {
+	if r.share == nil {
+		return own
+	}
+	out := r.share.scratch[p]
+	for i := range out {
+		out[i] = own[i] + r.share.routes[p].PeerLoad(i)
+	}
+	return out
+}

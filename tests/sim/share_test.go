@@ -1,0 +1,95 @@
+package sim
+
+import (
+	"testing"
+	"time"
+)
+
+// Four proxies that share their routing state through pkg/fleet hit the
+// replicas' caches about as often as one proxy, where four independent
+// proxies lose most of it; the peers' policies are not affected by Share.
+func TestSharingProxiesRouteAsOne(t *testing.T) {
+	w := preciseWorkload()
+	one := preciseConfig()
+	one.Ramp = time.Second // no simultaneous start: see Config.Ramp
+	four := one
+	four.Proxies = 4
+	shared := four
+	shared.Share = true
+	// (pipeline shares too, but breaks ties from the process-wide random
+	// generator, so its runs do not repeat.)
+	for _, name := range []string{"cache_aware", "cache_aware:balance_rel=2"} {
+		r1, r4, rs := mustRun(t, one, w, name), mustRun(t, four, w, name), mustRun(t, shared, w, name)
+		t.Logf("%s: one proxy %.3f, four independent %.3f, four sharing %.3f (imbalance %.2f)", name, r1.HitRate, r4.HitRate, rs.HitRate, rs.LoadImbalance)
+		if !rs.Shared || r4.Shared {
+			t.Fatalf("%s: Shared = %v with sharing, %v without", name, rs.Shared, r4.Shared)
+		}
+		if rs.HitRate < 0.95*r1.HitRate || rs.HitRate < r4.HitRate+0.1 {
+			t.Errorf("%s: sharing proxies hit %.3f; one proxy %.3f, independent ones %.3f", name, rs.HitRate, r1.HitRate, r4.HitRate)
+		}
+		if rs.LoadImbalance > 1.25 {
+			t.Errorf("%s: sharing proxies' load imbalance %.2f", name, rs.LoadImbalance)
+		}
+	}
+	// A peer's policy does not share: Share changes nothing for it.
+	a, b := mustRun(t, four, w, "sglang"), mustRun(t, shared, w, "sglang")
+	if a.HitRate != b.HitRate || b.Shared {
+		t.Fatalf("sglang with Share: hit %.3f vs %.3f, Shared %v", b.HitRate, a.HitRate, b.Shared)
+	}
+}
+
+// Without a propagation delay or a load interval worth mentioning, sharing
+// proxies see each other's picks; with the messages never arriving in time
+// (a delay longer than the run) they behave like independent ones.
+func TestSharingNeedsTheMessages(t *testing.T) {
+	w := preciseWorkload()
+	cfg := preciseConfig()
+	cfg.Ramp, cfg.Proxies, cfg.Share = time.Second, 4, true
+	fast := mustRun(t, cfg, w, "cache_aware")
+	cfg.ShareDelay = time.Hour
+	late := mustRun(t, cfg, w, "cache_aware")
+	cfg.Share = false
+	off := mustRun(t, cfg, w, "cache_aware")
+	t.Logf("hit rate: messages in time %.3f, never in time %.3f, no sharing %.3f", fast.HitRate, late.HitRate, off.HitRate)
+	if late.HitRate > off.HitRate+0.03 || fast.HitRate < late.HitRate+0.1 {
+		t.Fatalf("hit rate: messages in time %.3f, never in time %.3f, no sharing %.3f", fast.HitRate, late.HitRate, off.HitRate)
+	}
+}
+
+// Ramp starts the closed loop's clients one by one.
+func TestRamp(t *testing.T) {
+	w := preciseWorkload()
+	cfg := preciseConfig()
+	cfg.Ramp = 700 * time.Millisecond
+	r, err := Run(cfg, w, mustStrategy(t, "round_robin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Requests != w.Requests() {
+		t.Fatalf("%d of %d requests completed", r.Requests, w.Requests())
+	}
+	cfg.Ramp = 0
+	r0, _ := Run(cfg, w, mustStrategy(t, "round_robin"))
+	if r.Makespan <= r0.Makespan {
+		t.Fatalf("makespan %v with a ramp, %v without: the ramp did not delay the start", r.Makespan, r0.Makespan)
+	}
+}
+
+// SpreadArrivals keeps the order and spreads each bucket within it.
+func TestSpreadArrivals(t *testing.T) {
+	w := &Workload{}
+	for i, at := range []time.Duration{0, 0, 0, 3 * time.Second, 3 * time.Second, 6 * time.Second} {
+		w.Sessions = append(w.Sessions, &Session{ID: i, Start: at})
+	}
+	SpreadArrivals(w, 1)
+	prev := time.Duration(-1)
+	for i, s := range w.Sessions {
+		if s.Start < prev {
+			t.Fatalf("session %d starts at %v, before its predecessor's %v", i, s.Start, prev)
+		}
+		prev = s.Start
+	}
+	if s := w.Sessions; s[0].Start == s[1].Start && s[1].Start == s[2].Start || s[2].Start >= 3*time.Second || s[4].Start >= 6*time.Second || s[3].Start < 3*time.Second {
+		t.Fatalf("buckets not spread within themselves: %v %v %v | %v %v | %v", s[0].Start, s[1].Start, s[2].Start, s[3].Start, s[4].Start, s[5].Start)
+	}
+}
