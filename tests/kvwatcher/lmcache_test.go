@@ -66,9 +66,19 @@ targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %
 		resp.Body.Close()
 		return resp.Header.Get("X-Rolter-Provider")
 	}
+	// Until a signal is fresh the strategy is neutral and ties go to a
+	// random target, so one request landing on want proves nothing: wait
+	// for a run of 20 (chance: 2^-20), then hold it for 10 more.
 	steady := func(want string) {
 		t.Helper()
-		eventually(t, "traffic moves to "+want, 5*time.Second, func() bool { return provider() == want })
+		eventually(t, "traffic moves to "+want, 5*time.Second, func() bool {
+			for range 20 {
+				if provider() != want {
+					return false
+				}
+			}
+			return true
+		})
 		for range 10 {
 			if got := provider(); got != want {
 				t.Fatalf("a request went to %s, want %s (the emptier cache)", got, want)

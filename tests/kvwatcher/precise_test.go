@@ -74,17 +74,30 @@ speculative_ttl_ms = 0
 			ids[i] = strconv.FormatUint(uint64(id), 10)
 		}
 		for i, p := range proxies {
-			eventually(t, fmt.Sprintf("proxy %d routes the prefix to %s", i, tc.want), 5*time.Second, func() bool {
+			send := func() string {
 				req, _ := http.NewRequest(http.MethodPost, p.URL()+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"x","max_tokens":1}`))
 				req.Header.Set("Content-Type", "application/json")
 				req.Header.Set("X-Rolter-Vllm-Token-Ids", strings.Join(ids, ","))
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
-					return false
+					return ""
 				}
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
-				return resp.StatusCode == 200 && resp.Header.Get("X-Rolter-Provider") == tc.want
+				if resp.StatusCode != 200 {
+					return ""
+				}
+				return resp.Header.Get("X-Rolter-Provider")
+			}
+			// Before the events arrive the strategy is neutral and ties go
+			// to a random replica: wait for a run of 20 (chance: 2^-20).
+			eventually(t, fmt.Sprintf("proxy %d routes the prefix to %s", i, tc.want), 5*time.Second, func() bool {
+				for range 20 {
+					if send() != tc.want {
+						return false
+					}
+				}
+				return true
 			})
 			// Once fresh, it stays: ten more requests all go there.
 			for range 10 {
