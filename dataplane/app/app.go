@@ -1,7 +1,7 @@
 // Package app assembles a data-plane proxy process: config (file mode with
-// hot reload), the proxy handler, health checks, metrics and the HTTP
-// server. cmd/rolter-proxy and the cross-service tests both start proxies
-// through it.
+// hot reload), the proxy handler, health checks, engine-load scraping,
+// metrics and the HTTP server. cmd/rolter-proxy and the cross-service
+// tests both start proxies through it.
 //
 // # Lifecycle
 //
@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"rolter.dev/dataplane/internal/cpfollow"
+	"rolter.dev/dataplane/internal/engineload"
 	"rolter.dev/dataplane/internal/filewatch"
 	"rolter.dev/dataplane/internal/health"
 	"rolter.dev/dataplane/internal/proxy"
@@ -172,6 +173,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	var wg sync.WaitGroup
 	wg.Go(func() { source(bg) })
 	wg.Go(func() { health.New(p.Snapshot, p.Registry(), p.Metrics(), log).Run(bg) })
+	wg.Go(func() { engineload.New(p.Snapshot, p.Registry(), p.Metrics(), log).Run(bg) })
 	if node != nil {
 		wg.Go(func() {
 			if err := node.Run(bg, nc, log.With("component", "fleet")); err != nil {

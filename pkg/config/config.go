@@ -126,6 +126,24 @@ type Provider struct {
 	AnthropicVersion string    `toml:"anthropic_version"`
 	KVEvents         *KVEvents `toml:"kv_events"`
 	LMCache          *LMCache  `toml:"lmcache"`
+	// EngineLoad, when present, makes every proxy scrape the replica's
+	// Prometheus metrics for its real queue (vLLM's running + waiting
+	// requests) and route on it; absent: off.
+	EngineLoad *EngineLoad `toml:"engine_load"`
+}
+
+// EngineLoad configures scraping a replica's own load from its Prometheus
+// text metrics (vllm:num_requests_running + vllm:num_requests_waiting).
+// Zero values take the defaults.
+type EngineLoad struct {
+	// Path is scraped with GET, relative to api_base without a trailing
+	// /v1 (vLLM serves /metrics at its root). Default "/metrics".
+	Path string `toml:"path"`
+	// IntervalMS is the time between two scrapes. Default 500, minimum 50.
+	IntervalMS int `toml:"interval_ms"`
+	// StaleMS is how long a scraped value is used; past it (failed or slow
+	// scrapes) the proxy routes on its own view. Default 3 × IntervalMS.
+	StaleMS int `toml:"stale_ms"`
 }
 
 // KVEvents configures the provider's vLLM KV-event publisher.

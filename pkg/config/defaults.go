@@ -28,6 +28,16 @@ const (
 	DefaultKVDataParallelSize = 1
 	// MaxKVDataParallelSize bounds it (one subscription per rank).
 	MaxKVDataParallelSize = 256
+	// DefaultEngineLoadPath, DefaultEngineLoadIntervalMS: [providers.engine_load]
+	// path and interval_ms; stale_ms defaults to
+	// DefaultEngineLoadStaleFactor × interval_ms.
+	DefaultEngineLoadPath        = "/metrics"
+	DefaultEngineLoadIntervalMS  = 500
+	DefaultEngineLoadStaleFactor = 3
+	// MinEngineLoadIntervalMS and MaxEngineLoadMS bound interval_ms and
+	// stale_ms.
+	MinEngineLoadIntervalMS = 50
+	MaxEngineLoadMS         = 3_600_000
 )
 
 // Default returns a Config holding every section default. [Parse] decodes
@@ -80,6 +90,17 @@ func applyDefaults(c *Config) {
 			}
 			if kv.DataParallelSize == 0 {
 				kv.DataParallelSize = DefaultKVDataParallelSize
+			}
+		}
+		if el := p.EngineLoad; el != nil {
+			if el.Path == "" {
+				el.Path = DefaultEngineLoadPath
+			}
+			if el.IntervalMS == 0 {
+				el.IntervalMS = DefaultEngineLoadIntervalMS
+			}
+			if el.StaleMS == 0 && el.IntervalMS > 0 {
+				el.StaleMS = DefaultEngineLoadStaleFactor * el.IntervalMS
 			}
 		}
 		if lm := p.LMCache; lm != nil {

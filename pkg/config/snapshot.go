@@ -57,6 +57,18 @@ type CompiledProvider struct {
 	AnthropicVersion string
 	KVEvents         *KVEvents
 	LMCache          *LMCache
+	// EngineLoad is nil unless [providers.engine_load] is present.
+	EngineLoad *CompiledEngineLoad
+}
+
+// CompiledEngineLoad is a provider's engine-load scraping, defaults applied.
+type CompiledEngineLoad struct {
+	// URL is scraped with GET: api_base without a trailing /v1, plus path.
+	URL string
+	// Interval is the time between two scrapes; a value older than Stale
+	// is not used.
+	Interval time.Duration
+	Stale    time.Duration
 }
 
 // LogValue keeps the API key out of logs.
@@ -188,6 +200,13 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 		if p.LMCache != nil {
 			lm := *p.LMCache
 			cp.LMCache = &lm
+		}
+		if el := p.EngineLoad; el != nil {
+			cp.EngineLoad = &CompiledEngineLoad{
+				URL:      strings.TrimSuffix(cp.APIBase, "/v1") + el.Path,
+				Interval: time.Duration(el.IntervalMS) * time.Millisecond,
+				Stale:    time.Duration(el.StaleMS) * time.Millisecond,
+			}
 		}
 		path := fmt.Sprintf("providers[%d]", i)
 		switch {

@@ -177,6 +177,19 @@ func validateProvider(v *validator, path string, p *Provider) {
 			}
 		}
 	}
+	if el := p.EngineLoad; el != nil {
+		ep := path + ".engine_load"
+		if p.Kind != KindOpenAICompatible && p.Kind != "" {
+			v.add(ep, "only applies to kind \"openai_compatible\" (a replica serving Prometheus metrics), got %q", p.Kind)
+		}
+		if !strings.HasPrefix(el.Path, "/") || strings.ContainsAny(el.Path, "?# \t\r\n") {
+			v.add(ep+".path", "must be an absolute path (starting with /, no query), got %q", el.Path)
+		}
+		v.between(ep+".interval_ms", el.IntervalMS, MinEngineLoadIntervalMS, MaxEngineLoadMS)
+		if el.StaleMS < 1 || el.StaleMS > MaxEngineLoadMS || (el.IntervalMS >= MinEngineLoadIntervalMS && el.StaleMS < el.IntervalMS) {
+			v.add(ep+".stale_ms", "must be in [interval_ms (%d), %d], got %d", el.IntervalMS, MaxEngineLoadMS, el.StaleMS)
+		}
+	}
 	if lm := p.LMCache; lm != nil {
 		lp := path + ".lmcache"
 		v.httpURL(lp+".endpoint", lm.Endpoint)

@@ -1,6 +1,6 @@
 // Package reliability holds the live state that decides whether an upstream
-// may be tried: per-target in-flight counts, cooldowns and circuit breakers,
-// and per-provider health.
+// may be tried and how loaded it is: per-target in-flight counts, cooldowns
+// and circuit breakers, and per-provider health and scraped engine load.
 //
 // # Overview
 //

@@ -1,14 +1,45 @@
 package reliability
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
-// Provider is the health of one provider as seen by active health checks.
-// Safe for concurrent use; only the prober writes it.
+// Provider is the live state of one provider: its health as seen by active
+// health checks, and its engine load as scraped from the replica. Safe for
+// concurrent use; only the prober writes health, only the provider's
+// engine-load scraper writes the load. Reads are atomic loads.
 type Provider struct {
 	name      string
 	healthy   atomic.Bool
 	failures  atomic.Int32
 	successes atomic.Int32
+	// engineLoad is the last scraped running + waiting requests;
+	// engineLoadAt is when it was scraped (unix nanoseconds, 0 = none).
+	engineLoad   atomic.Int64
+	engineLoadAt atomic.Int64
+}
+
+// SetEngineLoad records the replica's load (requests running plus waiting,
+// across all its clients) as scraped at at.
+func (p *Provider) SetEngineLoad(n int64, at time.Time) {
+	p.engineLoad.Store(max(n, 0))
+	p.engineLoadAt.Store(at.UnixNano())
+}
+
+// ClearEngineLoad forgets the engine load (its scraper stopped).
+func (p *Provider) ClearEngineLoad() { p.engineLoadAt.Store(0) }
+
+// EngineLoad returns the last scraped engine load if it was scraped within
+// maxAge before now; ok is false when there is none or it is stale. It
+// takes no lock: the load and its time are two atomics, so a read racing a
+// scrape may pair the new load with the previous time, both recent.
+func (p *Provider) EngineLoad(now time.Time, maxAge time.Duration) (n int, ok bool) {
+	at := p.engineLoadAt.Load()
+	if at == 0 || now.UnixNano()-at > int64(maxAge) {
+		return 0, false
+	}
+	return int(p.engineLoad.Load()), true
 }
 
 // Healthy reports whether the provider passes its health checks. A

@@ -128,3 +128,44 @@ func TestInFlightAndRetain(t *testing.T) {
 		t.Fatal("Retain kept a dropped target")
 	}
 }
+
+func TestEngineLoad(t *testing.T) {
+	p := reliability.NewRegistry().Provider("a")
+	if _, ok := p.EngineLoad(t0, time.Second); ok {
+		t.Fatal("engine load before any scrape")
+	}
+	p.SetEngineLoad(7, t0)
+	for _, tc := range []struct {
+		at     time.Duration
+		want   int
+		wantOK bool
+	}{{0, 7, true}, {time.Second, 7, true}, {time.Second + 1, 0, false}, {-time.Second, 7, true}} {
+		if n, ok := p.EngineLoad(t0.Add(tc.at), time.Second); n != tc.want || ok != tc.wantOK {
+			t.Errorf("at +%v: %d, %v; want %d, %v", tc.at, n, ok, tc.want, tc.wantOK)
+		}
+	}
+	p.SetEngineLoad(-3, t0)
+	if n, _ := p.EngineLoad(t0, time.Second); n != 0 {
+		t.Errorf("negative load stored as %d", n)
+	}
+	p.ClearEngineLoad()
+	if _, ok := p.EngineLoad(t0, time.Hour); ok {
+		t.Error("engine load after clear")
+	}
+}
+
+func TestEngineLoadConcurrent(t *testing.T) {
+	p := reliability.NewRegistry().Provider("a")
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 1000 {
+			p.SetEngineLoad(int64(i), time.Now())
+		}
+	})
+	for range 1000 {
+		if n, ok := p.EngineLoad(time.Now(), time.Hour); ok && (n < 0 || n >= 1000) {
+			t.Fatalf("load %d", n)
+		}
+	}
+	wg.Wait()
+}

@@ -17,6 +17,8 @@ type Metrics struct {
 	HealthDown        *prometheus.CounterVec // provider
 	HealthRecovered   *prometheus.CounterVec // provider
 	ProviderHealthy   *prometheus.GaugeVec   // provider
+	EngineLoad        *prometheus.GaugeVec   // provider
+	EngineLoadFails   *prometheus.CounterVec // provider
 	InFlight          prometheus.Gauge
 	AuthFailures      *prometheus.CounterVec // reason
 	ClientDisconnects prometheus.Counter
@@ -50,6 +52,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		HealthDown:       cv("health_down_total", "Providers marked unhealthy by active health checks.", "provider"),
 		HealthRecovered:  cv("health_recovered_total", "Providers marked healthy again by active health checks.", "provider"),
 		AuthFailures:     cv("auth_failures_total", "Requests refused by authentication or authorization.", "reason"),
+		EngineLoadFails:  cv("engine_load_scrape_failures_total", "Failed scrapes of a replica's engine load (request, status, body, parse, missing metric).", "provider"),
+		EngineLoad: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "rolter_engine_load_requests", Help: "Requests running plus waiting on the replica, as last scraped from its metrics ([providers.engine_load]).",
+		}, []string{"provider"}),
 		ProviderHealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rolter_provider_healthy", Help: "1 while the provider passes its health checks.",
 		}, []string{"provider"}),
@@ -82,7 +88,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "rolter_config_reload_failures_total", Help: "Config changes refused; the previous snapshot kept serving.",
 		}),
 	}
-	reg.MustRegister(m.ProviderHealthy, m.InFlight, m.ClientDisconnects, m.Latency, m.TTFT, m.CacheLookup,
+	reg.MustRegister(m.ProviderHealthy, m.EngineLoad, m.InFlight, m.ClientDisconnects, m.Latency, m.TTFT, m.CacheLookup,
 		m.ConfigVersion, m.ConfigInfo, m.ConfigReloads, m.ConfigFailures)
 	return m
 }

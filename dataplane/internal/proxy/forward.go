@@ -244,7 +244,24 @@ func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
 	}
 	for i := range targets {
 		// The fleet's load: this proxy's live count plus its peers' latest.
-		loads[i] = targets[i].state.InFlight() + x.route.fleet.PeerLoad(i)
+		t := &targets[i]
+		load := t.state.InFlight() + x.route.fleet.PeerLoad(i)
+		// With [providers.engine_load], the replica's own running + waiting
+		// count, if fresh, raises it: the engine counts every client's
+		// requests (proxies not sharing with this one, other routes and
+		// models on the same replica, clients going around the proxies),
+		// which this proxy cannot see, but it lags by up to a scrape
+		// interval, while this proxy's own count is exact for its own
+		// requests (including ones sent since the scrape). Each is a lower
+		// bound of the truth, so the larger is the better estimate; a sum
+		// would count this proxy's requests twice. Stale (failed or slow
+		// scrapes) or absent: the proxy's own view, never a wait.
+		if el := t.cfg.Provider.EngineLoad; el != nil {
+			if n, ok := t.health.EngineLoad(now, el.Stale); ok && n > load {
+				load = n
+			}
+		}
+		loads[i] = load
 	}
 	idx := x.route.balancer.Pick(&x.rctx, loads, eligible)
 	if !eligible.Has(idx) {
