@@ -80,7 +80,9 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 			req := n.SnapshotRequest()
 			go func() {
 				defer func() { warmDone <- struct{}{} }()
-				msg, err := nc.RequestWithContext(ctxTimeout(ctx, warmTimeout), snapSubj, req)
+				rctx, cancel := context.WithTimeout(ctx, warmTimeout)
+				defer cancel()
+				msg, err := nc.RequestWithContext(rctx, snapSubj, req)
 				if err != nil {
 					if !errors.Is(err, nats.ErrNoResponders) && ctx.Err() == nil {
 						log.Debug("fleet: no warm-up snapshot", "err", err)
@@ -109,12 +111,4 @@ func (n *Node) markUnwarmed() {
 	case n.unwarmed <- struct{}{}:
 	default:
 	}
-}
-
-// ctxTimeout returns a context that ends with parent or after d; its cancel
-// runs when the deadline passes (contexts with deadlines free themselves).
-func ctxTimeout(parent context.Context, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(parent, d)
-	context.AfterFunc(ctx, cancel)
-	return ctx
 }

@@ -85,6 +85,22 @@ func TestProxiesShareAffinity(t *testing.T) {
 				t.Fatalf("%s request %d: status %d", run.name, i, resp.StatusCode)
 			}
 		}
+		if run.share {
+			// A proxy joining now warms up from a peer's snapshot instead
+			// of starting cold.
+			opts := app.Options{NATSURL: ns.ClientURL(), ShareGroup: fmt.Sprintf("run-%d", len(hit)), ShareFlush: 2 * time.Millisecond}
+			late := startFleetProxy(t, cfg, opts, 9)
+			waitFor(t, "the late proxy applies a snapshot", func() bool {
+				return metric(t, late, `rolter_fleet_snapshots_total{direction="applied"}`) == 1
+			})
+			held := 0.0
+			for i := range rs {
+				held += metric(t, late, fmt.Sprintf(`rolter_shared_prefix_chunks{model="m",provider="vllm-%d"}`, i))
+			}
+			if held <= 0 {
+				t.Fatalf("the late proxy's shared index holds %v hashes after warming up", held)
+			}
+		}
 		var prompt, cached uint64
 		for _, r := range rs {
 			st := r.sim.Stats()
