@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # `make run`: the split system on one machine: a control plane with an
-# embedded etcd, three simulated vLLM replicas, and a rolter-proxy that
-# follows the control plane. The example config is applied through the admin
+# embedded etcd, three simulated vLLM replicas, a kvwatcher with an embedded
+# NATS server, and two rolter-proxies that follow the control plane and share
+# their routing state over NATS. The example config is applied through the admin
 # API. Ctrl-C stops everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${ROLTER_CONFIG:-rolter.example.toml}
 PROXY_ADDR=${ROLTER_LISTEN:-127.0.0.1:8080}
+PROXY2_ADDR=${ROLTER_LISTEN2:-127.0.0.1:8081}
 CP_ADDR=${ROLTER_CONTROLPLANE:-127.0.0.1:7070}
 WORK=$(mktemp -d -t rolter-run.XXXXXX)
 # Dev credentials for this run only: the admin token (rolterctl), the node
@@ -63,16 +65,23 @@ done
 pids+=($!)
 wait_http "http://127.0.0.1:9465/metrics"
 
-ROLTER_NODE_TOKEN=$ROLTER_NODE_TOKENS ./bin/rolter-proxy --controlplane "$CP_ADDR" --listen "$PROXY_ADDR" \
-  --snapshot-cache "$WORK/snapshot.json" --nats "nats://$NATS_ADDR" >"$WORK/proxy.log" 2>&1 &
-pids+=($!)
+# Two proxies, as behind an L4 balancer: they share prefix observations and
+# in-flight counts over the same NATS (docs/sharing.md).
+n=0
+for addr in "$PROXY_ADDR" "$PROXY2_ADDR"; do
+  n=$((n + 1))
+  ROLTER_NODE_TOKEN=$ROLTER_NODE_TOKENS ./bin/rolter-proxy --controlplane "$CP_ADDR" --listen "$addr" \
+    --snapshot-cache "$WORK/snapshot-$n.json" --nats "nats://$NATS_ADDR" >"$WORK/proxy-$n.log" 2>&1 &
+  pids+=($!)
+done
 wait_http "http://$PROXY_ADDR/readyz"
+wait_http "http://$PROXY2_ADDR/readyz"
 
 cat <<MSG
 
 rolter is running on this machine:
   control plane   $CP_ADDR (embedded etcd in $WORK/etcd)
-  rolter-proxy    http://$PROXY_ADDR (follows the control plane)
+  rolter-proxy    http://$PROXY_ADDR and http://$PROXY2_ADDR (follow the control plane, share routing state)
   vLLM replicas   127.0.0.1:8001-8003 (simulated; KV events on tcp://127.0.0.1:5557-5559)
   kvwatcher       embedded NATS on $NATS_ADDR, metrics on http://127.0.0.1:9465/metrics
   logs            $WORK
@@ -92,6 +101,10 @@ Change the config through the control plane (the proxy follows within a second):
   bin/rolterctl list routes
   bin/rolterctl apply -f $CONFIG --dry-run        # edit the file first, see the diff
   bin/rolterctl status                             # which node runs which version
+
+Either proxy routes a conversation where the other sent its prefix; each one's
+rolter_fleet_peers shows the other:
+  curl -s http://$PROXY2_ADDR/metrics | grep -E '^rolter_fleet_(peers|received_total)'
 
 Metrics: http://$PROXY_ADDR/metrics        Press Ctrl-C to stop.
 MSG
