@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -36,7 +37,12 @@ func (k *worker) dial(ctx context.Context, rank int, endpoint string) {
 	kv := k.spec.KV
 	delay := k.w.opts.ReconnectMin
 	for ctx.Err() == nil {
-		c, err := zmtp.DialSub(ctx, endpoint, kv.Topic)
+		// Subscribe to every topic and filter here: a publisher whose
+		// topic differs from the config's (vLLM's default topic is "")
+		// would otherwise be silently filtered out by the PUB socket; this
+		// way it is counted and logged. One publisher per connection, so
+		// nothing else arrives.
+		c, err := zmtp.DialSub(ctx, endpoint, "")
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -55,11 +61,21 @@ func (k *worker) dial(ctx context.Context, rank int, endpoint string) {
 		start := time.Now()
 		var rerr error
 		if k.send(ctx, streamEvent{kind: evConnected, src: src, rank: rank}) {
+			warned := false
 			for {
 				frames, err := c.Recv()
 				if err != nil {
 					rerr = err
 					break
+				}
+				if len(frames) > 0 && !bytes.HasPrefix(frames[0], []byte(kv.Topic)) {
+					k.w.metrics.Skipped.WithLabelValues(k.name, "topic").Inc()
+					if !warned {
+						warned = true
+						k.log.Warn("kv events: the publisher's topic does not match [providers.kv_events] topic; its events are ignored",
+							"endpoint", endpoint, "topic", string(frames[0]), "want", kv.Topic)
+					}
+					continue
 				}
 				if !k.send(ctx, streamEvent{kind: evMessage, src: src, rank: rank, frames: frames}) {
 					break

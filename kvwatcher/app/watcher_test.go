@@ -357,3 +357,27 @@ endpoint = "` + endpoint + `"
 		}
 	})
 }
+
+// A publisher whose topic is not the configured one (vLLM's default topic is
+// "") is counted and logged instead of being filtered out in silence, and
+// its events are not indexed.
+func TestTopicMismatchIsCounted(t *testing.T) {
+	s := startNATS(t)
+	pub := newPub(t)
+	r := startWatcher(t, connect(t, s), StaticSource{kvProvider("p", pub.Endpoint())})
+	ix := newIndex(t, connect(t, s), "p")
+	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	a := newChain("sim-model", 4, 16, 100)
+	send(t, pub, frames("", 0, encodeBatch(t, a.stored(0, 2)))...)
+	send(t, pub, frames("kv@pod-b@sim-model", 1, encodeBatch(t, a.stored(0, 2)))...)
+	eventually(t, "mismatches counted", func() bool {
+		return r.counter(t, "rolter_kvwatcher_skipped_total", "reason", "topic") == 2
+	})
+	if ix.PrefixMatch("p", a.ids()) != 0 {
+		t.Fatal("events under another topic were indexed")
+	}
+	send(t, pub, frames(topic, 2, encodeBatch(t, a.stored(0, 2)))...)
+	eventually(t, "the right topic indexed", func() bool { return ix.PrefixMatch("p", a.ids()) == 2 })
+}

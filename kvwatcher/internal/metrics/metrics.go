@@ -44,7 +44,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Events:           c("events_total", "KV events applied, by kind (block_stored, block_removed, all_blocks_cleared).", "provider", "kind"),
 		Batches:          c("batches_total", "KV event batches consumed, live or replayed.", "provider", "source"),
 		Malformed:        c("malformed_total", "Messages skipped as malformed: not 3 frames with an 8-byte sequence (frames), or an undecodable payload (payload).", "provider", "reason"),
-		Skipped:          c("skipped_total", "Parts of batches not indexed, by reason.", "provider", "reason"),
+		Skipped:          c("skipped_total", "Parts of batches not indexed, by reason (medium, kind, parent, extra_keys, lora_id, block_size; topic: a message under another topic).", "provider", "reason"),
 		StreamFailures:   c("stream_failures_total", "KV event stream failures: connect, disconnect, gap, restart.", "provider", "reason"),
 		ReplayAttempts:   c("replay_attempts_total", "Replay requests, for a gap or to catch up on a new stream, by result.", "provider", "kind", "result"),
 		Clears:           c("clears_total", "Times a provider's state was cleared, by reason.", "provider", "reason"),
