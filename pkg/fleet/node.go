@@ -292,6 +292,23 @@ func (n *Node) HandleObservations(data []byte, now time.Time) {
 	if msg.Proxy == n.opts.ID {
 		return
 	}
+	n.mu.Lock()
+	p := n.peer(msg.Proxy, now)
+	if p.lastObs != 0 && msg.Seq > p.lastObs+1 {
+		n.stats.lostBatches.Add(msg.Seq - p.lastObs - 1)
+	}
+	p.lastObs = max(p.lastObs, msg.Seq)
+	n.mu.Unlock()
+	n.stats.batchesReceived.Add(1)
+	n.fold(msg.Routes)
+}
+
+// fold folds a peer's per-route hashes (a batch or a snapshot) into the
+// balancers of the routes this node has with the same layout and returns
+// how many hashes it folded. Entries for other routes or layouts, or for a
+// target out of range, are counted and dropped. The folds run outside
+// n.mu: a balancer's index takes its own lock.
+func (n *Node) fold(routes []*fleetv1.RouteChunks) int {
 	type fold struct {
 		aff    Affinity
 		target int
@@ -299,18 +316,12 @@ func (n *Node) HandleObservations(data []byte, now time.Time) {
 	}
 	var folds []fold
 	n.mu.Lock()
-	p := n.peer(msg.Proxy, now)
-	if p.lastObs != 0 && msg.Seq > p.lastObs+1 {
-		n.stats.lostBatches.Add(msg.Seq - p.lastObs - 1)
-	}
-	p.lastObs = max(p.lastObs, msg.Seq)
-	for _, rc := range msg.Routes {
+	for _, rc := range routes {
 		r := n.routes[routeKey{rc.Route, rc.Layout}]
-		if r == nil {
-			n.stats.unknownRoute.Add(1)
-			continue
+		var box *affinityBox
+		if r != nil {
+			box = r.aff.Load()
 		}
-		box := r.aff.Load()
 		if box == nil {
 			n.stats.unknownRoute.Add(1)
 			continue
@@ -324,11 +335,13 @@ func (n *Node) HandleObservations(data []byte, now time.Time) {
 		}
 	}
 	n.mu.Unlock()
-	n.stats.batchesReceived.Add(1)
+	folded := 0
 	for _, f := range folds {
 		f.aff.FoldPeer(f.target, f.chunks)
-		n.stats.chunksFolded.Add(uint64(len(f.chunks)))
+		folded += len(f.chunks)
 	}
+	n.stats.chunksFolded.Add(uint64(folded))
+	return folded
 }
 
 // HandleLoads takes a peer's in-flight counts.
@@ -481,28 +494,8 @@ func (n *Node) ApplySnapshot(data []byte, now time.Time) (int, error) {
 		n.stats.malformed.Add(1)
 		return 0, err
 	}
-	folded := 0
-	for _, rc := range snap.Routes {
-		n.mu.Lock()
-		r := n.routes[routeKey{rc.Route, rc.Layout}]
-		n.mu.Unlock()
-		if r == nil {
-			n.stats.unknownRoute.Add(1)
-			continue
-		}
-		box := r.aff.Load()
-		if box == nil {
-			continue
-		}
-		for _, tc := range rc.Targets {
-			if int(tc.Target) < r.n {
-				box.FoldPeer(int(tc.Target), tc.Chunks)
-				folded += len(tc.Chunks)
-			}
-		}
-	}
+	folded := n.fold(snap.Routes)
 	n.stats.snapshotsApplied.Add(1)
-	n.stats.chunksFolded.Add(uint64(folded))
 	n.mu.Lock()
 	n.peer(snap.Proxy, now)
 	n.mu.Unlock()
