@@ -1,14 +1,10 @@
 package e2e_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -49,14 +45,15 @@ func TestProxiesShareAffinity(t *testing.T) {
 		}
 		cfg := fleetConfig("", "cache_aware", rs...)
 		var urls []string
-		for i := range run.proxies {
+		for range run.proxies {
 			opts := app.Options{}
 			if run.proxies > 1 {
 				// A group per run keeps the independent proxies' NATS
 				// traffic (none) apart from the sharing ones'.
 				opts = app.Options{NATSURL: ns.ClientURL(), NoShare: !run.share, ShareGroup: fmt.Sprintf("run-%d", len(hit)), ShareFlush: 2 * time.Millisecond}
 			}
-			urls = append(urls, startFleetProxy(t, cfg, opts, i))
+			a, _ := startProxyWith(t, cfg, opts)
+			urls = append(urls, a.URL())
 		}
 		if run.share {
 			// Every proxy hears every other before traffic starts.
@@ -89,7 +86,8 @@ func TestProxiesShareAffinity(t *testing.T) {
 			// A proxy joining now warms up from a peer's snapshot instead
 			// of starting cold.
 			opts := app.Options{NATSURL: ns.ClientURL(), ShareGroup: fmt.Sprintf("run-%d", len(hit)), ShareFlush: 2 * time.Millisecond}
-			late := startFleetProxy(t, cfg, opts, 9)
+			lateApp, _ := startProxyWith(t, cfg, opts)
+			late := lateApp.URL()
 			waitFor(t, "the late proxy applies a snapshot", func() bool {
 				return metric(t, late, `rolter_fleet_snapshots_total{direction="applied"}`) == 1
 			})
@@ -117,27 +115,4 @@ func TestProxiesShareAffinity(t *testing.T) {
 	if on < off+0.05 {
 		t.Errorf("sharing proxies hit %.3f, not clearly above independent proxies' %.3f", on, off)
 	}
-}
-
-// startFleetProxy starts a data plane on cfg with the given NATS options.
-func startFleetProxy(t *testing.T, cfg string, opts app.Options, i int) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), fmt.Sprintf("rolter-%d.toml", i))
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	opts.ConfigPath, opts.Listen, opts.Logger, opts.DrainTimeout = path, "127.0.0.1:0", slog.New(slog.DiscardHandler), 5*time.Second
-	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.Start(ctx, opts)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		if err := a.Wait(); err != nil {
-			t.Errorf("proxy stopped with error: %v", err)
-		}
-	})
-	return a.URL()
 }

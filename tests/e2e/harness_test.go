@@ -87,12 +87,20 @@ func (r *replica) url() string { return "http://" + r.addr }
 // startProxy writes cfg to a file and starts a real data plane on it.
 func startProxy(t *testing.T, cfg string) (*app.App, string) {
 	t.Helper()
+	return startProxyWith(t, cfg, app.Options{})
+}
+
+// startProxyWith is startProxy with further options (NATS, sharing); the
+// config path, listener, logger and drain timeout are set here.
+func startProxyWith(t *testing.T, cfg string, opts app.Options) (*app.App, string) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "rolter.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	opts.ConfigPath, opts.Listen, opts.Logger, opts.DrainTimeout = path, "127.0.0.1:0", slog.New(slog.DiscardHandler), 5*time.Second
 	ctx, cancel := context.WithCancel(context.Background())
-	a, err := app.Start(ctx, app.Options{ConfigPath: path, Listen: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler), DrainTimeout: 5 * time.Second})
+	a, err := app.Start(ctx, opts)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
