@@ -56,3 +56,17 @@ func Tracer(tp trace.TracerProvider, scope string) trace.Tracer {
 	}
 	return tp.Tracer(scope)
 }
+
+// Span attributes that more than one process sets, so that a config
+// change can be followed from the control plane's push to each node's
+// handling of it under the same names.
+const (
+	// AttrConfigVersion is a config snapshot's version string.
+	AttrConfigVersion = attribute.Key("rolter.config.version")
+	// AttrConfigRevision is the etcd revision a config snapshot was built at.
+	AttrConfigRevision = attribute.Key("rolter.config.revision")
+	// AttrNodeID names a proxy or kvwatcher to the control plane.
+	AttrNodeID = attribute.Key("rolter.node.id")
+	// AttrControlPlaneID names the control plane that sent a snapshot.
+	AttrControlPlaneID = attribute.Key("rolter.controlplane.id")
+)

@@ -7,6 +7,8 @@ import (
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/status"
+
+	"rolter.dev/pkg/telemetry"
 )
 
 // Span attributes of admin writes.
@@ -14,7 +16,7 @@ const (
 	AttrMethod   = attribute.Key("rolter.admin.method")
 	AttrDryRun   = attribute.Key("rolter.admin.dry_run")
 	AttrCode     = attribute.Key("rolter.admin.code")
-	AttrRevision = attribute.Key("rolter.config.revision")
+	AttrRevision = telemetry.AttrConfigRevision
 	AttrChanges  = attribute.Key("rolter.config.changes")
 	AttrApplied  = attribute.Key("rolter.config.applied")
 )

@@ -4,6 +4,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"rolter.dev/pkg/telemetry"
 )
 
 // TracerName is the instrumentation scope of the snapshot pushes' spans.
@@ -12,11 +14,11 @@ const TracerName = "rolter.dev/controlplane/push"
 // Span attributes of a snapshot push ("push.snapshot"): one span per
 // snapshot sent to one node, from the send to the node's answer.
 const (
-	AttrVersion        = attribute.Key("rolter.config.version")
-	AttrRevision       = attribute.Key("rolter.config.revision")
-	AttrNodeID         = attribute.Key("rolter.node.id")
+	AttrVersion        = telemetry.AttrConfigVersion
+	AttrRevision       = telemetry.AttrConfigRevision
+	AttrNodeID         = telemetry.AttrNodeID
 	AttrNodeRole       = attribute.Key("rolter.node.role")
-	AttrControlPlaneID = attribute.Key("rolter.controlplane.id")
+	AttrControlPlaneID = telemetry.AttrControlPlaneID
 	// AttrResult is ack, nack, superseded (a newer snapshot went out
 	// before the answer) or unanswered (the stream ended first).
 	AttrResult = attribute.Key("rolter.push.result")

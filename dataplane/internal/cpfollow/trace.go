@@ -1,6 +1,10 @@
 package cpfollow
 
-import "go.opentelemetry.io/otel/attribute"
+import (
+	"go.opentelemetry.io/otel/attribute"
+
+	"rolter.dev/pkg/telemetry"
+)
 
 // TracerName is the instrumentation scope of the follower's spans.
 const TracerName = "rolter.dev/dataplane/cpfollow"
@@ -8,10 +12,10 @@ const TracerName = "rolter.dev/dataplane/cpfollow"
 // Attributes of the "cpfollow.snapshot" span, one per snapshot handled
 // (received from a control plane, or loaded from the cache at startup).
 const (
-	AttrVersion        = attribute.Key("rolter.config.version")
-	AttrRevision       = attribute.Key("rolter.config.revision")
-	AttrControlPlaneID = attribute.Key("rolter.controlplane.id")
-	AttrNodeID         = attribute.Key("rolter.node.id")
+	AttrVersion        = telemetry.AttrConfigVersion
+	AttrRevision       = telemetry.AttrConfigRevision
+	AttrControlPlaneID = telemetry.AttrControlPlaneID
+	AttrNodeID         = telemetry.AttrNodeID
 	// AttrSource is controlplane or cache.
 	AttrSource = attribute.Key("rolter.snapshot.source")
 	// AttrResult is applied, unchanged (same content), stale (older than
