@@ -257,6 +257,9 @@ func (c *Cache) acquireLocked(lease *Lease, tokens []uint32, hashes []uint64) {
 			missing++
 		}
 	}
+	// Events are built only for a listener: copying every stored block's
+	// token ids is most of the simulator's work when nobody listens.
+	emit := c.listener != nil
 	var batch []KVEvent
 	if over := len(c.blocks) + missing - c.capacity; over > 0 {
 		var removed []uint64
@@ -266,7 +269,9 @@ func (c *Cache) acquireLocked(lease *Lease, tokens []uint32, hashes []uint64) {
 			delete(c.blocks, b.hash)
 			b.dead = true
 			c.evictions++
-			removed = append(removed, b.hash)
+			if emit {
+				removed = append(removed, b.hash)
+			}
 		}
 		if len(removed) > 0 {
 			batch = append(batch, KVEvent{Kind: BlockRemoved, BlockHashes: removed})
@@ -286,21 +291,23 @@ func (c *Cache) acquireLocked(lease *Lease, tokens []uint32, hashes []uint64) {
 			b = &block{hash: h, refs: 1}
 			c.blocks[h] = b
 			c.pinned++
-			if stored == nil { // a new run of stored blocks
-				batch = append(batch, KVEvent{Kind: BlockStored, BlockSize: c.blockSize})
-				stored = &batch[len(batch)-1]
-				if i > 0 {
-					stored.ParentBlockHash, stored.HasParent = hashes[i-1], true
+			if emit {
+				if stored == nil { // a new run of stored blocks
+					batch = append(batch, KVEvent{Kind: BlockStored, BlockSize: c.blockSize})
+					stored = &batch[len(batch)-1]
+					if i > 0 {
+						stored.ParentBlockHash, stored.HasParent = hashes[i-1], true
+					}
 				}
+				stored.BlockHashes = append(stored.BlockHashes, h)
+				stored.TokenIDs = append(stored.TokenIDs, tokens[i*c.blockSize:(i+1)*c.blockSize]...)
 			}
-			stored.BlockHashes = append(stored.BlockHashes, h)
-			stored.TokenIDs = append(stored.TokenIDs, tokens[i*c.blockSize:(i+1)*c.blockSize]...)
 		} else {
 			stored = nil // the next new block starts a new run
 		}
 		lease.blocks = append(lease.blocks, b)
 	}
-	if len(batch) > 0 && c.listener != nil {
+	if len(batch) > 0 {
 		c.listener.KVEvents(batch)
 	}
 }
