@@ -52,6 +52,7 @@ type pipeline struct {
 	n        int
 	w        [numScorers]float64
 	static   []float64
+	intn     func(n int) int  // Spec.IntN
 	tree     *prefixtree.Tree // nil when prefix_cache is off
 	sessions *sessionTable    // nil when session_affinity is off
 	*sharing                  // nil unless Spec.Share is set and prefix_cache is on
@@ -64,7 +65,7 @@ var (
 
 func newPipeline(weights []int, p params, s *sharing) *pipeline {
 	n := len(weights)
-	pl := &pipeline{n: n, w: p.scorers, static: make([]float64, n)}
+	pl := &pipeline{n: n, w: p.scorers, static: make([]float64, n), intn: p.intn}
 	top := 1
 	for _, w := range weights {
 		top = max(top, min(w, maxWeight))
@@ -117,7 +118,7 @@ func (p *pipeline) Pick(ctx *Context, loads []int, eligible Set) int {
 			scores[i] += w * s
 		}
 	}
-	return argmax(el, scores)
+	return argmax(el, scores, p.intn)
 }
 
 // Observe implements Balancer.

@@ -1,19 +1,20 @@
 package routing
 
-import "math/rand/v2"
-
 // powerOfTwo is "power of two choices": it draws two distinct eligible
 // targets uniformly at random, a then b, and returns the one with the lower
 // load, a on a tie. When loads are unknown (len(loads) != n) it returns a,
 // which makes it uniform random. With a single eligible target it returns
 // that target.
 type powerOfTwo struct {
-	n int
+	n    int
+	intn func(n int) int
 }
 
 var _ Balancer = (*powerOfTwo)(nil)
 
-func newPowerOfTwo(n int) *powerOfTwo { return &powerOfTwo{n: n} }
+func newPowerOfTwo(n int, intn func(int) int) *powerOfTwo {
+	return &powerOfTwo{n: n, intn: intn}
+}
 
 // Name implements Balancer.
 func (*powerOfTwo) Name() string { return PowerOfTwo }
@@ -28,8 +29,8 @@ func (p *powerOfTwo) Pick(_ *Context, loads []int, eligible Set) int {
 	if m == 1 {
 		return el.Nth(0, p.n)
 	}
-	i := rand.IntN(m)
-	j := rand.IntN(m - 1)
+	i := p.intn(m)
+	j := p.intn(m - 1)
 	if j >= i {
 		j++ // j is uniform over the m-1 ranks other than i
 	}

@@ -65,9 +65,10 @@ type signalScored struct {
 	lm      LMCacheSource
 	wSignal float64
 	wLoad   float64
-	specTTL time.Duration // ≤ 0: no speculation
-	scored  atomic.Uint64 // picks decided with a signal
-	neutral atomic.Uint64 // picks without one
+	specTTL time.Duration   // ≤ 0: no speculation
+	intn    func(n int) int // Spec.IntN
+	scored  atomic.Uint64   // picks decided with a signal
+	neutral atomic.Uint64   // picks without one
 }
 
 var (
@@ -113,7 +114,7 @@ func (s *signalScored) Pick(ctx *Context, loads []int, eligible Set) int {
 		wl = 1 // no signal and no load weight: still spread by load
 	}
 	addLeastLoad(scores, el, loads, s.n, wl)
-	return argmax(el, scores)
+	return argmax(el, scores, s.intn)
 }
 
 // Observe implements Balancer: the chosen target is about to create the

@@ -61,6 +61,7 @@ type predictedLatency struct {
 	n         int
 	models    []atomic.Pointer[latencyModel]
 	decisions [2]atomic.Uint64 // predicted, unpredicted
+	intn      func(n int) int
 }
 
 // latencyModel is one target's NLMS state; it is never modified once
@@ -76,8 +77,8 @@ var (
 	_ DecisionCounter = (*predictedLatency)(nil)
 )
 
-func newPredictedLatency(n int) *predictedLatency {
-	return &predictedLatency{n: n, models: make([]atomic.Pointer[latencyModel], n)}
+func newPredictedLatency(n int, intn func(int) int) *predictedLatency {
+	return &predictedLatency{n: n, models: make([]atomic.Pointer[latencyModel], n), intn: intn}
 }
 
 // Name implements Balancer.
@@ -171,7 +172,7 @@ func (p *predictedLatency) Pick(ctx *Context, loads []int, eligible Set) int {
 		}
 	}
 	addLeastLoad(scores, el, loads, p.n, predictedLoadWeight)
-	return argmax(el, scores)
+	return argmax(el, scores, p.intn)
 }
 
 // Observe implements Balancer; the model learns only from successes, through

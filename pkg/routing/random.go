@@ -1,16 +1,16 @@
 package routing
 
-import "math/rand/v2"
-
-// random picks uniformly among the eligible targets. It uses the
-// goroutine-safe, lock-free top-level generator of math/rand/v2.
+// random picks uniformly among the eligible targets, drawing from
+// Spec.IntN (by default the goroutine-safe, lock-free top-level generator of
+// math/rand/v2).
 type random struct {
-	n int
+	n    int
+	intn func(n int) int
 }
 
 var _ Balancer = (*random)(nil)
 
-func newRandom(n int) *random { return &random{n: n} }
+func newRandom(n int, intn func(int) int) *random { return &random{n: n, intn: intn} }
 
 // Name implements Balancer.
 func (*random) Name() string { return Random }
@@ -21,7 +21,7 @@ func (r *random) Pick(_ *Context, _ []int, eligible Set) int {
 		return -1
 	}
 	el := eligible.OrAll(r.n)
-	return el.Nth(rand.IntN(el.Len()), r.n)
+	return el.Nth(r.intn(el.Len()), r.n)
 }
 
 // Observe implements Balancer; it does nothing.

@@ -1,16 +1,14 @@
 package routing
 
-import "math/rand/v2"
-
 // tieEpsilon is how close two weighted scores must be to count as a tie.
 const tieEpsilon = 1e-6
 
 // argmax returns the member of el with the greatest score. A score more than
 // tieEpsilon above the best so far starts a new best; one within tieEpsilon
 // of it joins the ties, and the winner among the ties is uniform (reservoir
-// sampling with the goroutine-safe generator of math/rand/v2). el must not be
-// empty and scores must cover it.
-func argmax(el Set, scores []float64) int {
+// sampling with intn, Spec.IntN). el must not be empty and scores must cover
+// it.
+func argmax(el Set, scores []float64, intn func(int) int) int {
 	pick, best, ties := -1, 0.0, 0
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
@@ -21,7 +19,7 @@ func argmax(el Set, scores []float64) int {
 				pick, best, ties = i, s, 1
 			case s >= best-tieEpsilon:
 				ties++
-				if rand.IntN(ties) == 0 {
+				if intn(ties) == 0 {
 					pick = i
 				}
 			}

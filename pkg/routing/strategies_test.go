@@ -537,3 +537,44 @@ func BenchmarkPick(b *testing.B) {
 		}
 	}
 }
+
+// TestSeededIntN: with Spec.IntN every random draw comes from it, so two
+// balancers built with equally seeded sources pick the same sequence, and a
+// constant source decides every draw.
+func TestSeededIntN(t *testing.T) {
+	seeded := func(seed uint64) func(int) int { return rand.New(rand.NewPCG(seed, 7)).IntN }
+	ctx := &Context{Prompt: "the same prompt every time"}
+	for _, s := range []string{Random, PowerOfTwo, Pipeline, PredictedLatency, PreciseCacheAware, LMCacheAware} {
+		picks := func(seed uint64) []int {
+			b, err := New(Spec{Strategy: s, Weights: ones(8), IntN: seeded(seed)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []int
+			for range 64 {
+				out = append(out, b.Pick(ctx, make([]int, 8), All(8)))
+			}
+			return out
+		}
+		a, b, c := picks(1), picks(1), picks(2)
+		if !slices.Equal(a, b) {
+			t.Errorf("%s: the same seed picked %v and %v", s, a, b)
+		}
+		if slices.Equal(a, c) {
+			t.Errorf("%s: seeds 1 and 2 picked the same 64 targets %v: the source is not used", s, a)
+		}
+	}
+	// A source that always answers 0: random takes the first eligible
+	// target, and reservoir sampling replaces its pick at every tie, so a
+	// tie break ends on the last tied target.
+	zero := func(int) int { return 0 }
+	for s, want := range map[string]int{Random: 1, Pipeline: 6, PreciseCacheAware: 6} {
+		b, err := New(Spec{Strategy: s, Weights: ones(8), IntN: zero})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := b.Pick(ctx, make([]int, 8), setOf(1, 4, 6)); got != want {
+			t.Errorf("%s with IntN = 0: picked %d, want %d", s, got, want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -96,6 +97,14 @@ type Spec struct {
 	// [DefaultSpeculativeTTL], [NoSpeculation] (or any negative) turns it
 	// off.
 	SpeculativeTTL time.Duration
+
+	// IntN, when set, is the source of every random draw of the balancer
+	// (random, power_of_two, and the tie breaks of the scoring strategies):
+	// it returns a uniform int in [0, n). Nil means math/rand/v2's
+	// goroutine-safe generator. Pick calls it, so it must be as safe for
+	// concurrent use as the balancer's callers need; the routing simulator
+	// passes a seeded single-goroutine source so that runs reproduce.
+	IntN func(n int) int
 }
 
 // params are a Spec's per-route parameters with defaults applied.
@@ -105,6 +114,7 @@ type params struct {
 	balanceRel float64
 	maxNodes   int
 	scorers    [numScorers]float64
+	intn       func(n int) int
 }
 
 // params applies defaults and rejects values no route can mean: negative or
@@ -115,6 +125,10 @@ func (s *Spec) params() (params, error) {
 		balanceAbs: cmp.Or(s.BalanceAbs, DefaultBalanceAbs),
 		balanceRel: cmp.Or(s.BalanceRel, DefaultBalanceRel),
 		maxNodes:   cmp.Or(s.MaxTrieNodes, DefaultMaxTrieNodes),
+		intn:       s.IntN,
+	}
+	if p.intn == nil {
+		p.intn = rand.IntN
 	}
 	var errs []error
 	if !finiteNonNegative(s.Threshold) {
@@ -162,11 +176,11 @@ func New(spec Spec) (Balancer, error) {
 	case RoundRobin:
 		return newRoundRobin(n), nil
 	case Random:
-		return newRandom(n), nil
+		return newRandom(n, p.intn), nil
 	case Weighted:
 		return newWeighted(spec.Weights), nil
 	case PowerOfTwo:
-		return newPowerOfTwo(n), nil
+		return newPowerOfTwo(n, p.intn), nil
 	case LeastLoad:
 		return newLeastLoad(n), nil
 	case ConsistentHash:
@@ -176,12 +190,12 @@ func New(spec Spec) (Balancer, error) {
 	case Pipeline:
 		return newPipeline(spec.Weights, p, newSharing(n, p.maxNodes, spec.Share)), nil
 	case PredictedLatency:
-		return newPredictedLatency(n), nil
+		return newPredictedLatency(n, p.intn), nil
 	case PreciseCacheAware, LMCacheAware:
 		if spec.SignalWeight < 0 || spec.LoadWeight < 0 {
 			return nil, fmt.Errorf("routing: negative signal or load weight")
 		}
-		s := &signalScored{name: spec.Strategy, n: n, wSignal: spec.SignalWeight, wLoad: spec.LoadWeight,
+		s := &signalScored{name: spec.Strategy, n: n, intn: p.intn, wSignal: spec.SignalWeight, wLoad: spec.LoadWeight,
 			specTTL: cmp.Or(spec.SpeculativeTTL, DefaultSpeculativeTTL)}
 		if s.wSignal == 0 {
 			s.wSignal = DefaultSignalWeight

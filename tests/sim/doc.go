@@ -70,8 +70,8 @@
 // # Determinism
 //
 // A run is a pure function of its Config (seed included), workload and
-// strategy, except for the pkg/routing strategies that draw from the
-// process-wide math/rand/v2 generator (random, power_of_two, and the random
-// tie breaks of pipeline and predicted_latency); Strategy.Deterministic is
-// false for those.
+// strategy: pkg/routing's random draws (random, power_of_two, the tie breaks
+// of the scoring strategies) come from routing.Spec.IntN, a PCG seeded from
+// the seed and the proxy's index. (pipeline's session table expires entries
+// on the wall clock after 300 s, longer than any run.)
 package sim

@@ -87,10 +87,6 @@ type Strategy struct {
 	Name string
 	// Base is the strategy name without parameters.
 	Base string
-	// Deterministic is false for strategies whose pkg/routing code draws
-	// from the process-wide math/rand/v2 generator, which cannot be seeded:
-	// their results vary from run to run.
-	Deterministic bool
 	// TokenIDs: the client sends the prompt's token ids
 	// (x-rolter-vllm-token-ids), which the proxy puts in the routing
 	// context (precise_cache_aware).
@@ -123,12 +119,6 @@ var PeerStrategies = []string{SGLang, LLMDApprox, LLMDPrecise, Dynamo, AIBrix, O
 // AllStrategies lists every strategy name.
 func AllStrategies() []string { return append(slices.Clone(RolterStrategies), PeerStrategies...) }
 
-// nondeterministic are the pkg/routing strategies that use the unseedable
-// global generator (random picks, power-of-two draws, random tie breaks).
-var nondeterministic = map[string]bool{
-	routing.Random: true, routing.PowerOfTwo: true, routing.Pipeline: true, routing.PredictedLatency: true,
-}
-
 // ParseStrategy reads "name" or "name:key=value:key=value". For pkg/routing
 // strategies the keys are Spec fields: threshold, balance_abs, balance_rel,
 // max_trie_nodes, signal_weight and load_weight (precise_cache_aware), and
@@ -141,7 +131,7 @@ var nondeterministic = map[string]bool{
 func ParseStrategy(s string) (Strategy, error) {
 	s = strings.TrimSpace(s)
 	base, params, _ := strings.Cut(s, ":")
-	st := Strategy{Name: s, Base: base, Deterministic: !nondeterministic[base]}
+	st := Strategy{Name: s, Base: base}
 	if base == Oracle && params != "" {
 		return parseOracle(st, params)
 	}
@@ -208,6 +198,8 @@ func ParseStrategy(s string) (Strategy, error) {
 	st.New = func(env Env) (Policy, error) {
 		sp := spec
 		sp.Share = env.Share
+		// Seeded draws (random, power_of_two, tie breaks), so runs reproduce.
+		sp.IntN = rand.New(rand.NewPCG(env.Seed, Key(uint64(len(base)), uint64(base[0])))).IntN
 		sp.Weights = make([]int, env.Replicas)
 		for i := range sp.Weights {
 			sp.Weights[i] = 1

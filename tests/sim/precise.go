@@ -13,13 +13,6 @@ import (
 
 // ---------------------------------------------------------------- rolter
 
-// tieStep separates the seeded tie-break offsets kvSource adds to the cache
-// signal. It is above pkg/routing's tieEpsilon (1e-6), so equal scores never
-// reach argmax's unseedable random tie-break, and small enough (n·tieStep,
-// 3.6e-5 for 8 replicas) to sit below any real difference in the score (one
-// block of a 2,000-block prompt is 5e-4, one request of load 0.25/max).
-const tieStep = 4e-6
-
 // kvSource is routing.KVSource over one proxy's kvIndex: what
 // dataplane/internal/proxy/kvsource.go computes over pkg/kvindex.Index.
 // KVScores is the share of the request's full leading blocks resident (or
@@ -28,20 +21,10 @@ const tieStep = 4e-6
 // marks the request's identities on the chosen replica for the balancer's
 // Spec.SpeculativeTTL (routing.DefaultSpeculativeTTL, 5 s, unless
 // speculate_ms says otherwise).
-//
-// Simulation note: precise_cache_aware breaks exact ties (e.g. every
-// replica cold and equally loaded) with the process-wide math/rand/v2
-// generator, which cannot be seeded. To keep runs reproducible the source
-// maps each signal s to s·(1−(n+1)·tieStep) + (π(i)+1)·tieStep for a seeded
-// random permutation π drawn per pick: the order of distinct scores is kept
-// and ties go to a uniformly random member, as argmax would pick.
 type kvSource struct {
 	ix   *kvIndex
-	step float64 // tieStep over the signal weight, so the weighted offsets are tieStep apart
 	now  time.Duration
 	memo identities
-	rng  *rand.Rand
-	perm []int
 }
 
 var _ routing.KVSource = (*kvSource)(nil)
@@ -49,17 +32,11 @@ var _ routing.KVSource = (*kvSource)(nil)
 // KVScores implements routing.KVSource.
 func (s *kvSource) KVScores(tokenIDs []uint32, scores []float64) bool {
 	ids := s.memo.get(tokenIDs)
-	for i := range s.perm {
-		s.perm[i] = i
-	}
-	s.rng.Shuffle(len(s.perm), func(i, j int) { s.perm[i], s.perm[j] = s.perm[j], s.perm[i] })
-	scale := 1 - float64(len(scores)+1)*s.step
 	for i := range scores {
-		sig := 0.0
+		scores[i] = 0
 		if len(ids) > 0 {
-			sig = float64(s.ix.prefixMatch(i, ids, s.now)) / float64(len(ids))
+			scores[i] = float64(s.ix.prefixMatch(i, ids, s.now)) / float64(len(ids))
 		}
-		scores[i] = sig*scale + float64(s.perm[i]+1)*s.step
 	}
 	return true
 }
@@ -94,14 +71,7 @@ func (p *precise) applyKV(replica int, ops []kvOp) { p.src.ix.apply(replica, ops
 // newPrecise builds precise_cache_aware for one proxy: spec with its KV
 // source set.
 func newPrecise(spec routing.Spec, env Env) (Policy, error) {
-	src := &kvSource{
-		ix: newKVIndex(env.Replicas, false), memo: identities{bs: env.BlockSize},
-		rng:  rand.New(rand.NewPCG(env.Seed, Key(uint64(len(routing.PreciseCacheAware)), 'p'))),
-		perm: make([]int, env.Replicas), step: tieStep / routing.DefaultSignalWeight,
-	}
-	if spec.SignalWeight > 0 {
-		src.step = tieStep / spec.SignalWeight
-	}
+	src := &kvSource{ix: newKVIndex(env.Replicas, false), memo: identities{bs: env.BlockSize}}
 	spec.KV = src
 	b, err := routing.New(spec)
 	if err != nil {

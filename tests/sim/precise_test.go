@@ -184,15 +184,24 @@ func TestPreciseProxiesShareEvents(t *testing.T) {
 	// precise routing needs) does by default: with a load weight of 1.0, a
 	// proxy that sees only its own quarter of the load scores it as noise.
 	cfg.Share = true
+	// One seed's tie breaks move a run of 96 requests by several points
+	// either way: compare means over seeds.
+	mean := func(cfg Config, strategy string) float64 {
+		sum := 0.0
+		for seed := uint64(1); seed <= 6; seed++ {
+			cfg.Seed = seed
+			sum += mustRun(t, cfg, w, strategy).HitRate
+		}
+		return sum / 6
+	}
+	independent := cfg
+	independent.Share = false
+	approx := mean(independent, "cache_aware")
 	for _, name := range []string{"precise_cache_aware:speculate_ms=0", "llmd_precise:speculate_ms=0"} {
-		one := mustRun(t, preciseConfig(), w, name)
-		four := mustRun(t, cfg, w, name)
-		independent := cfg
-		independent.Share = false
-		approx := mustRun(t, independent, w, "cache_aware")
-		t.Logf("%s: 1 proxy %.3f, 4 proxies %.3f; cache_aware with 4 independent proxies %.3f", name, one.HitRate, four.HitRate, approx.HitRate)
-		if four.HitRate < one.HitRate-0.05 || four.HitRate < approx.HitRate+0.1 {
-			t.Errorf("%s: 4 proxies hit %.3f, 1 proxy %.3f, cache_aware %.3f", name, four.HitRate, one.HitRate, approx.HitRate)
+		one, four := mean(preciseConfig(), name), mean(cfg, name)
+		t.Logf("%s: 1 proxy %.3f, 4 proxies %.3f; cache_aware with 4 independent proxies %.3f", name, one, four, approx)
+		if four < one-0.05 || four < approx+0.1 {
+			t.Errorf("%s: 4 proxies hit %.3f, 1 proxy %.3f, cache_aware %.3f", name, four, one, approx)
 		}
 	}
 }

@@ -16,8 +16,6 @@ func TestSharingProxiesRouteAsOne(t *testing.T) {
 	four.Proxies = 4
 	shared := four
 	shared.Share = true
-	// (pipeline shares too, but breaks ties from the process-wide random
-	// generator, so its runs do not repeat.)
 	for _, name := range []string{"cache_aware", "cache_aware:balance_rel=2"} {
 		r1, r4, rs := mustRun(t, one, w, name), mustRun(t, four, w, name), mustRun(t, shared, w, name)
 		t.Logf("%s: one proxy %.3f, four independent %.3f, four sharing %.3f (imbalance %.2f)", name, r1.HitRate, r4.HitRate, rs.HitRate, rs.LoadImbalance)

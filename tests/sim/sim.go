@@ -151,9 +151,6 @@ type Result struct {
 	// Decisions sums the balancers' decision counts over proxies (rolter
 	// strategies that count them).
 	Decisions map[string]uint64
-	// Deterministic is false when the strategy's code uses an unseedable
-	// random source.
-	Deterministic bool
 }
 
 // replica is one simulated vLLM replica.
@@ -525,7 +522,6 @@ func (r *run) done(f *Flight) {
 func (r *run) result() Result {
 	res := Result{
 		Strategy: r.strategy.Name, Workload: r.w.Name, Proxies: r.cfg.Proxies, Shared: r.share != nil, Requests: r.completed,
-		Deterministic: r.strategy.Deterministic,
 	}
 	var busy, area []float64
 	for _, rep := range r.replicas {

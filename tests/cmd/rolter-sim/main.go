@@ -3,9 +3,8 @@
 // cache, a prefill/decode service-time model) under each routing strategy,
 // rolter's real balancers and the peers' published policies, and reports
 // each strategy's token-level prefix-cache hit rate, load imbalance, TTFT
-// and throughput. Runs are deterministic for a seed (except the strategies
-// marked as drawing from the process-wide generator) and use a virtual
-// clock: nothing sleeps.
+// and throughput. Runs are deterministic for a seed and use a virtual clock:
+// nothing sleeps.
 //
 //	rolter-sim --workload gsp
 //	rolter-sim --workload trace --trace ../shared/traces/mooncake_conversation_trace.jsonl --json
@@ -297,7 +296,6 @@ func (o *options) jsonRecord(r sim.Result, unbounded, oracle float64) map[string
 		"block_size":         o.cfg.BlockSize,
 		"seed":               o.cfg.Seed,
 		"kv_delay_ms":        ms(o.cfg.KVEventDelay),
-		"deterministic":      r.Deterministic,
 	}
 	if oracle >= 0 {
 		rec["hit_vs_oracle"] = ratio(r.HitRate, oracle)
@@ -317,9 +315,6 @@ func (o *options) printTable(out io.Writer, w *sim.Workload, results []sim.Resul
 	fmt.Fprintln(tw, "strategy\thit %\t/unbounded\t/oracle\timbalance\tinflight imb\tTTFT mean ms\tp50 ms\tp99 ms\treq/s\t")
 	for _, r := range results {
 		name := r.Strategy
-		if !r.Deterministic {
-			name += " *"
-		}
 		vo := "-"
 		if oracle >= 0 {
 			vo = fmt.Sprintf("%.2f", ratio(r.HitRate, oracle))
@@ -329,12 +324,6 @@ func (o *options) printTable(out io.Writer, w *sim.Workload, results []sim.Resul
 			ms(r.TTFTMean), ms(r.TTFTP50), ms(r.TTFTP99), r.Throughput)
 	}
 	tw.Flush()
-	for _, r := range results {
-		if !r.Deterministic {
-			fmt.Fprintln(out, "\n* draws from the process-wide math/rand/v2 generator in pkg/routing: not reproducible run to run")
-			break
-		}
-	}
 	for _, r := range results {
 		if len(r.Decisions) > 0 {
 			fmt.Fprintf(out, "decisions %s: %s\n", r.Strategy, formatDecisions(r.Decisions))
