@@ -9,7 +9,7 @@ import (
 )
 
 func benchProvider() *provider {
-	return &provider{resident: map[uint64]struct{}{}, spec: map[uint64]int64{}, others: map[uint64]time.Time{}}
+	return &provider{others: map[uint64]time.Time{}}
 }
 
 // BenchmarkDeltaApply measures what the index does per delta on its NATS
@@ -82,12 +82,11 @@ func BenchmarkScore8k(b *testing.B) {
 		if i%2 == 1 {
 			held = 100
 		}
-		for _, id := range ids[:held] {
-			p.resident[id] = struct{}{}
+		filler := make([]uint64, 100_000)
+		for j := range filler {
+			filler[j] = uint64(j)*0x9e3779b97f4a7c15 + uint64(i)
 		}
-		for j := range 100_000 {
-			p.resident[uint64(j)*0x9e3779b97f4a7c15+uint64(i)] = struct{}{}
-		}
+		p.blocks.Apply([]kvdelta.Op{{Kind: kvdelta.OpStored, IDs: ids[:held]}, {Kind: kvdelta.OpStored, IDs: filler}})
 		names[i] = fmt.Sprintf("p%d", i)
 		m[names[i]] = p
 	}

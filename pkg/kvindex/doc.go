@@ -22,7 +22,10 @@
 // view trustworthy; if not, score neutral), [Index.PrefixMatch] for
 // precise_cache_aware, or [Index.Occupancy] for lmcache_aware, and after
 // routing [Index.Speculate] with the blocks the request will create. The
-// index follows the providers given to [New] and [Index.SetProviders].
+// index follows the providers given to [New] and [Index.SetProviders]. Each
+// provider's resident and speculative identities are a [Residency], which
+// also runs on its own (on any clock) where there is no NATS: the routing
+// simulator keeps one per simulated replica.
 //
 // # Tracing
 //
@@ -32,6 +35,6 @@
 //
 // # Concurrency
 //
-// Identity functions are pure. An [Index] is safe for concurrent use (see
-// its documentation); [Index.Close] cancels and waits for its goroutines.
+// Identity functions are pure. A [Residency] is not safe for concurrent use.
+// An [Index] is (see its documentation); [Index.Close] cancels and waits for its goroutines.
 package kvindex

@@ -29,9 +29,6 @@ const (
 	DefaultMaxPending      = 4096
 )
 
-// sweepEvery is how often Speculate drops expired speculative entries.
-const sweepEvery = time.Second
-
 // Options configures an [Index]. The zero value takes the defaults.
 type Options struct {
 	// Logger receives operational logs; default: discard.
@@ -223,19 +220,10 @@ func (ix *Index) PrefixMatch(provider string, ids []uint64) int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	var now int64
-	if len(p.spec) > 0 {
+	if p.blocks.Speculating() {
 		now = time.Now().UnixNano()
 	}
-	for i, id := range ids {
-		if _, ok := p.resident[id]; ok {
-			continue
-		}
-		if exp, ok := p.spec[id]; ok && exp > now {
-			continue
-		}
-		return i
-	}
-	return len(ids)
+	return p.blocks.PrefixMatch(ids, now)
 }
 
 // BlockSize returns the provider's engine block size as the watcher last
@@ -277,22 +265,9 @@ func (ix *Index) Speculate(provider string, ids []uint64, ttl time.Duration) {
 		return
 	}
 	now := time.Now().UnixNano()
-	exp := now + int64(ttl)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, id := range ids {
-		if _, ok := p.resident[id]; !ok {
-			p.spec[id] = exp
-		}
-	}
-	if now-p.lastSweep > int64(sweepEvery) {
-		p.lastSweep = now
-		for id, e := range p.spec {
-			if e <= now {
-				delete(p.spec, id)
-			}
-		}
-	}
+	p.blocks.Speculate(ids, now, ttl)
 }
 
 // Stats describes one provider's view.
@@ -322,11 +297,11 @@ func (ix *Index) Stats(provider string) (Stats, bool) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	s := Stats{
-		Epoch: p.epoch, Seq: p.seq, Loaded: p.loaded, Resyncing: p.resyncing,
-		Resident: len(p.resident), Speculative: len(p.spec), Status: p.status,
+		Epoch: p.epoch, Seq: p.seq, Loaded: p.loaded, Resyncing: p.resyncing, Status: p.status,
 		Deltas: p.deltas.Load(), Duplicates: p.dups.Load(), Gaps: p.gaps.Load(),
 		Resyncs: p.resyncs.Load(), Failovers: p.failovers.Load(), Malformed: p.malformed.Load(),
 	}
+	s.Resident, s.Speculative = p.blocks.Len()
 	if !p.statusAt.IsZero() {
 		s.Age = now.Sub(p.statusAt)
 	}
@@ -351,9 +326,7 @@ type provider struct {
 	loaded    bool
 	resyncing bool
 	pending   []*kvdelta.Message
-	resident  map[uint64]struct{}
-	spec      map[uint64]int64 // identity → expiry (unix ns)
-	lastSweep int64
+	blocks    Residency // on Unix time
 	status    kvdelta.Status
 	statusAt  time.Time
 	sickSince time.Time            // since when the followed status is not healthy (zero: healthy)
@@ -365,7 +338,7 @@ func (ix *Index) subscribe(name string) (*provider, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &provider{
 		ix: ix, name: name, cancel: cancel, done: make(chan struct{}), kick: make(chan struct{}, 1),
-		resident: map[uint64]struct{}{}, spec: map[uint64]int64{}, others: map[uint64]time.Time{},
+		others:    map[uint64]time.Time{},
 		resyncing: true,
 	}
 	sub, err := ix.nc.Subscribe(kvdelta.Subject(name), p.onMsg)
@@ -499,28 +472,7 @@ func (p *provider) buffer(m *kvdelta.Message) {
 
 // apply applies a delta of the followed epoch. p.mu is held.
 func (p *provider) apply(m *kvdelta.Message) {
-	for i := range m.Ops {
-		op := &m.Ops[i]
-		switch op.Kind {
-		case kvdelta.OpStored:
-			for _, id := range op.IDs {
-				p.resident[id] = struct{}{}
-			}
-			if len(p.spec) > 0 {
-				for _, id := range op.IDs {
-					delete(p.spec, id)
-				}
-			}
-		case kvdelta.OpRemoved:
-			for _, id := range op.IDs {
-				delete(p.resident, id)
-				delete(p.spec, id)
-			}
-		case kvdelta.OpCleared:
-			clear(p.resident)
-			clear(p.spec)
-		}
-	}
+	p.blocks.Apply(m.Ops)
 	p.seq = m.Seq
 	p.deltas.Add(1)
 }
@@ -664,10 +616,7 @@ func (p *provider) install(snap *snapshot) (applied int, ok bool) {
 		p.status, p.statusAt = snap.status, now
 	}
 	p.epoch = snap.epoch
-	p.resident = make(map[uint64]struct{}, len(snap.ids))
-	for _, id := range snap.ids {
-		p.resident[id] = struct{}{}
-	}
+	p.blocks.Replace(snap.ids)
 	p.seq, p.loaded = snap.seq, true
 	p.resyncs.Add(1)
 	pending := p.pending

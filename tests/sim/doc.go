@@ -55,9 +55,8 @@
 // proxy's own index receives them Config.KVEventDelay later. The request's
 // token ids (what the proxy reads from x-rolter-vllm-token-ids) map to the
 // same identities. precise_cache_aware is the real balancer fed through
-// routing.KVSource; the index re-implements pkg/kvindex.Index's semantics
-// on the virtual clock, since the real one is fed only over NATS and reads
-// the wall clock.
+// routing.KVSource over one pkg/kvindex.Residency per replica (the state
+// inside pkg/kvindex.Index, without its NATS plumbing) on the virtual clock.
 //
 // # Text
 //

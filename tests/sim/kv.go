@@ -3,21 +3,21 @@ package sim
 import (
 	"time"
 
+	"rolter.dev/pkg/kvdelta"
 	"rolter.dev/pkg/kvindex"
 	"rolter.dev/tests/vllmsim"
 )
 
 // The simulated KV-event path of precise routing. Every replica's cache
 // reports its changes (vllmsim's Listener); a per-replica watcher turns them
-// into block identities at once, as rolter-kvwatcher does; the identities
-// reach every proxy's index Config.KVEventDelay later (the engine's publish
-// interval plus the watcher → NATS → proxy hop, in one number). The real
-// pkg/kvindex.Index cannot be used here: it is fed only through a NATS
-// connection and reads the wall clock for freshness and speculation
-// expiry, so kvIndex below re-implements its apply / PrefixMatch /
-// Speculate semantics on the virtual clock, with pkg/kvindex's identity
-// functions (Seed, Chain, AppendIdentities), so a request's identities
-// match the events' exactly as in the data plane.
+// into kvdelta ops at once, as rolter-kvwatcher does; the ops reach every
+// proxy's index Config.KVEventDelay later (the engine's publish interval
+// plus the watcher → NATS → proxy hop, in one number). A rolter proxy keeps
+// one pkg/kvindex.Residency per replica, the state pkg/kvindex.Index keeps
+// per provider, on the virtual clock; identities come from pkg/kvindex's
+// functions (Seed, Chain, AppendIdentities), so a request's identities match
+// the events' exactly as in the data plane. llm-d's index, whose
+// speculation differs, is modelled in llmdIndex below.
 
 // kvModel is the model name identities are seeded with: the model of the
 // simulated chat bodies (Request.ChatBody).
@@ -26,25 +26,11 @@ const kvModel = "sim"
 // kvSeed is kvindex.Seed(kvModel), the parent of every chain's first block.
 var kvSeed = kvindex.Seed(kvModel)
 
-type kvOpKind uint8
-
-const (
-	kvStored kvOpKind = iota + 1
-	kvRemoved
-	kvCleared
-)
-
-// kvOp is one change of a replica's resident identities, as a kvdelta op.
-type kvOp struct {
-	kind kvOpKind
-	ids  []uint64
-}
-
 // kvBatch is one cache operation's ops on one replica, in flight to the
 // proxies. Its slices are shared read-only by every proxy.
 type kvBatch struct {
 	replica int
-	ops     []kvOp
+	ops     []kvdelta.Op
 }
 
 // kvConsumer is a policy fed by the replicas' KV events: Run installs the
@@ -52,7 +38,7 @@ type kvBatch struct {
 // every such policy, each proxy's own index receiving the same batches at
 // the same virtual time.
 type kvConsumer interface {
-	applyKV(replica int, ops []kvOp)
+	applyKV(replica int, ops []kvdelta.Op)
 }
 
 // kvWatcher maps one replica's engine block hashes to identities, as
@@ -69,8 +55,8 @@ type kvWatcher struct {
 func newKVWatcher() *kvWatcher { return &kvWatcher{ids: map[uint64]uint64{}} }
 
 // translate converts one listener batch into identity ops.
-func (w *kvWatcher) translate(batch []vllmsim.KVEvent) []kvOp {
-	ops := make([]kvOp, 0, len(batch))
+func (w *kvWatcher) translate(batch []vllmsim.KVEvent) []kvdelta.Op {
+	ops := make([]kvdelta.Op, 0, len(batch))
 	for i := range batch {
 		ev := &batch[i]
 		switch ev.Kind {
@@ -94,7 +80,7 @@ func (w *kvWatcher) translate(batch []vllmsim.KVEvent) []kvOp {
 				w.ids[ev.BlockHashes[j]] = parent
 				ids = append(ids, parent)
 			}
-			ops = append(ops, kvOp{kind: kvStored, ids: ids})
+			ops = append(ops, kvdelta.Op{Kind: kvdelta.OpStored, IDs: ids})
 		case vllmsim.BlockRemoved:
 			ids := make([]uint64, 0, len(ev.BlockHashes))
 			for _, h := range ev.BlockHashes {
@@ -103,77 +89,65 @@ func (w *kvWatcher) translate(batch []vllmsim.KVEvent) []kvOp {
 					ids = append(ids, id)
 				}
 			}
-			ops = append(ops, kvOp{kind: kvRemoved, ids: ids})
+			ops = append(ops, kvdelta.Op{Kind: kvdelta.OpRemoved, IDs: ids})
 		case vllmsim.AllBlocksCleared:
 			clear(w.ids)
-			ops = append(ops, kvOp{kind: kvCleared})
+			ops = append(ops, kvdelta.Op{Kind: kvdelta.OpCleared})
 		}
 	}
 	return ops
 }
 
-// kvSweepEvery is how often speculation drops expired entries (pkg/kvindex's
-// sweepEvery).
-const kvSweepEvery = time.Second
+// llmdSweepEvery is how often llm-d's speculation drops expired entries in
+// the model (pkg/kvindex's rate, for a like-for-like comparison).
+const llmdSweepEvery = time.Second
 
-// kvIndex is one proxy's view of the replicas' resident identities plus the
-// speculative entries it added, on the virtual clock.
-//
-// With rolter's semantics (pkg/kvindex.Index) a speculative entry is added
-// only for an identity not already resident, and a stored or removed event
-// for the identity drops it. With llm-d's (separateSpec: the speculative
-// PodEntry lives beside the confirmed one in kvblock.Index) it is added for
+// llmdIndex is one llm-d scheduler's view of the replicas' resident
+// identities plus its speculative entries, on the virtual clock. Unlike
+// rolter's (pkg/kvindex.Residency: speculation only for identities not yet
+// resident, dropped by any event for the identity), llm-d's speculative
+// PodEntry lives beside the confirmed one in kvblock.Index: it is added for
 // every identity and only its TTL removes it.
-type kvIndex struct {
-	separateSpec bool
-	reps         []kvResident
+type llmdIndex struct {
+	reps []llmdResident
 }
 
-type kvResident struct {
+type llmdResident struct {
 	resident  map[uint64]struct{}
 	spec      map[uint64]time.Duration // identity → expiry
 	lastSweep time.Duration
 }
 
-func newKVIndex(replicas int, separateSpec bool) *kvIndex {
-	x := &kvIndex{separateSpec: separateSpec, reps: make([]kvResident, replicas)}
+func newLLMDIndex(replicas int) *llmdIndex {
+	x := &llmdIndex{reps: make([]llmdResident, replicas)}
 	for i := range x.reps {
-		x.reps[i] = kvResident{resident: map[uint64]struct{}{}, spec: map[uint64]time.Duration{}}
+		x.reps[i] = llmdResident{resident: map[uint64]struct{}{}, spec: map[uint64]time.Duration{}}
 	}
 	return x
 }
 
-// apply applies one replica's ops in order (pkg/kvindex's provider.apply).
-func (x *kvIndex) apply(replica int, ops []kvOp) {
+// apply applies one replica's ops in order; speculation is untouched.
+func (x *llmdIndex) apply(replica int, ops []kvdelta.Op) {
 	p := &x.reps[replica]
 	for _, op := range ops {
-		switch op.kind {
-		case kvStored:
-			for _, id := range op.ids {
+		switch op.Kind {
+		case kvdelta.OpStored:
+			for _, id := range op.IDs {
 				p.resident[id] = struct{}{}
-				if !x.separateSpec {
-					delete(p.spec, id)
-				}
 			}
-		case kvRemoved:
-			for _, id := range op.ids {
+		case kvdelta.OpRemoved:
+			for _, id := range op.IDs {
 				delete(p.resident, id)
-				if !x.separateSpec {
-					delete(p.spec, id)
-				}
 			}
-		case kvCleared:
+		case kvdelta.OpCleared:
 			clear(p.resident)
-			if !x.separateSpec {
-				clear(p.spec)
-			}
 		}
 	}
 }
 
 // prefixMatch returns how many of ids, from the first, the replica holds or
-// was speculatively given until after now (Index.PrefixMatch).
-func (x *kvIndex) prefixMatch(replica int, ids []uint64, now time.Duration) int {
+// was speculatively given until after now.
+func (x *llmdIndex) prefixMatch(replica int, ids []uint64, now time.Duration) int {
 	p := &x.reps[replica]
 	for i, id := range ids {
 		if _, ok := p.resident[id]; ok {
@@ -187,20 +161,17 @@ func (x *kvIndex) prefixMatch(replica int, ids []uint64, now time.Duration) int 
 	return len(ids)
 }
 
-// speculate marks ids as held by the replica until now+ttl
-// (Index.Speculate), sweeping expired entries at most once a second.
-func (x *kvIndex) speculate(replica int, ids []uint64, now, ttl time.Duration) {
+// speculate marks ids as held by the replica until now+ttl, sweeping
+// expired entries at most once a second.
+func (x *llmdIndex) speculate(replica int, ids []uint64, now, ttl time.Duration) {
 	if len(ids) == 0 || ttl <= 0 {
 		return
 	}
 	p := &x.reps[replica]
 	for _, id := range ids {
-		if _, ok := p.resident[id]; ok && !x.separateSpec {
-			continue
-		}
 		p.spec[id] = now + ttl
 	}
-	if now-p.lastSweep > kvSweepEvery {
+	if now-p.lastSweep > llmdSweepEvery {
 		p.lastSweep = now
 		for id, e := range p.spec {
 			if e <= now {

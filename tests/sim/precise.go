@@ -8,13 +8,16 @@ import (
 	"strings"
 	"time"
 
+	"rolter.dev/pkg/kvdelta"
+	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/routing"
 )
 
 // ---------------------------------------------------------------- rolter
 
-// kvSource is routing.KVSource over one proxy's kvIndex: what
-// dataplane/internal/proxy/kvsource.go computes over pkg/kvindex.Index.
+// kvSource is routing.KVSource over one proxy's per-replica
+// kvindex.Residency: what dataplane/internal/proxy/kvsource.go computes over
+// pkg/kvindex.Index.
 // KVScores is the share of the request's full leading blocks resident (or
 // speculated) on each replica; it always reports fresh (the watchers'
 // heartbeats are not modelled as late or lost, only the events). Speculate
@@ -22,7 +25,7 @@ import (
 // Spec.SpeculativeTTL (routing.DefaultSpeculativeTTL, 5 s, unless
 // speculate_ms says otherwise).
 type kvSource struct {
-	ix   *kvIndex
+	reps []kvindex.Residency
 	now  time.Duration
 	memo identities
 }
@@ -35,7 +38,7 @@ func (s *kvSource) KVScores(tokenIDs []uint32, scores []float64) bool {
 	for i := range scores {
 		scores[i] = 0
 		if len(ids) > 0 {
-			scores[i] = float64(s.ix.prefixMatch(i, ids, s.now)) / float64(len(ids))
+			scores[i] = float64(s.reps[i].PrefixMatch(ids, int64(s.now))) / float64(len(ids))
 		}
 	}
 	return true
@@ -43,8 +46,8 @@ func (s *kvSource) KVScores(tokenIDs []uint32, scores []float64) bool {
 
 // Speculate implements routing.KVSource.
 func (s *kvSource) Speculate(target int, tokenIDs []uint32, ttl time.Duration) {
-	if target >= 0 && target < len(s.ix.reps) {
-		s.ix.speculate(target, s.memo.get(tokenIDs), s.now, ttl)
+	if target >= 0 && target < len(s.reps) {
+		s.reps[target].Speculate(s.memo.get(tokenIDs), int64(s.now), ttl)
 	}
 }
 
@@ -66,12 +69,12 @@ func (p *precise) Observe(target int, f *Flight, v *View) {
 	p.balancer.Observe(target, f, v)
 }
 
-func (p *precise) applyKV(replica int, ops []kvOp) { p.src.ix.apply(replica, ops) }
+func (p *precise) applyKV(replica int, ops []kvdelta.Op) { p.src.reps[replica].Apply(ops) }
 
 // newPrecise builds precise_cache_aware for one proxy: spec with its KV
 // source set.
 func newPrecise(spec routing.Spec, env Env) (Policy, error) {
-	src := &kvSource{ix: newKVIndex(env.Replicas, false), memo: identities{bs: env.BlockSize}}
+	src := &kvSource{reps: make([]kvindex.Residency, env.Replicas), memo: identities{bs: env.BlockSize}}
 	spec.KV = src
 	b, err := routing.New(spec)
 	if err != nil {
@@ -136,7 +139,7 @@ type llmdPrecise struct {
 	n      int
 	rng    *rand.Rand
 	w      llmdWeights
-	ix     *kvIndex
+	ix     *llmdIndex
 	active []map[*Flight]time.Duration
 	counts []int
 	memo   identities
@@ -144,7 +147,7 @@ type llmdPrecise struct {
 }
 
 func newLLMDPrecise(env Env, w llmdWeights, rng *rand.Rand) *llmdPrecise {
-	l := &llmdPrecise{n: env.Replicas, rng: rng, w: w, ix: newKVIndex(env.Replicas, true),
+	l := &llmdPrecise{n: env.Replicas, rng: rng, w: w, ix: newLLMDIndex(env.Replicas),
 		counts: make([]int, env.Replicas), memo: identities{bs: env.BlockSize}, scores: make([]float64, env.Replicas)}
 	for range env.Replicas {
 		l.active = append(l.active, map[*Flight]time.Duration{})
@@ -188,7 +191,7 @@ func (l *llmdPrecise) FirstToken(*Flight, time.Duration) {}
 
 func (l *llmdPrecise) Done(f *Flight, _ time.Duration) { delete(l.active[f.Target], f) }
 
-func (l *llmdPrecise) applyKV(replica int, ops []kvOp) { l.ix.apply(replica, ops) }
+func (l *llmdPrecise) applyKV(replica int, ops []kvdelta.Op) { l.ix.apply(replica, ops) }
 
 // parseLLMDPrecise reads llmd_precise's parameters: the scorer weights
 // prefix, kv_cache, queue, active, and speculate_ms (0 turns speculative

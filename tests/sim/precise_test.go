@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"rolter.dev/pkg/affinity"
+	"rolter.dev/pkg/kvdelta"
 	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/routing"
 	"rolter.dev/tests/vllmsim"
@@ -20,8 +21,8 @@ import (
 // prompt the index's leading resident blocks are what the cache would serve.
 func TestKVIndexMirrorsCache(t *testing.T) {
 	w := newKVWatcher()
-	ix := newKVIndex(1, false)
-	c := vllmsim.NewCache(16, 40, vllmsim.ListenerFunc(func(b []vllmsim.KVEvent) { ix.apply(0, w.translate(b)) }))
+	var ix kvindex.Residency
+	c := vllmsim.NewCache(16, 40, vllmsim.ListenerFunc(func(b []vllmsim.KVEvent) { ix.Apply(w.translate(b)) }))
 	rng := rand.New(rand.NewPCG(1, 2))
 	var prompts [][]uint32
 	for i := range 60 {
@@ -48,7 +49,7 @@ func TestKVIndexMirrorsCache(t *testing.T) {
 		}
 		for _, q := range prompts {
 			ids := kvindex.Identities(kvSeed, q, 16)
-			got := min(ix.prefixMatch(0, ids, 0), (len(q)-1)/16) * 16
+			got := min(ix.PrefixMatch(ids, 0), (len(q)-1)/16) * 16
 			if want := c.Lookup(q); got != want {
 				t.Fatalf("after %d admissions: index matches %d tokens, the cache %d", i+1, got, want)
 			}
@@ -59,36 +60,37 @@ func TestKVIndexMirrorsCache(t *testing.T) {
 	}
 }
 
-// Speculation: rolter's entries are dropped by any event for the identity
-// and expire after their TTL; llm-d's live beside the confirmed entry until
-// the TTL.
-func TestKVIndexSpeculation(t *testing.T) {
+// llm-d's speculation: its entries live beside the confirmed entry until
+// the TTL, where rolter's (kvindex.Residency, tested in pkg/kvindex) are
+// dropped by any event for the identity.
+func TestLLMDIndexSpeculation(t *testing.T) {
 	ids := []uint64{1, 2, 3}
-	for _, separate := range []bool{false, true} {
-		ix := newKVIndex(2, separate)
-		ix.speculate(1, ids, 0, time.Second)
-		if got := ix.prefixMatch(1, ids, 500*time.Millisecond); got != 3 {
-			t.Fatalf("separate=%v: speculated match %d, want 3", separate, got)
-		}
-		if got := ix.prefixMatch(0, ids, 0); got != 0 {
-			t.Fatalf("separate=%v: another replica matches %d", separate, got)
-		}
-		if got := ix.prefixMatch(1, ids, time.Second); got != 0 {
-			t.Fatalf("separate=%v: %d blocks match after the TTL", separate, got)
-		}
-		ix.speculate(1, ids, 2*time.Second, time.Second)
-		ix.apply(1, []kvOp{{kind: kvStored, ids: []uint64{1}}, {kind: kvRemoved, ids: []uint64{1, 2}}})
-		want := 0 // rolter: the events dropped the speculation on 1 and 2
-		if separate {
-			want = 3 // llm-d: the speculative entries stay until the TTL
-		}
-		if got := ix.prefixMatch(1, ids, 2*time.Second); got != want {
-			t.Fatalf("separate=%v: %d blocks match after the events, want %d", separate, got, want)
-		}
-		ix.apply(1, []kvOp{{kind: kvStored, ids: ids}, {kind: kvCleared}})
-		if got := ix.prefixMatch(1, ids, 4*time.Second); got != 0 {
-			t.Fatalf("separate=%v: %d blocks match after a clear", separate, got)
-		}
+	ix := newLLMDIndex(2)
+	ix.speculate(1, ids, 0, time.Second)
+	if got := ix.prefixMatch(1, ids, 500*time.Millisecond); got != 3 {
+		t.Fatalf("speculated match %d, want 3", got)
+	}
+	if got := ix.prefixMatch(0, ids, 0); got != 0 {
+		t.Fatalf("another replica matches %d", got)
+	}
+	if got := ix.prefixMatch(1, ids, time.Second); got != 0 {
+		t.Fatalf("%d blocks match after the TTL", got)
+	}
+	events := []kvdelta.Op{{Kind: kvdelta.OpStored, IDs: []uint64{1}}, {Kind: kvdelta.OpRemoved, IDs: []uint64{1, 2}}}
+	ix.speculate(1, ids, 2*time.Second, time.Second)
+	ix.apply(1, events)
+	if got := ix.prefixMatch(1, ids, 2*time.Second); got != 3 {
+		t.Fatalf("%d blocks match after the events, want 3 (the speculative entries stay until the TTL)", got)
+	}
+	var r kvindex.Residency // rolter's, for contrast
+	r.Speculate(ids, int64(2*time.Second), time.Second)
+	r.Apply(events)
+	if got := r.PrefixMatch(ids, int64(2*time.Second)); got != 0 {
+		t.Fatalf("rolter's index: %d blocks match after the events, want 0", got)
+	}
+	ix.apply(1, []kvdelta.Op{{Kind: kvdelta.OpStored, IDs: ids}, {Kind: kvdelta.OpCleared}})
+	if got := ix.prefixMatch(1, ids, 4*time.Second); got != 0 {
+		t.Fatalf("%d blocks match after a clear", got)
 	}
 }
 
@@ -112,7 +114,7 @@ func TestTokenIDsHeader(t *testing.T) {
 	var stored []uint64
 	c := vllmsim.NewCache(16, 100, vllmsim.ListenerFunc(func(b []vllmsim.KVEvent) {
 		for _, op := range w.translate(b) {
-			stored = append(stored, op.ids...)
+			stored = append(stored, op.IDs...)
 		}
 	}))
 	c.Admit(toks)
@@ -213,7 +215,7 @@ func TestLLMDPrecisePolicy(t *testing.T) {
 	l := newLLMDPrecise(env, defaultLLMDWeights(), rand.New(rand.NewPCG(1, 1)))
 	warm := flight(userMsg(1, 300))
 	ids := kvindex.Identities(kvSeed, warm.Req.Tokens(), 16)
-	l.applyKV(2, []kvOp{{kind: kvStored, ids: ids}})
+	l.applyKV(2, []kvdelta.Op{{Kind: kvdelta.OpStored, IDs: ids}})
 	again := flight(userMsg(1, 300), userMsg(2, 40))
 	v := view(0, 0, 0)
 	v.KVUsage = []float64{0, 0, 0}

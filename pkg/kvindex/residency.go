@@ -1,0 +1,113 @@
+package kvindex
+
+import (
+	"time"
+
+	"rolter.dev/pkg/kvdelta"
+)
+
+// sweepEvery is how often Speculate drops expired speculative entries.
+const sweepEvery = time.Second
+
+// Residency is one provider's resident block identities plus the
+// speculative entries a proxy added after routing requests there: the
+// state behind [Index.PrefixMatch] and [Index.Speculate], without the NATS
+// plumbing and on the caller's clock (now is nanoseconds on any clock that
+// does not go back; Index passes Unix time, the routing simulator its
+// virtual clock). The zero value is empty and ready to use. It is not safe
+// for concurrent use: Index guards each provider's with that provider's
+// lock.
+type Residency struct {
+	resident  map[uint64]struct{}
+	spec      map[uint64]int64 // identity → expiry
+	lastSweep int64
+}
+
+// Apply applies a delta's ops in order. A stored or removed identity drops
+// its speculative entry (the engine has spoken for it); a clear drops them
+// all.
+func (r *Residency) Apply(ops []kvdelta.Op) {
+	for i := range ops {
+		op := &ops[i]
+		switch op.Kind {
+		case kvdelta.OpStored:
+			if r.resident == nil {
+				r.resident = make(map[uint64]struct{}, len(op.IDs))
+			}
+			for _, id := range op.IDs {
+				r.resident[id] = struct{}{}
+			}
+			if len(r.spec) > 0 {
+				for _, id := range op.IDs {
+					delete(r.spec, id)
+				}
+			}
+		case kvdelta.OpRemoved:
+			for _, id := range op.IDs {
+				delete(r.resident, id)
+				delete(r.spec, id)
+			}
+		case kvdelta.OpCleared:
+			clear(r.resident)
+			clear(r.spec)
+		}
+	}
+}
+
+// Replace makes ids the resident set (a snapshot), keeping speculative
+// entries: they still stand for requests routed since.
+func (r *Residency) Replace(ids []uint64) {
+	r.resident = make(map[uint64]struct{}, len(ids))
+	for _, id := range ids {
+		r.resident[id] = struct{}{}
+	}
+}
+
+// PrefixMatch returns how many of ids, from the first, are resident or
+// speculatively held past now. now is read only when speculative entries
+// exist (see [Residency.Speculating]), so a caller may pass 0 otherwise.
+func (r *Residency) PrefixMatch(ids []uint64, now int64) int {
+	for i, id := range ids {
+		if _, ok := r.resident[id]; ok {
+			continue
+		}
+		if exp, ok := r.spec[id]; ok && exp > now {
+			continue
+		}
+		return i
+	}
+	return len(ids)
+}
+
+// Speculating reports whether any speculative entry exists (expired or
+// not): whether PrefixMatch needs the time.
+func (r *Residency) Speculating() bool { return len(r.spec) > 0 }
+
+// Speculate marks the identities of ids not already resident as held until
+// now+ttl, and drops expired entries at most once a second.
+func (r *Residency) Speculate(ids []uint64, now int64, ttl time.Duration) {
+	if len(ids) == 0 || ttl <= 0 {
+		return
+	}
+	if r.spec == nil {
+		r.spec = make(map[uint64]int64, len(ids))
+	}
+	exp := now + int64(ttl)
+	for _, id := range ids {
+		if _, ok := r.resident[id]; !ok {
+			r.spec[id] = exp
+		}
+	}
+	if now-r.lastSweep > int64(sweepEvery) {
+		r.lastSweep = now
+		for id, e := range r.spec {
+			if e <= now {
+				delete(r.spec, id)
+			}
+		}
+	}
+}
+
+// Len returns how many identities are resident and how many speculative
+// entries are held (expired ones included until the next sweep).
+func (r *Residency) Len() (resident, speculative int) { return len(r.resident), len(r.spec) }

@@ -1,0 +1,75 @@
+package kvindex_test
+
+import (
+	"testing"
+	"time"
+
+	"rolter.dev/pkg/kvdelta"
+	"rolter.dev/pkg/kvindex"
+)
+
+// A Residency on a clock the test moves: resident prefixes, speculation
+// until its expiry or the engine's word, snapshots keeping speculation.
+func TestResidency(t *testing.T) {
+	var r kvindex.Residency
+	chain := []uint64{1, 2, 3, 4}
+	if got := r.PrefixMatch(chain, 0); got != 0 {
+		t.Fatalf("empty: match %d", got)
+	}
+	r.Apply([]kvdelta.Op{stored(1, 2), stored(9)})
+	if got := r.PrefixMatch(chain, 0); got != 2 {
+		t.Fatalf("1, 2 stored: match %d, want 2", got)
+	}
+	// A gap ends the prefix even when later blocks are resident.
+	r.Apply([]kvdelta.Op{stored(4)})
+	if got := r.PrefixMatch(chain, 0); got != 2 {
+		t.Fatalf("1, 2, 4 stored: match %d, want 2", got)
+	}
+
+	const sec = int64(time.Second)
+	now := 10 * sec
+	r.Speculate(chain, now, 5*time.Second)
+	if res, spec := r.Len(); res != 4 || spec != 1 || !r.Speculating() {
+		t.Fatalf("after speculating: %d resident, %d speculative (only 3 is not resident)", res, spec)
+	}
+	if got := r.PrefixMatch(chain, now+4*sec); got != 4 {
+		t.Fatalf("within the TTL: match %d, want 4", got)
+	}
+	if got := r.PrefixMatch(chain, now+5*sec); got != 2 {
+		t.Fatalf("at expiry: match %d, want 2", got)
+	}
+
+	// The engine's removal of a speculated block ends its speculation.
+	r.Apply([]kvdelta.Op{removed(3)})
+	if got := r.PrefixMatch(chain, now); got != 2 {
+		t.Fatalf("3 removed: match %d, want 2", got)
+	}
+	// A snapshot replaces what is resident and keeps speculation.
+	r.Speculate([]uint64{3}, now, 5*time.Second)
+	r.Replace([]uint64{1, 2, 4})
+	if got := r.PrefixMatch(chain, now); got != 4 {
+		t.Fatalf("after a snapshot: match %d, want 4 (3 speculated)", got)
+	}
+	r.Replace([]uint64{2, 3, 4})
+	if got := r.PrefixMatch(chain, now); got != 0 {
+		t.Fatalf("snapshot without 1: match %d, want 0", got)
+	}
+	// A clear drops both.
+	r.Apply([]kvdelta.Op{{Kind: kvdelta.OpCleared}})
+	if res, spec := r.Len(); res != 0 || spec != 0 {
+		t.Fatalf("after a clear: %d resident, %d speculative", res, spec)
+	}
+
+	// Expired entries are swept by a later Speculate, at most once a second.
+	r.Speculate([]uint64{7}, now, time.Second)
+	r.Speculate([]uint64{8}, now+3*sec, time.Second)
+	if _, spec := r.Len(); spec != 1 {
+		t.Fatalf("after the sweep: %d speculative entries, want 1 (7 expired)", spec)
+	}
+	// Zero TTL or no ids: nothing.
+	r.Speculate([]uint64{9}, now, 0)
+	r.Speculate(nil, now, time.Second)
+	if _, spec := r.Len(); spec != 1 {
+		t.Fatalf("a zero TTL speculated: %d entries", spec)
+	}
+}
