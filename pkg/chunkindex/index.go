@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/zeebo/xxh3"
+
+	"rolter.dev/pkg/lrulist"
 )
 
 // ChunkBytes is the size of one fingerprinted chunk of prompt text.
@@ -59,21 +61,17 @@ func (s *set) has(i int) bool     { return s[i>>6]&(1<<(uint(i)&63)) != 0 }
 func (s *set) empty() bool        { return *s == set{} }
 func (s *set) and(o *set) (r set) { return set{s[0] & o[0], s[1] & o[1], s[2] & o[2], s[3] & o[3]} }
 
-// target is one target's LRU of hashes: an intrusive doubly linked list of
-// indexes into entries, oldest at head.
+// target is one target's LRU of hashes, with each hash's list handle.
 type target struct {
-	slots      map[uint64]int32
-	entries    []entry
-	head, tail int32
-	free       int32
-	inserts    uint64 // hashes added over the index's life: the age clock
-	evictions  uint64
+	slots     map[uint64]int32 // hash → handle in lru
+	lru       lrulist.List[entry]
+	inserts   uint64 // hashes added over the index's life: the age clock
+	evictions uint64
 }
 
 type entry struct {
-	hash       uint64
-	published  uint64 // the inserts clock when the hash was last published
-	prev, next int32
+	hash      uint64
+	published uint64 // the inserts clock when the hash was last published
 }
 
 // New returns an empty index for targets targets (clamped to [0,
@@ -83,7 +81,7 @@ func New(targets, capacity int) *Index {
 	targets = min(max(targets, 0), MaxTargets)
 	x := &Index{holders: make(map[uint64]set), targets: make([]target, targets), capacity: max(capacity, 0)}
 	for i := range x.targets {
-		x.targets[i] = target{slots: make(map[uint64]int32), head: -1, tail: -1, free: -1}
+		x.targets[i] = target{slots: make(map[uint64]int32)}
 	}
 	return x
 }
@@ -174,9 +172,9 @@ func (x *Index) Observe(tgt int, prompt string, publish []uint64) []uint64 {
 // publish when peers should hear of it. The write lock must be held.
 func (x *Index) observeOne(tgt int, t *target, h uint64, publish []uint64) []uint64 {
 	if e, ok := t.slots[h]; ok {
-		t.touch(e)
-		if x.capacity > 0 && t.inserts-t.entries[e].published > uint64(x.capacity/2) {
-			t.entries[e].published = t.inserts
+		t.lru.Touch(e)
+		if en := t.lru.At(e); x.capacity > 0 && t.inserts-en.published > uint64(x.capacity/2) {
+			en.published = t.inserts
 			publish = append(publish, h)
 		}
 		return publish
@@ -197,8 +195,8 @@ func (x *Index) Fold(tgt int, hashes []uint64) {
 	t := &x.targets[tgt]
 	for _, h := range hashes {
 		if e, ok := t.slots[h]; ok {
-			t.touch(e)
-			t.entries[e].published = t.inserts
+			t.lru.Touch(e)
+			t.lru.At(e).published = t.inserts
 			continue
 		}
 		x.insert(tgt, h)
@@ -218,12 +216,12 @@ func (x *Index) Export(tgt int, dst []uint64, limit int) []uint64 {
 	if limit > 0 && len(t.slots) > limit {
 		skip = len(t.slots) - limit
 	}
-	for e := t.head; e >= 0; e = t.entries[e].next {
+	for _, en := range t.lru.All() {
 		if skip > 0 {
 			skip--
 			continue
 		}
-		dst = append(dst, t.entries[e].hash)
+		dst = append(dst, en.hash)
 	}
 	return dst
 }
@@ -244,26 +242,15 @@ func (x *Index) Stats(tgt int) Stats {
 func (x *Index) insert(tgt int, h uint64) {
 	t := &x.targets[tgt]
 	t.inserts++
-	var e int32
-	if t.free >= 0 {
-		e = t.free
-		t.free = t.entries[e].next
-	} else {
-		t.entries = append(t.entries, entry{})
-		e = int32(len(t.entries) - 1)
-	}
-	t.entries[e] = entry{hash: h, published: t.inserts, prev: -1, next: -1}
-	t.link(e)
+	e := t.lru.PushNewest(entry{hash: h, published: t.inserts})
 	t.slots[h] = e
 	hs := x.holders[h]
 	hs.add(tgt)
 	x.holders[h] = hs
 	for x.capacity > 0 && len(t.slots) > x.capacity {
-		old := t.head
-		oh := t.entries[old].hash
-		t.unlink(old)
-		t.entries[old].next = t.free
-		t.free = old
+		old, _ := t.lru.Oldest()
+		oh := t.lru.At(old).hash
+		t.lru.Remove(old)
 		delete(t.slots, oh)
 		t.evictions++
 		hs := x.holders[oh]
@@ -273,39 +260,5 @@ func (x *Index) insert(tgt int, h uint64) {
 		} else {
 			x.holders[oh] = hs
 		}
-	}
-}
-
-// touch moves entry e to the young end.
-func (t *target) touch(e int32) {
-	if t.tail == e {
-		return
-	}
-	t.unlink(e)
-	t.link(e)
-}
-
-// link appends e at the young end.
-func (t *target) link(e int32) {
-	t.entries[e].prev, t.entries[e].next = t.tail, -1
-	if t.tail >= 0 {
-		t.entries[t.tail].next = e
-	} else {
-		t.head = e
-	}
-	t.tail = e
-}
-
-func (t *target) unlink(e int32) {
-	p, n := t.entries[e].prev, t.entries[e].next
-	if p >= 0 {
-		t.entries[p].next = n
-	} else {
-		t.head = n
-	}
-	if n >= 0 {
-		t.entries[n].prev = p
-	} else {
-		t.tail = p
 	}
 }

@@ -123,7 +123,7 @@ func check(t *Tree, m *model) error {
 			if r.entry >= 0 {
 				terminal = true
 				own = 1
-				if e := t.tenants[r.tenant].entries[r.entry]; e.node != v {
+				if e := *t.tenants[r.tenant].lru.At(r.entry); e != v {
 					return fmt.Errorf("node %q: tenant %d entry %d points elsewhere", v.label, r.tenant, r.entry)
 				}
 			}
@@ -152,19 +152,12 @@ func check(t *Tree, m *model) error {
 		if ten.nodes != nodes[i] {
 			return fmt.Errorf("tenant %d: nodes %d, counted %d", i, ten.nodes, nodes[i])
 		}
+		// (The list's own links are checked in pkg/lrulist.)
 		var lru []string
-		prev := int32(-1)
-		for e := ten.head; e >= 0; e = ten.entries[e].next {
-			if ten.entries[e].prev != prev {
-				return fmt.Errorf("tenant %d: entry %d prev %d, want %d", i, e, ten.entries[e].prev, prev)
-			}
-			lru = append(lru, pathOf(ten.entries[e].node))
-			prev = e
+		for _, n := range ten.lru.All() {
+			lru = append(lru, pathOf(*n))
 		}
-		if prev != ten.tail {
-			return fmt.Errorf("tenant %d: tail %d, walked to %d", i, ten.tail, prev)
-		}
-		if len(lru) != ten.prompts {
+		if len(lru) != ten.prompts || ten.lru.Len() != ten.prompts {
 			return fmt.Errorf("tenant %d: %d prompts, %d in the LRU list", i, ten.prompts, len(lru))
 		}
 		if m == nil {

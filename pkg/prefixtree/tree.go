@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"sync"
+
+	"rolter.dev/pkg/lrulist"
 )
 
 // DefaultMaxNodes is the per-tenant ceiling, in byte nodes, that callers use
@@ -60,23 +62,13 @@ type ref struct {
 }
 
 // tenant is one tenant's bookkeeping: its size and an LRU list of its
-// resident prompts, kept as an intrusive doubly linked list of indexes into
-// entries (no allocation per prompt once entries has grown, and no
-// per-entry pointers but the node).
+// resident prompts, each the node it ends at (no allocation per prompt once
+// the list has grown).
 type tenant struct {
 	nodes     int
 	prompts   int
 	evictions uint64
-	entries   []entry
-	head      int32 // least recently inserted or touched; -1 when empty
-	tail      int32 // most recently; -1 when empty
-	free      int32 // free list through entry.next; -1 when empty
-}
-
-// entry is one resident prompt: the node it ends at.
-type entry struct {
-	node       *node
-	prev, next int32
+	lru       lrulist.List[*node]
 }
 
 // New returns an empty tree for tenants tenants (clamped to [0, MaxTenants])
@@ -85,9 +77,6 @@ type entry struct {
 func New(tenants, maxNodes int) *Tree {
 	tenants = min(max(tenants, 0), MaxTenants)
 	t := &Tree{tenants: make([]tenant, tenants), maxNodes: max(maxNodes, 0)}
-	for i := range t.tenants {
-		t.tenants[i] = tenant{head: -1, tail: -1, free: -1}
-	}
 	return t
 }
 
@@ -141,8 +130,7 @@ func (t *Tree) Insert(tenant int, s string) {
 	ten := &t.tenants[tenant]
 	end := t.place(s)
 	if r := end.ref(tenant); r != nil && r.entry >= 0 {
-		ten.unlink(r.entry)
-		ten.link(r.entry)
+		ten.lru.Touch(r.entry)
 		return
 	}
 	for v := end; v != &t.root; v = v.parent {
@@ -153,9 +141,9 @@ func (t *Tree) Insert(tenant int, s string) {
 		v.refs = append(v.refs, ref{tenant: uint16(tenant), entry: -1, count: 1})
 		ten.nodes += len(v.label)
 	}
-	end.ref(tenant).entry = ten.push(end)
+	end.ref(tenant).entry = ten.lru.PushNewest(end)
 	ten.prompts++
-	for t.maxNodes > 0 && ten.nodes > t.maxNodes && ten.head >= 0 {
+	for t.maxNodes > 0 && ten.nodes > t.maxNodes && ten.lru.Len() > 0 {
 		t.evictOldest(tenant)
 	}
 }
@@ -244,10 +232,9 @@ func (t *Tree) split(v *node, i, k int) *node {
 // evictOldest evicts tenant's least recently inserted or touched prompt.
 func (t *Tree) evictOldest(tenant int) {
 	ten := &t.tenants[tenant]
-	e := ten.head
-	end := ten.entries[e].node
-	ten.unlink(e)
-	ten.release(e)
+	e, _ := ten.lru.Oldest()
+	end := *ten.lru.At(e)
+	ten.lru.Remove(e)
 	ten.prompts--
 	ten.evictions++
 	end.ref(tenant).entry = -1
@@ -327,52 +314,6 @@ func (v *node) removeChild(c *node) {
 	v.children[last] = nil
 	v.keys, v.children = v.keys[:last], v.children[:last]
 	c.parent = nil
-}
-
-// push appends a new entry for n at the tail and returns its index.
-func (ten *tenant) push(n *node) int32 {
-	e := ten.free
-	if e >= 0 {
-		ten.free = ten.entries[e].next
-		ten.entries[e] = entry{node: n}
-	} else {
-		e = int32(len(ten.entries))
-		ten.entries = append(ten.entries, entry{node: n})
-	}
-	ten.link(e)
-	return e
-}
-
-// link puts entry e at the tail of the LRU list.
-func (ten *tenant) link(e int32) {
-	ten.entries[e].prev, ten.entries[e].next = ten.tail, -1
-	if ten.tail >= 0 {
-		ten.entries[ten.tail].next = e
-	} else {
-		ten.head = e
-	}
-	ten.tail = e
-}
-
-// unlink takes entry e out of the LRU list.
-func (ten *tenant) unlink(e int32) {
-	prev, next := ten.entries[e].prev, ten.entries[e].next
-	if prev >= 0 {
-		ten.entries[prev].next = next
-	} else {
-		ten.head = next
-	}
-	if next >= 0 {
-		ten.entries[next].prev = prev
-	} else {
-		ten.tail = prev
-	}
-}
-
-// release puts an unlinked entry e on the free list.
-func (ten *tenant) release(e int32) {
-	ten.entries[e] = entry{prev: -1, next: ten.free}
-	ten.free = e
 }
 
 // commonPrefix returns the length of the longest common prefix of a and b.
