@@ -11,6 +11,7 @@ import (
 
 	"rolter.dev/kvwatcher/internal/metrics"
 	"rolter.dev/pkg/kvevents"
+	"rolter.dev/pkg/natstest"
 )
 
 // BenchmarkPipeline measures the watcher's per-provider hot path on one
@@ -32,8 +33,8 @@ func BenchmarkPipeline(b *testing.B) {
 }
 
 func benchPipeline(b *testing.B, layout kvevents.Layout, run int) {
-	s := startNATS(b)
-	nc := connect(b, s)
+	s := natstest.Start(b)
+	nc := natstest.Connect(b, s)
 	m, err := metrics.New(prometheus.NewRegistry())
 	if err != nil {
 		b.Fatal(err)

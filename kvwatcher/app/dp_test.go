@@ -11,6 +11,7 @@ import (
 
 	"rolter.dev/kvwatcher/zmtptest"
 	"rolter.dev/pkg/kvevents"
+	"rolter.dev/pkg/natstest"
 )
 
 // encodeRank encodes a batch as data-parallel rank sends it.
@@ -89,12 +90,12 @@ func TestRankEndpoint(t *testing.T) {
 // consecutive ports with their own sequences; its blocks are the union of
 // the ranks', and a gap on one rank drops only that rank's blocks.
 func TestDataParallelConnect(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	pubs := rankPubs(t, 2)
 	p := kvProvider("p", pubs[0].Endpoint())
 	p.KV.DataParallelSize = 2
-	r := startWatcher(t, connect(t, s), StaticSource{p})
-	ix := newIndex(t, connect(t, s), "p")
+	r := startWatcher(t, natstest.Connect(t, s), StaticSource{p})
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	for _, pub := range pubs {
 		if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
 			t.Fatal(err)
@@ -141,7 +142,7 @@ func TestDataParallelConnect(t *testing.T) {
 // TestDataParallelBind: in bind mode every rank connects to the watcher's
 // port + rank, and the batch's data_parallel_rank says which rank sent it.
 func TestDataParallelBind(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	// Two consecutive free ports for the watcher to bind.
 	probe := rankPubs(t, 2)
 	base := probe[0].Endpoint()
@@ -150,8 +151,8 @@ func TestDataParallelBind(t *testing.T) {
 	}
 	spec := Provider{Name: "a", KV: &KVSpec{Endpoint: base, Topic: "kv@a@m", Mode: ModeBind, Model: "m", MaxBlocks: 100,
 		Stale: 2 * time.Second, DataParallelSize: 2}}
-	r := startWatcher(t, connect(t, s), StaticSource{spec})
-	ix := newIndex(t, connect(t, s), "a")
+	r := startWatcher(t, natstest.Connect(t, s), StaticSource{spec})
+	ix := newIndex(t, natstest.Connect(t, s), "a")
 	ep1, _ := RankEndpoint(base, 1)
 	var pubs []*zmtptest.Pub
 	for _, ep := range []string{base, ep1} {
@@ -200,8 +201,8 @@ func TestLargeDeltaIsSplit(t *testing.T) {
 	p := kvProvider("p", pubs[0].Endpoint())
 	p.KV.DataParallelSize = 2
 	p.KV.MaxBlocks = 10_000 // 5,000 per rank
-	r := startWatcher(t, connect(t, ns), StaticSource{p})
-	ix := newIndex(t, connect(t, ns), "p")
+	r := startWatcher(t, natstest.Connect(t, ns), StaticSource{p})
+	ix := newIndex(t, natstest.Connect(t, ns), "p")
 	for _, pub := range pubs {
 		if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
 			t.Fatal(err)

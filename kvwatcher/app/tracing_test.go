@@ -9,17 +9,19 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"rolter.dev/pkg/natstest"
 )
 
 // TestTracing: an applied batch is a kvwatcher.apply span, and the delta
 // it publishes a kvwatcher.publish child with its sequence, ops and size.
 func TestTracing(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	pub := newPub(t)
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	w, err := New(Options{Source: StaticSource{kvProvider("p", pub.Endpoint())}, NATS: connect(t, s), Logger: testLogger(),
+	w, err := New(Options{Source: StaticSource{kvProvider("p", pub.Endpoint())}, NATS: natstest.Connect(t, s), Logger: testLogger(),
 		Registerer: prometheus.NewRegistry(), TracerProvider: tp, ReconnectMin: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

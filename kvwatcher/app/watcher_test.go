@@ -13,6 +13,7 @@ import (
 	"rolter.dev/kvwatcher/zmtptest"
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/kvevents"
+	"rolter.dev/pkg/natstest"
 )
 
 const topic = "kv@pod-a@sim-model"
@@ -39,10 +40,10 @@ func send(t *testing.T, p *zmtptest.Pub, fr ...[]byte) {
 }
 
 func TestSequenceHandling(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	pub := newPub(t)
-	r := startWatcher(t, connect(t, s), StaticSource{kvProvider("p", pub.Endpoint())})
-	ix := newIndex(t, connect(t, s), "p")
+	r := startWatcher(t, natstest.Connect(t, s), StaticSource{kvProvider("p", pub.Endpoint())})
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -94,11 +95,11 @@ func TestSequenceHandling(t *testing.T) {
 }
 
 func TestReconnectClears(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	pub := newPub(t)
 	ep := pub.Endpoint()
-	startWatcher(t, connect(t, s), StaticSource{kvProvider("p", ep)})
-	ix := newIndex(t, connect(t, s), "p")
+	startWatcher(t, natstest.Connect(t, s), StaticSource{kvProvider("p", ep)})
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -122,13 +123,13 @@ func TestReconnectClears(t *testing.T) {
 }
 
 func TestBindMode(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	src := StaticSource{
 		{Name: "a", KV: &KVSpec{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@a@m", Mode: ModeBind, Model: "m", MaxBlocks: 100, Stale: 2 * time.Second}},
 		{Name: "b", KV: &KVSpec{Endpoint: "tcp://127.0.0.1:0", Topic: "kv@b@m", Mode: ModeBind, Model: "m", MaxBlocks: 100, Stale: 2 * time.Second}},
 	}
-	r := startWatcher(t, connect(t, s), src)
-	ix := newIndex(t, connect(t, s), "a", "b")
+	r := startWatcher(t, natstest.Connect(t, s), src)
+	ix := newIndex(t, natstest.Connect(t, s), "a", "b")
 	var ep string
 	eventually(t, "bound", func() bool { var ok bool; ep, ok = r.w.BoundEndpoint("tcp://127.0.0.1:0"); return ok })
 	pa, err := zmtptest.Dial(ep)
@@ -171,9 +172,9 @@ func TestLMCache(t *testing.T) {
 		_, _ = w.Write([]byte(body.Load().(string)))
 	}))
 	defer srv.Close()
-	s := startNATS(t)
-	r := startWatcher(t, connect(t, s), StaticSource{{Name: "lm", LM: &LMSpec{Endpoint: srv.URL, Refresh: 20 * time.Millisecond, Stale: 300 * time.Millisecond}}})
-	ix := newIndex(t, connect(t, s), "lm")
+	s := natstest.Start(t)
+	r := startWatcher(t, natstest.Connect(t, s), StaticSource{{Name: "lm", LM: &LMSpec{Endpoint: srv.URL, Refresh: 20 * time.Millisecond, Stale: 300 * time.Millisecond}}})
+	ix := newIndex(t, natstest.Connect(t, s), "lm")
 	occ := func() (float64, bool, bool) { return ix.Occupancy("lm") }
 	eventually(t, "occupancy", func() bool { o, a, f := occ(); return f && a && o == 0.25 })
 	body.Store(`{"occupancy": 7}`) // clamped, available by default
@@ -194,11 +195,11 @@ func TestLMCache(t *testing.T) {
 }
 
 func TestProvidersFollowConfig(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	p1, p2 := newPub(t), newPub(t)
 	src := newChanSource()
-	r := startWatcher(t, connect(t, s), src)
-	ix := newIndex(t, connect(t, s), "p")
+	r := startWatcher(t, natstest.Connect(t, s), src)
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	src.set(t, kvProvider("p", p1.Endpoint()))
 	if err := p1.WaitSubscribers(1, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -362,10 +363,10 @@ endpoint = "` + endpoint + `"
 // "") is counted and logged instead of being filtered out in silence, and
 // its events are not indexed.
 func TestTopicMismatchIsCounted(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	pub := newPub(t)
-	r := startWatcher(t, connect(t, s), StaticSource{kvProvider("p", pub.Endpoint())})
-	ix := newIndex(t, connect(t, s), "p")
+	r := startWatcher(t, natstest.Connect(t, s), StaticSource{kvProvider("p", pub.Endpoint())})
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -11,23 +11,11 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
+
+	"rolter.dev/pkg/natstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func startNATS(t testing.TB) *server.Server {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
-}
 
 // runMember connects m to NATS until the test ends.
 func runMember(t *testing.T, s *server.Server, m *member) {
@@ -60,7 +48,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func TestOverNATS(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	a, b := newMember(t, "a", 3), newMember(t, "b", 3)
 	runMember(t, s, a)
 	runMember(t, s, b)
@@ -84,7 +72,7 @@ func TestOverNATS(t *testing.T) {
 }
 
 func TestNATSDownFallsBackToOwnView(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	a, b := newMember(t, "a", 3), newMember(t, "b", 3)
 	a.own[1] = 7
 	runMember(t, s, a)

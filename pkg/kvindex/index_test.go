@@ -11,33 +11,10 @@ import (
 
 	"rolter.dev/pkg/kvdelta"
 	"rolter.dev/pkg/kvindex"
+	"rolter.dev/pkg/natstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func startNATS(t testing.TB, maxPayload int32) *server.Server {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true, MaxPayload: maxPayload})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
-}
-
-func connect(t testing.TB, s *server.Server) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 // fakeWatcher publishes a provider's deltas and answers its snapshot
 // requests as rolter-kvwatcher does, from a set it keeps.
@@ -164,11 +141,11 @@ func eventually(t testing.TB, what string, cond func() bool) {
 }
 
 func TestLateIndexResyncsFromSnapshot(t *testing.T) {
-	s := startNATS(t, 0)
-	f := newFakeWatcher(t, connect(t, s), "p", 1)
+	s := natstest.Start(t)
+	f := newFakeWatcher(t, natstest.Connect(t, s), "p", 1)
 	f.delta(false, stored(1, 2, 3))
 	f.delta(false, removed(3))
-	ix := newIndex(t, connect(t, s), "p")
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	eventually(t, "fresh", func() bool { return ix.Fresh("p") })
 	if got := ix.PrefixMatch("p", []uint64{1, 2, 3}); got != 2 {
 		t.Errorf("PrefixMatch = %d, want 2", got)
@@ -185,9 +162,9 @@ func TestLateIndexResyncsFromSnapshot(t *testing.T) {
 }
 
 func TestGapResyncs(t *testing.T) {
-	s := startNATS(t, 0)
-	f := newFakeWatcher(t, connect(t, s), "p", 1)
-	ix := newIndex(t, connect(t, s), "p")
+	s := natstest.Start(t)
+	f := newFakeWatcher(t, natstest.Connect(t, s), "p", 1)
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	eventually(t, "loaded", func() bool { st, _ := ix.Stats("p"); return st.Loaded && !st.Resyncing })
 	f.delta(false, stored(1))
 	f.delta(true, stored(2)) // lost
@@ -205,10 +182,10 @@ func TestGapResyncs(t *testing.T) {
 }
 
 func TestFreshness(t *testing.T) {
-	s := startNATS(t, 0)
-	f := newFakeWatcher(t, connect(t, s), "p", 1)
+	s := natstest.Start(t)
+	f := newFakeWatcher(t, natstest.Connect(t, s), "p", 1)
 	f.setStatus(func(st *kvdelta.Status) { st.KVStale = 300 * time.Millisecond })
-	ix := newIndex(t, connect(t, s), "p")
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	eventually(t, "fresh", func() bool { return ix.Fresh("p") })
 	// No message for longer than stale: stale.
 	eventually(t, "stale", func() bool { return !ix.Fresh("p") })
@@ -232,10 +209,10 @@ func TestFreshness(t *testing.T) {
 }
 
 func TestTwoWatchersDoNotDoubleCount(t *testing.T) {
-	s := startNATS(t, 0)
-	a := newFakeWatcher(t, connect(t, s), "p", 0xa)
-	b := newFakeWatcher(t, connect(t, s), "p", 0xb)
-	ix := newIndex(t, connect(t, s), "p")
+	s := natstest.Start(t)
+	a := newFakeWatcher(t, natstest.Connect(t, s), "p", 0xa)
+	b := newFakeWatcher(t, natstest.Connect(t, s), "p", 0xb)
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	eventually(t, "fresh", func() bool { return ix.Fresh("p") })
 	st, _ := ix.Stats("p")
 	followed, other := a, b
@@ -281,9 +258,9 @@ func TestTwoWatchersDoNotDoubleCount(t *testing.T) {
 }
 
 func TestSpeculate(t *testing.T) {
-	s := startNATS(t, 0)
-	f := newFakeWatcher(t, connect(t, s), "p", 1)
-	ix := newIndex(t, connect(t, s), "p")
+	s := natstest.Start(t)
+	f := newFakeWatcher(t, natstest.Connect(t, s), "p", 1)
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	eventually(t, "loaded", func() bool { return ix.Fresh("p") })
 	ix.Speculate("p", []uint64{1, 2}, 200*time.Millisecond)
 	if got := ix.PrefixMatch("p", []uint64{1, 2, 3}); got != 2 {
@@ -300,12 +277,12 @@ func TestSpeculate(t *testing.T) {
 }
 
 func TestOccupancy(t *testing.T) {
-	s := startNATS(t, 0)
-	f := newFakeWatcher(t, connect(t, s), "lm", 1)
+	s := natstest.Start(t)
+	f := newFakeWatcher(t, natstest.Connect(t, s), "lm", 1)
 	f.setStatus(func(st *kvdelta.Status) {
 		*st = kvdelta.Status{LM: true, LMAvailable: true, Occupancy: 0.75, LMAge: 0, LMStale: 300 * time.Millisecond}
 	})
-	ix := newIndex(t, connect(t, s), "lm")
+	ix := newIndex(t, natstest.Connect(t, s), "lm")
 	f.heartbeat()
 	eventually(t, "occupancy", func() bool { _, _, fresh := ix.Occupancy("lm"); return fresh })
 	occ, avail, _ := ix.Occupancy("lm")
@@ -319,14 +296,14 @@ func TestOccupancy(t *testing.T) {
 }
 
 func TestLargeSnapshotInParts(t *testing.T) {
-	s := startNATS(t, 4096)
-	f := newFakeWatcher(t, connect(t, s), "p", 1)
+	s := natstest.Start(t, func(o *server.Options) { o.MaxPayload = 4096 })
+	f := newFakeWatcher(t, natstest.Connect(t, s), "p", 1)
 	ids := make([]uint64, 5000)
 	for i := range ids {
 		ids[i] = uint64(i + 1)
 	}
 	f.delta(true, stored(ids...)) // only the snapshot carries them
-	ix := newIndex(t, connect(t, s), "p")
+	ix := newIndex(t, natstest.Connect(t, s), "p")
 	eventually(t, "loaded", func() bool { return ix.Fresh("p") })
 	if got := ix.PrefixMatch("p", ids); got != len(ids) {
 		t.Errorf("PrefixMatch = %d, want %d", got, len(ids))
@@ -334,13 +311,13 @@ func TestLargeSnapshotInParts(t *testing.T) {
 }
 
 func TestSetProviders(t *testing.T) {
-	s := startNATS(t, 0)
-	nc := connect(t, s)
+	s := natstest.Start(t)
+	nc := natstest.Connect(t, s)
 	fa := newFakeWatcher(t, nc, "a", 1)
 	fb := newFakeWatcher(t, nc, "b.c", 1)
 	fa.delta(false, stored(1))
 	fb.delta(false, stored(2))
-	ix := newIndex(t, connect(t, s), "a")
+	ix := newIndex(t, natstest.Connect(t, s), "a")
 	eventually(t, "a", func() bool { return ix.Fresh("a") })
 	if err := ix.SetProviders([]string{"b.c"}); err != nil {
 		t.Fatal(err)

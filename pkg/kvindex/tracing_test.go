@@ -11,18 +11,19 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"rolter.dev/pkg/kvindex"
+	"rolter.dev/pkg/natstest"
 )
 
 // TestResyncSpan: each snapshot resync is a kvindex.resync span naming the
 // provider, the snapshot's epoch, sequence and size; deltas make none.
 func TestResyncSpan(t *testing.T) {
-	s := startNATS(t, 0)
-	f := newFakeWatcher(t, connect(t, s), "p", 0xabc)
+	s := natstest.Start(t)
+	f := newFakeWatcher(t, natstest.Connect(t, s), "p", 0xabc)
 	f.delta(false, stored(1, 2, 3))
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	ix, err := kvindex.New(connect(t, s), []string{"p"}, kvindex.Options{TracerProvider: tp, RetryMin: 20 * time.Millisecond, SnapshotTimeout: time.Second})
+	ix, err := kvindex.New(natstest.Connect(t, s), []string{"p"}, kvindex.Options{TracerProvider: tp, RetryMin: 20 * time.Millisecond, SnapshotTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

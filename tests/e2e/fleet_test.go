@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"rolter.dev/dataplane/app"
+	"rolter.dev/pkg/natstest"
 	"rolter.dev/tests/vllmsim"
 )
 
@@ -22,15 +21,7 @@ import (
 // that share their routing state over an in-process NATS server, and
 // compares the prefix-cache hit rate the replicas themselves report.
 func TestProxiesShareAffinity(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := natstest.Start(t)
 
 	runs := []struct {
 		name    string

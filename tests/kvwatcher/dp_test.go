@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"rolter.dev/kvwatcher/app"
+	"rolter.dev/pkg/natstest"
 	"rolter.dev/tests/vllmsim"
 )
 
@@ -17,7 +18,7 @@ import (
 // prompts catches up from each rank's replay socket, and the proxies' index
 // sees the union; one rank's restart leaves the other's blocks alone.
 func TestDataParallelReplica(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	ranks, pubPort, replayPort := dpRanks(t, 2)
 	onRank0, onRank1 := prompt("rank-zero", 128), prompt("rank-one", 128)
 	ranks[0].warm(onRank0)

@@ -24,6 +24,7 @@ import (
 	"rolter.dev/kvwatcher/zmtptest"
 	"rolter.dev/pkg/kvevents"
 	"rolter.dev/pkg/kvindex"
+	"rolter.dev/pkg/natstest"
 	"rolter.dev/tests/vllmsim"
 )
 
@@ -39,30 +40,6 @@ func logger() *slog.Logger {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-func startNATS(t testing.TB) *server.Server {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
-}
-
-func connect(t testing.TB, s *server.Server) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
 }
 
 // replica is a simulated vLLM replica publishing its prefix cache's KV
@@ -234,7 +211,7 @@ func kvProvider(name, endpoint, replay string, stale time.Duration) app.Provider
 
 func newIndex(t testing.TB, s *server.Server, providers ...string) *kvindex.Index {
 	t.Helper()
-	ix, err := kvindex.New(connect(t, s), providers, kvindex.Options{FailoverAfter: 500 * time.Millisecond,
+	ix, err := kvindex.New(natstest.Connect(t, s), providers, kvindex.Options{FailoverAfter: 500 * time.Millisecond,
 		RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, SnapshotTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"rolter.dev/kvwatcher/app"
 	"rolter.dev/pkg/kvevents"
 	"rolter.dev/pkg/kvindex"
+	"rolter.dev/pkg/natstest"
 )
 
 // TestWarmPrefixIsResident: a replica warms a prefix; within a second the
@@ -21,7 +22,7 @@ func TestWarmPrefixIsResident(t *testing.T) {
 		l    kvevents.Layout
 	}{{"array", kvevents.LayoutArray}, {"map", kvevents.LayoutMap}} {
 		t.Run(layout.name, func(t *testing.T) {
-			s := startNATS(t)
+			s := natstest.Start(t)
 			r := newReplica(t, replicaOpts{layout: layout.l})
 			startWatcher(t, s, app.StaticSource{kvProvider("vllm-a", r.pub.Endpoint(), "", 5*time.Second)})
 			ix := newIndex(t, s, "vllm-a")
@@ -53,7 +54,7 @@ func TestWarmPrefixIsResident(t *testing.T) {
 // TestEvictionRemoves: the replica evicts a prefix's blocks to make room;
 // the index follows within a second.
 func TestEvictionRemoves(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	r := newReplica(t, replicaOpts{capacity: 12})
 	startWatcher(t, s, app.StaticSource{kvProvider("vllm-a", r.pub.Endpoint(), "", 5*time.Second)})
 	ix := newIndex(t, s, "vllm-a")
@@ -75,7 +76,7 @@ func TestEvictionRemoves(t *testing.T) {
 // TestGapTriggersReplay: a message lost between replica and watcher is
 // fetched from the replica's replay socket.
 func TestGapTriggersReplay(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	r := newReplica(t, replicaOpts{replay: true})
 	rl := newRelay(t, r.pub.Endpoint(), func(seq uint64) bool { return seq == 1 })
 	r.waitSubscribers(t, 1)
@@ -107,7 +108,7 @@ func TestGapTriggersReplay(t *testing.T) {
 // TestGapWithoutReplayIsNeutral: without a replay socket a gap clears the
 // provider, which stays neutral until the engine clears its cache.
 func TestGapWithoutReplayIsNeutral(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	r := newReplica(t, replicaOpts{})
 	rl := newRelay(t, r.pub.Endpoint(), func(seq uint64) bool { return seq == 1 })
 	r.waitSubscribers(t, 1)
@@ -135,7 +136,7 @@ func TestGapWithoutReplayIsNeutral(t *testing.T) {
 // TestReplicaRestartClears: a replica restarts (new process, sequence back
 // at 0, empty cache): its old blocks leave the index.
 func TestReplicaRestartClears(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	r := newReplica(t, replicaOpts{})
 	ep := r.pub.Endpoint()
 	startWatcher(t, s, app.StaticSource{kvProvider("vllm-a", ep, "", 5*time.Second)})
@@ -161,7 +162,7 @@ func TestReplicaRestartClears(t *testing.T) {
 // replay buffer and the index follows it.
 func TestWatcherKilledGoesStale(t *testing.T) {
 	const stale = time.Second
-	s := startNATS(t)
+	s := natstest.Start(t)
 	r := newReplica(t, replicaOpts{replay: true})
 	src := app.StaticSource{kvProvider("vllm-a", r.pub.Endpoint(), r.pub.ReplayEndpoint(), stale)}
 	w1 := startWatcher(t, s, src)
@@ -191,7 +192,7 @@ func TestWatcherKilledGoesStale(t *testing.T) {
 // TestLateIndexResyncs: a proxy started after the events were published
 // gets the state from a snapshot.
 func TestLateIndexResyncs(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	r := newReplica(t, replicaOpts{})
 	startWatcher(t, s, app.StaticSource{kvProvider("vllm-a", r.pub.Endpoint(), "", 5*time.Second)})
 	r.waitSubscribers(t, 1)
@@ -211,7 +212,7 @@ func TestLateIndexResyncs(t *testing.T) {
 // follows one epoch and its resident set equals each watcher's state, also
 // after evictions and after the followed watcher dies.
 func TestTwoWatchersDoNotDoubleCount(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	r := newReplica(t, replicaOpts{capacity: 20})
 	src := app.StaticSource{kvProvider("vllm-a", r.pub.Endpoint(), "", 5*time.Second)}
 	w1 := startWatcher(t, s, src)
@@ -258,7 +259,7 @@ func TestTwoWatchersDoNotDoubleCount(t *testing.T) {
 // TestBindModeTopics: the watcher binds one endpoint; two replicas connect
 // to it and are told apart by topic.
 func TestBindModeTopics(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	const bind = "tcp://127.0.0.1:0"
 	spec := func(name, topic string) app.Provider {
 		return app.Provider{Name: name, KV: &app.KVSpec{Endpoint: bind, Topic: topic, Mode: app.ModeBind, Model: model, MaxBlocks: 1000, Stale: 5 * time.Second}}
@@ -286,7 +287,7 @@ func TestBindModeTopics(t *testing.T) {
 // (its BlockStored leaving on the ZMQ socket) to the proxies' index
 // reporting them resident: ZMQ, decode, identities, NATS, delta apply.
 func BenchmarkEndToEndDelay(b *testing.B) {
-	s := startNATS(b)
+	s := natstest.Start(b)
 	r := newReplica(b, replicaOpts{capacity: 1 << 20})
 	startWatcher(b, s, app.StaticSource{kvProvider("vllm-a", r.pub.Endpoint(), "", 5*time.Second)})
 	ix := newIndex(b, s, "vllm-a")

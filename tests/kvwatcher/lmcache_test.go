@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"rolter.dev/kvwatcher/app"
+	"rolter.dev/pkg/natstest"
 )
 
 // TestLMCacheOccupancyMovesTraffic: two replicas report LMCache occupancy;
@@ -18,7 +19,7 @@ import (
 // change, and a dead occupancy endpoint stops counting (its replica scores
 // as unknown, not as empty).
 func TestLMCacheOccupancyMovesTraffic(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	var occA, occB atomic.Value
 	occA.Store("0.9")
 	occB.Store("0.1")

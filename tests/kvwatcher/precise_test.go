@@ -17,13 +17,14 @@ import (
 
 	dpapp "rolter.dev/dataplane/app"
 	"rolter.dev/kvwatcher/app"
+	"rolter.dev/pkg/natstest"
 )
 
 // TestPreciseRoutingThroughTwoProxies: two replicas publish KV events, a
 // watcher turns them into NATS deltas, and two real proxies route requests
 // carrying token ids to the replica that holds their prefix.
 func TestPreciseRoutingThroughTwoProxies(t *testing.T) {
-	s := startNATS(t)
+	s := natstest.Start(t)
 	a, b := newReplica(t, replicaOpts{}), newReplica(t, replicaOpts{})
 	startWatcher(t, s, app.StaticSource{
 		kvProvider("vllm-a", a.pub.Endpoint(), "", 5*time.Second),

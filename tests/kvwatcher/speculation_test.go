@@ -11,6 +11,7 @@ import (
 
 	dpapp "rolter.dev/dataplane/app"
 	"rolter.dev/kvwatcher/app"
+	"rolter.dev/pkg/natstest"
 )
 
 // TestSpeculativeTTLFromConfig: a proxy routing a prefix no replica holds
@@ -26,7 +27,7 @@ func TestSpeculativeTTLFromConfig(t *testing.T) {
 		stick bool
 	}{{"on", 60_000, true}, {"off", 0, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := startNATS(t)
+			s := natstest.Start(t)
 			a, b := newReplica(t, replicaOpts{}), newReplica(t, replicaOpts{})
 			startWatcher(t, s, app.StaticSource{
 				kvProvider("vllm-a", a.pub.Endpoint(), "", time.Minute),
