@@ -4,16 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
-	"fmt"
 	"log/slog"
-	"os"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"rolter.dev/pkg/respcache"
 	"rolter.dev/pkg/respcache/canon"
@@ -21,28 +19,8 @@ import (
 
 func TestMain(m *testing.M) {
 	respcache.SetRedisLogger(slog.New(slog.DiscardHandler))
-	before := runtime.NumGoroutine()
-	code := m.Run()
-	// The fuzzing engine keeps goroutines of its own: check only plain runs.
-	if fuzz := flag.Lookup("test.fuzz"); code == 0 && (fuzz == nil || fuzz.Value.String() == "") {
-		code = checkGoroutines(before)
-	}
-	os.Exit(code)
-}
-
-// checkGoroutines fails the run when goroutines started by the tests (redis
-// clients, server watchers) outlive them.
-func checkGoroutines(before int) int {
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			fmt.Fprintf(os.Stderr, "goroutines leaked: %d > %d\n%s\n", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
-			return 1
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return 0
+	// No goroutine (redis clients, server watchers) may outlive the tests.
+	goleak.VerifyTestMain(m)
 }
 
 const (

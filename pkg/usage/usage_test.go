@@ -1,41 +1,17 @@
 package usage_test
 
 import (
-	"flag"
-	"fmt"
-	"os"
-	"runtime"
 	"strings"
 	"testing"
-	"time"
+
+	"go.uber.org/goleak"
 
 	"rolter.dev/pkg/usage"
 )
 
-func TestMain(m *testing.M) {
-	before := runtime.NumGoroutine()
-	code := m.Run()
-	// The fuzzing engine keeps a signal goroutine of its own.
-	if fuzz := flag.Lookup("test.fuzz"); code == 0 && (fuzz == nil || fuzz.Value.String() == "") {
-		code = checkGoroutines(before)
-	}
-	os.Exit(code)
-}
-
-// checkGoroutines fails the run when a sink's writer goroutine outlives
-// its test.
-func checkGoroutines(before int) int {
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			fmt.Fprintf(os.Stderr, "goroutines leaked: %d > %d\n%s\n", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
-			return 1
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return 0
-}
+// No goroutine (test servers, writers, client connections) may outlive the
+// tests.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestParseJSON(t *testing.T) {
 	tests := []struct {
