@@ -2,16 +2,12 @@ package store_test
 
 import (
 	"log/slog"
-	"net/url"
 	"sync"
 	"testing"
-	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
+	"rolter.dev/controlplane/internal/etcdtest"
 	"rolter.dev/controlplane/internal/state"
 	"rolter.dev/controlplane/internal/store"
 	"rolter.dev/pkg/config"
@@ -19,37 +15,12 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func startEtcd(t *testing.T) *clientv3.Client {
-	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Dir = t.TempDir()
-	cfg.LogLevel, cfg.LogOutputs = "error", []string{"/dev/null"}
-	u, _ := url.Parse("http://127.0.0.1:0")
-	cfg.ListenClientUrls, cfg.ListenPeerUrls = []url.URL{*u}, []url.URL{*u}
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatalf("start etcd: %v", err)
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(10 * time.Second):
-		t.Fatal("etcd not ready")
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Clients[0].Addr().String()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
-
 func route(model string, weight int) config.Route {
 	return config.Route{Model: model, Strategy: "round_robin", Targets: []config.Target{{Provider: "a", Weight: &weight}}}
 }
 
 func TestUpdate(t *testing.T) {
-	cli := startEtcd(t)
+	cli := etcdtest.Start(t)
 	s := store.New(cli, store.NewLayout(""), "test", slog.New(slog.DiscardHandler))
 	put := func(r config.Route, expect map[state.ID]int64) (*state.State, error) {
 		return s.Update(t.Context(), store.UpdateOptions{}, func(cur *state.State) (*state.State, map[state.ID]int64, error) {
@@ -117,7 +88,7 @@ func TestUpdate(t *testing.T) {
 }
 
 func TestCorruptObject(t *testing.T) {
-	cli := startEtcd(t)
+	cli := etcdtest.Start(t)
 	l := store.NewLayout("")
 	s := store.New(cli, l, "test", slog.New(slog.DiscardHandler))
 	if _, err := cli.Put(t.Context(), l.Key(state.ID{Kind: state.KindRoute, Name: "bad"}), "model = 'bad'\nbogus = 1\n"); err != nil {
@@ -138,7 +109,7 @@ func TestCorruptObject(t *testing.T) {
 }
 
 func TestEnsurePepper(t *testing.T) {
-	cli := startEtcd(t)
+	cli := etcdtest.Start(t)
 	s := store.New(cli, store.NewLayout(""), "test", slog.New(slog.DiscardHandler))
 	if err := s.EnsurePepper(t.Context(), "aaaa"); err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package watch_test
 import (
 	"context"
 	"log/slog"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -11,10 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
+	"rolter.dev/controlplane/internal/etcdtest"
 	"rolter.dev/controlplane/internal/metrics"
 	"rolter.dev/controlplane/internal/state"
 	"rolter.dev/controlplane/internal/store"
@@ -23,37 +21,12 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func startEtcd(t *testing.T) *clientv3.Client {
-	t.Helper()
-	cfg := embed.NewConfig()
-	cfg.Dir = t.TempDir()
-	cfg.LogLevel, cfg.LogOutputs = "error", []string{"/dev/null"}
-	u, _ := url.Parse("http://127.0.0.1:0")
-	cfg.ListenClientUrls, cfg.ListenPeerUrls = []url.URL{*u}, []url.URL{*u}
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatalf("start etcd: %v", err)
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(10 * time.Second):
-		t.Fatal("etcd not ready")
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Clients[0].Addr().String()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
-
 // TestWatch: the watcher publishes the listed state, then every change; a
 // state that fails the consistency check (written behind the control
 // plane's back) is counted and not published; a compaction past the
 // watcher's revision makes it re-list.
 func TestWatch(t *testing.T) {
-	cli := startEtcd(t)
+	cli := etcdtest.Start(t)
 	l := store.NewLayout("")
 	m := metrics.New(prometheus.NewRegistry())
 	var mu sync.Mutex
