@@ -4,16 +4,23 @@
 package natstest
 
 import (
-	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
+// TB is the part of testing.TB the helpers use (so that this package, not
+// being a test, does not import testing).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
 // Start starts a server, lets each option adjust its settings first (e.g.
 // MaxPayload), and stops it at the end of the test.
-func Start(t testing.TB, opts ...func(*server.Options)) *server.Server {
+func Start(t TB, opts ...func(*server.Options)) *server.Server {
 	t.Helper()
 	o := &server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true}
 	for _, f := range opts {
@@ -33,7 +40,7 @@ func Start(t testing.TB, opts ...func(*server.Options)) *server.Server {
 }
 
 // Connect connects a client to s, closed at the end of the test.
-func Connect(t testing.TB, s *server.Server) *nats.Conn {
+func Connect(t TB, s *server.Server) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(s.ClientURL())
 	if err != nil {

@@ -6,7 +6,6 @@ package etcdtest
 
 import (
 	"net/url"
-	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -14,9 +13,19 @@ import (
 	"go.uber.org/zap"
 )
 
+// TB is the part of testing.TB the helper uses (so that this package, not
+// being a test, does not import testing).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+	TempDir() string
+}
+
 // Start starts a single-member etcd and returns a client of it, both closed
 // at the end of the test.
-func Start(t testing.TB) *clientv3.Client {
+func Start(t TB) *clientv3.Client {
 	t.Helper()
 	cfg := embed.NewConfig()
 	cfg.Dir = t.TempDir()
