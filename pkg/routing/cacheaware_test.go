@@ -61,11 +61,14 @@ func TestCacheAwareSharedSystemPromptSpreads(t *testing.T) {
 			go func() {
 				defer done.Done()
 				ctx := &routing.Context{Prompt: systemPrompt + question(i)}
+				// The pick and the count it leads to are one step, as
+				// if the proxy's in-flight counter were read and raised
+				// atomically: otherwise picks racing on the same
+				// counts make any bound a matter of scheduling. The
+				// tree's Observe runs outside, concurrently with other
+				// picks.
 				mu.Lock()
-				snapshot := slices.Clone(loads)
-				mu.Unlock()
-				tg := b.Pick(ctx, snapshot, routing.All(3))
-				mu.Lock()
+				tg := b.Pick(ctx, slices.Clone(loads), routing.All(3))
 				loads[tg]++
 				counts[tg]++
 				mu.Unlock()
@@ -79,10 +82,11 @@ func TestCacheAwareSharedSystemPromptSpreads(t *testing.T) {
 		}
 		done.Wait()
 		t.Logf("24 concurrent requests: counts %v", counts)
-		// Racing picks may read the same snapshot, so only the shape is
-		// asserted: nothing like 24/0/0.
+		// Observations racing with picks may be missed (a pick then
+		// balances on load alone), which only spreads further: the
+		// guard's bounds of the sequential case hold, give or take one.
 		for i, v := range counts {
-			if v < 3 || v > 16 {
+			if v < 5 || v > 11 {
 				t.Fatalf("counts %v: replica %d got %d of 24", counts, i, v)
 			}
 		}
