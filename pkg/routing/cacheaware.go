@@ -52,9 +52,13 @@ import (
 // Sharing (Spec.Share): match[i] in step 1 is the larger of the tree's match
 // and the shared chunk index's (what peers sent to target i, at 64-byte
 // granularity), and Observe also records the prompt there and publishes the
-// new hashes. The
-// proxy calls it on every attempt, before the upstream call, so concurrent
-// requests see the pick's cache effect at once.
+// new hashes. best is then chosen on the chunk grid (matches rounded down
+// to whole chunks unless they cover the whole prompt), ties going to the
+// highest rendezvous score of the prompt's first chunk and the target, so
+// every proxy prefers the same of two copies of a prefix (see
+// sharing.preferred); the threshold still tests the exact match. The
+// proxy calls Observe on every attempt, before the upstream call, so
+// concurrent requests see the pick's cache effect at once.
 //
 // Concurrency: Pick takes the tree's read lock for one walk and otherwise
 // only reads atomics; Observe takes the tree's write lock. Pick does not
@@ -121,10 +125,14 @@ func (c *cacheAware) Pick(ctx *Context, loads []int, eligible Set) int {
 		c.tree.Match(ctx.Prompt, match)
 		c.sharing.widen(ctx.Prompt, match, el)
 		best := -1
-		for wi, w := range el.w {
-			for ; w != 0; w &= w - 1 {
-				if i := wi*64 + bitIndex(w); best < 0 || match[i] > match[best] {
-					best = i
+		if c.sharing != nil {
+			best = c.sharing.preferred(ctx.Prompt, match, el)
+		} else {
+			for wi, w := range el.w {
+				for ; w != 0; w &= w - 1 {
+					if i := wi*64 + bitIndex(w); best < 0 || match[i] > match[best] {
+						best = i
+					}
 				}
 			}
 		}

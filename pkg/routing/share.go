@@ -1,6 +1,10 @@
 package routing
 
-import "rolter.dev/pkg/chunkindex"
+import (
+	"github.com/zeebo/xxh3"
+
+	"rolter.dev/pkg/chunkindex"
+)
 
 // SharedAffinity is implemented by balancers built with [Spec.Share]
 // (cache_aware, and pipeline with its prefix_cache scorer): other proxies'
@@ -59,6 +63,49 @@ func (s *sharing) widen(prompt string, match []int, el Set) {
 	for i, m := range shared {
 		match[i] = max(match[i], m)
 	}
+}
+
+// preferred returns the member of el with the greatest match on the shared
+// index's grid (whole chunks, or the whole prompt), and among equal ones the
+// same at every proxy: the highest rendezvous score of the prompt's first
+// chunk and the target, so that different prefixes prefer different
+// targets.
+//
+// Why the grid: the tree's byte precision lets this proxy's own placement
+// outbid a peer's copy of the same prefix by the bytes past the last whole
+// chunk, so after a burst placed a prefix on two targets (requests reaching
+// different proxies before they heard of one another) each proxy would keep
+// feeding its own copy, for as long as the prefix is used. On the grid the
+// copies tie, every proxy prefers the same one, and the other ages out. The
+// caller still tests its threshold on the exact match.
+func (s *sharing) preferred(prompt string, match []int, el Set) int {
+	grid := func(m int) int {
+		if m < len(prompt) {
+			return m - m%chunkindex.ChunkBytes
+		}
+		return m
+	}
+	key := xxh3.HashString(prompt[:min(len(prompt), chunkindex.ChunkBytes)])
+	best, bestGrid, bestScore := -1, 0, uint64(0)
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			i := wi*64 + bitIndex(w)
+			g, score := grid(match[i]), rendezvous(key, i)
+			if best < 0 || g > bestGrid || (g == bestGrid && score > bestScore) {
+				best, bestGrid, bestScore = i, g, score
+			}
+		}
+	}
+	return best
+}
+
+// rendezvous mixes a key and a target index into a score (splitmix64's
+// finaliser).
+func rendezvous(key uint64, i int) uint64 {
+	z := key + uint64(i+1)*0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
 }
 
 // observe hands a local pick to the fleet; the index work waits for its

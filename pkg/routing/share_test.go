@@ -123,3 +123,46 @@ func TestSharingOffByDefault(t *testing.T) {
 		t.Fatal("a balancer built without Spec.Share keeps a shared index")
 	}
 }
+
+// TestSharedAffinityConvergesAfterABurst: two proxies placed the same new
+// prefix on different targets in the same instant, before either heard of
+// the other. Once they have, the next requests of that prefix go to the same
+// one of the two copies whichever proxy they reach (so the other copy ages
+// out), though each proxy holds its own copy byte for byte and its peer's
+// only to the last whole chunk; and different prefixes in that situation do
+// not all prefer the same target.
+func TestSharedAffinityConvergesAfterABurst(t *testing.T) {
+	const n = 4
+	var qa, qb []queuedPick
+	a := newBalancer(t, routing.Spec{Strategy: routing.CacheAware, Share: func(tg int, p string) { qa = append(qa, queuedPick{tg, p}) }}, n)
+	b := newBalancer(t, routing.Spec{Strategy: routing.CacheAware, Share: func(tg int, p string) { qb = append(qb, queuedPick{tg, p}) }}, n)
+	exchange := func() {
+		for _, q := range qa {
+			b.(routing.SharedAffinity).FoldPeer(q.target, a.(routing.SharedAffinity).RecordLocal(q.target, q.prompt, nil))
+		}
+		for _, q := range qb {
+			a.(routing.SharedAffinity).FoldPeer(q.target, b.(routing.SharedAffinity).RecordLocal(q.target, q.prompt, nil))
+		}
+		qa, qb = nil, nil
+	}
+	preferred := make([]int, n)
+	for g := range 32 {
+		sys := fmt.Sprintf("group %d. ", g) + systemPrompt
+		first := &routing.Context{Prompt: sys + question(0)}
+		a.Observe(1, first)
+		b.Observe(2, first)
+		exchange()
+		loads := make([]int, n)
+		for i := 1; i <= 3; i++ {
+			next := &routing.Context{Prompt: sys + question(i)}
+			pa, pb := a.Pick(next, loads, routing.All(n)), b.Pick(next, loads, routing.All(n))
+			if pa != pb || (pa != 1 && pa != 2) {
+				t.Fatalf("group %d, request %d: proxy a picked %d, proxy b %d; want the same of the copies on 1 and 2", g, i, pa, pb)
+			}
+			preferred[pa]++
+		}
+	}
+	if preferred[1] == 0 || preferred[2] == 0 {
+		t.Errorf("picks per target %v: every prefix prefers the same copy", preferred)
+	}
+}

@@ -10,25 +10,38 @@ import (
 // proxies lose most of it; the peers' policies are not affected by Share.
 func TestSharingProxiesRouteAsOne(t *testing.T) {
 	w := preciseWorkload()
-	one := preciseConfig()
-	one.Ramp = time.Second // no simultaneous start: see Config.Ramp
-	four := one
+	// Clients starting over a second, and all in the same instant: then
+	// requests of one new prefix reach several proxies before any hears
+	// of the others, a prefix lands on several replicas, and the proxies
+	// must agree on one copy afterwards (sharing.preferred in pkg/routing).
+	// The early duplicates cost this short run (eight requests a prefix)
+	// some hits for good: 0.93 of one proxy's, 0.87 before the proxies
+	// agreed on a copy.
+	for ramp, ratio := range map[time.Duration]float64{time.Second: 0.95, 0: 0.9} {
+		one := preciseConfig()
+		one.Ramp = ramp
+		four := one
+		four.Proxies = 4
+		shared := four
+		shared.Share = true
+		for _, name := range []string{"cache_aware", "cache_aware:balance_rel=2"} {
+			r1, r4, rs := mustRun(t, one, w, name), mustRun(t, four, w, name), mustRun(t, shared, w, name)
+			t.Logf("%s, ramp %v: one proxy %.3f, four independent %.3f, four sharing %.3f (imbalance %.2f)", name, ramp, r1.HitRate, r4.HitRate, rs.HitRate, rs.LoadImbalance)
+			if !rs.Shared || r4.Shared {
+				t.Fatalf("%s: Shared = %v with sharing, %v without", name, rs.Shared, r4.Shared)
+			}
+			if rs.HitRate < ratio*r1.HitRate || rs.HitRate < r4.HitRate+0.1 {
+				t.Errorf("%s, ramp %v: sharing proxies hit %.3f; one proxy %.3f, independent ones %.3f", name, ramp, rs.HitRate, r1.HitRate, r4.HitRate)
+			}
+			if rs.LoadImbalance > 1.25 {
+				t.Errorf("%s, ramp %v: sharing proxies' load imbalance %.2f", name, ramp, rs.LoadImbalance)
+			}
+		}
+	}
+	four := preciseConfig()
 	four.Proxies = 4
 	shared := four
 	shared.Share = true
-	for _, name := range []string{"cache_aware", "cache_aware:balance_rel=2"} {
-		r1, r4, rs := mustRun(t, one, w, name), mustRun(t, four, w, name), mustRun(t, shared, w, name)
-		t.Logf("%s: one proxy %.3f, four independent %.3f, four sharing %.3f (imbalance %.2f)", name, r1.HitRate, r4.HitRate, rs.HitRate, rs.LoadImbalance)
-		if !rs.Shared || r4.Shared {
-			t.Fatalf("%s: Shared = %v with sharing, %v without", name, rs.Shared, r4.Shared)
-		}
-		if rs.HitRate < 0.95*r1.HitRate || rs.HitRate < r4.HitRate+0.1 {
-			t.Errorf("%s: sharing proxies hit %.3f; one proxy %.3f, independent ones %.3f", name, rs.HitRate, r1.HitRate, r4.HitRate)
-		}
-		if rs.LoadImbalance > 1.25 {
-			t.Errorf("%s: sharing proxies' load imbalance %.2f", name, rs.LoadImbalance)
-		}
-	}
 	// A peer's policy does not share: Share changes nothing for it.
 	a, b := mustRun(t, four, w, "sglang"), mustRun(t, shared, w, "sglang")
 	if a.HitRate != b.HitRate || b.Shared {
