@@ -33,7 +33,9 @@
 // A provider with KVSpec.DataParallelSize N > 1 is N publishers, one per
 // engine rank, on the endpoint's port + rank (and the replay endpoint's
 // port + rank), as vLLM's ZmqEventPublisher.offset_endpoint_port places
-// them; in bind mode the batch's data_parallel_rank names the rank. Every
+// them, on the rank's node's host when KVSpec.DataParallelHosts lists the
+// nodes of a multi-node replica; in bind mode the batch's
+// data_parallel_rank names the rank. Every
 // rule above applies per rank (each rank numbers its own batches), and the
 // provider's state is the union of the ranks' (internal/kvstate.Ranks): a
 // rank's clear removes only what no other rank holds. The provider is

@@ -3,6 +3,7 @@ package app
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -84,6 +85,81 @@ func TestRankEndpoint(t *testing.T) {
 			t.Errorf("RankEndpoint(%q, %d) = %q, %v; want %q (error %t)", ep, tc.rank, got, err, tc.want, tc.err)
 		}
 	}
+}
+
+// Ranks on several nodes: rank r on hosts[r / (ranks per host)], at the
+// port of its global rank.
+func TestRankEndpointsAcrossNodes(t *testing.T) {
+	kv := &KVSpec{Endpoint: "tcp://node-a:5557", ReplayEndpoint: "tcp://node-a:5600", Mode: ModeConnect,
+		DataParallelSize: 4, DataParallelHosts: []string{"node-a", "[fd00::2]"}}
+	want := [][2]string{
+		{"tcp://node-a:5557", "tcp://node-a:5600"}, {"tcp://node-a:5558", "tcp://node-a:5601"},
+		{"tcp://[fd00::2]:5559", "tcp://[fd00::2]:5602"}, {"tcp://[fd00::2]:5560", "tcp://[fd00::2]:5603"},
+	}
+	for r, w := range want {
+		ep, replay, err := kv.RankEndpoints(r)
+		if err != nil || ep != w[0] || replay != w[1] {
+			t.Errorf("rank %d: %q, %q, %v; want %q, %q", r, ep, replay, err, w[0], w[1])
+		}
+	}
+	p := Provider{Name: "p", KV: kv}
+	kv.Stale = time.Second
+	if err := p.validate(); err != nil {
+		t.Fatalf("valid spec refused: %v", err)
+	}
+	for _, bad := range []func(*KVSpec){
+		func(k *KVSpec) { k.Mode = ModeBind },
+		func(k *KVSpec) { k.DataParallelSize = 3 },
+		func(k *KVSpec) { k.DataParallelHosts = []string{"node-a", ""} },
+	} {
+		c := *kv
+		c.DataParallelHosts = slices.Clone(kv.DataParallelHosts)
+		bad(&c)
+		if err := (Provider{Name: "p", KV: &c}).validate(); err == nil {
+			t.Errorf("invalid spec accepted: %+v", c)
+		}
+	}
+	// Hosts are part of what a provider is: a change restarts its watch.
+	c := *kv
+	c.DataParallelHosts = []string{"node-a", "node-c"}
+	if p.Equal(Provider{Name: "p", KV: &c}) || !p.Equal(Provider{Name: "p", KV: kv}) {
+		t.Error("Equal ignores data_parallel_hosts")
+	}
+}
+
+// TestDataParallelConnectAcrossNodes: rank 1 runs on another node (here
+// another loopback address) at its global rank's port; the watcher dials it
+// there and merges its blocks with rank 0's.
+func TestDataParallelConnectAcrossNodes(t *testing.T) {
+	s := natstest.Start(t)
+	rank0, err := zmtptest.Listen("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rank0.Close)
+	_, port, _ := net.SplitHostPort(rank0.Endpoint()[len("tcp://"):])
+	p0, _ := strconv.Atoi(port)
+	rank1, err := zmtptest.Listen(fmt.Sprintf("tcp://127.0.0.2:%d", p0+1))
+	if err != nil {
+		t.Skipf("no second loopback address to stand for another node: %v", err)
+	}
+	t.Cleanup(rank1.Close)
+	p := kvProvider("p", rank0.Endpoint())
+	p.KV.DataParallelSize = 2
+	p.KV.DataParallelHosts = []string{"127.0.0.1", "127.0.0.2"}
+	startWatcher(t, natstest.Connect(t, s), StaticSource{p})
+	ix := newIndex(t, natstest.Connect(t, s), "p")
+	for _, pub := range []*zmtptest.Pub{rank0, rank1} {
+		if err := pub.WaitSubscribers(1, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := newChain("sim-model", 2, 16, 100), newChain("sim-model", 2, 16, 300)
+	send(t, rank0, frames(topic, 1, encodeRank(t, 0, a.stored(0, 2)))...)
+	send(t, rank1, frames(topic, 1, encodeRank(t, 1, b.stored(0, 2)))...)
+	eventually(t, "both nodes' ranks merged", func() bool {
+		return ix.Fresh("p") && ix.PrefixMatch("p", a.ids()) == 2 && ix.PrefixMatch("p", b.ids()) == 2
+	})
 }
 
 // TestDataParallelConnect: a provider of two ranks is two publishers on

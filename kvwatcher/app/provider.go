@@ -101,7 +101,7 @@ func newWorker(w *Watcher, p Provider, seq uint64) *worker {
 	if kv := p.KV; kv != nil {
 		k.state = kvstate.NewRanks(kv.Model, kv.MaxBlocks, kv.Ranks())
 		for r := range kv.Ranks() {
-			replay, _ := RankEndpoint(kv.ReplayEndpoint, r) // validated
+			_, replay, _ := kv.RankEndpoints(r) // validated
 			k.ranks = append(k.ranks, &rankStream{rank: r, replay: replay})
 		}
 	}
@@ -130,7 +130,7 @@ func (k *worker) run(ctx context.Context) {
 	}
 	if kv := k.spec.KV; kv != nil && kv.Mode == ModeConnect {
 		for r := range kv.Ranks() {
-			ep, _ := RankEndpoint(kv.Endpoint, r) // validated
+			ep, _, _ := kv.RankEndpoints(r) // validated
 			wg.Go(func() { k.dial(ctx, r, ep) })
 		}
 	}

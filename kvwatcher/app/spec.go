@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -65,10 +67,42 @@ type KVSpec struct {
 	// ReplayEndpoint's port + r ([RankEndpoint]); each rank has its own
 	// sequence, and the provider's blocks are the union of the ranks'.
 	DataParallelSize int
+	// DataParallelHosts, for ranks on several nodes (ModeConnect only),
+	// are the nodes' hosts in rank order, each running
+	// Ranks()/len(DataParallelHosts) consecutive ranks: rank r publishes
+	// and replays on its node's host, at the ports above. Empty: every
+	// rank on Endpoint's host.
+	DataParallelHosts []string
 }
 
 // Ranks returns the number of data-parallel ranks (at least 1).
 func (kv *KVSpec) Ranks() int { return max(kv.DataParallelSize, 1) }
+
+// RankEndpoints returns where data-parallel rank publishes and replays:
+// [RankEndpoint] of Endpoint and ReplayEndpoint, on the rank's node's host
+// when DataParallelHosts is set.
+func (kv *KVSpec) RankEndpoints(rank int) (endpoint, replay string, err error) {
+	if endpoint, err = RankEndpoint(kv.Endpoint, rank); err != nil {
+		return "", "", err
+	}
+	if replay, err = RankEndpoint(kv.ReplayEndpoint, rank); err != nil {
+		return "", "", err
+	}
+	if n := len(kv.DataParallelHosts); n > 0 {
+		host := kv.DataParallelHosts[min(rank/max(kv.Ranks()/n, 1), n-1)]
+		endpoint, replay = onHost(endpoint, host), onHost(replay, host)
+	}
+	return endpoint, replay, nil
+}
+
+// onHost returns the tcp:// endpoint with its host replaced by host (other
+// endpoints unchanged).
+func onHost(endpoint, host string) string {
+	if !strings.HasPrefix(endpoint, "tcp://") {
+		return endpoint
+	}
+	return "tcp://" + host + endpoint[strings.LastIndexByte(endpoint, ':'):]
+}
 
 // RankEndpoint returns the endpoint data-parallel rank uses when endpoint
 // is configured, as vLLM's ZmqEventPublisher.offset_endpoint_port computes
@@ -106,7 +140,14 @@ func (p Provider) Equal(o Provider) bool {
 	if p.Name != o.Name || (p.KV == nil) != (o.KV == nil) || (p.LM == nil) != (o.LM == nil) {
 		return false
 	}
-	return (p.KV == nil || *p.KV == *o.KV) && (p.LM == nil || *p.LM == *o.LM)
+	return (p.KV == nil || p.KV.equal(o.KV)) && (p.LM == nil || *p.LM == *o.LM)
+}
+
+func (kv *KVSpec) equal(o *KVSpec) bool {
+	a, b := *kv, *o
+	hostsEqual := slices.Equal(a.DataParallelHosts, b.DataParallelHosts)
+	a.DataParallelHosts, b.DataParallelHosts = nil, nil
+	return hostsEqual && reflect.DeepEqual(a, b)
 }
 
 func (p Provider) validate() error {
@@ -126,11 +167,12 @@ func (p Provider) validate() error {
 		if kv.DataParallelSize < 0 {
 			return fmt.Errorf("provider %q: kv_events.data_parallel_size must be >= 1", p.Name)
 		}
+		if n := len(kv.DataParallelHosts); n > 0 && (kv.Mode != ModeConnect || kv.Ranks()%n != 0 || slices.Contains(kv.DataParallelHosts, "")) {
+			return fmt.Errorf("provider %q: kv_events.data_parallel_hosts: want connect mode and non-empty hosts that each run the same number of the %d ranks", p.Name, kv.Ranks())
+		}
 		for r := 1; r < kv.Ranks(); r++ {
-			for _, ep := range []string{kv.Endpoint, kv.ReplayEndpoint} {
-				if _, err := RankEndpoint(ep, r); err != nil {
-					return fmt.Errorf("provider %q: kv_events: %w", p.Name, err)
-				}
+			if _, _, err := kv.RankEndpoints(r); err != nil {
+				return fmt.Errorf("provider %q: kv_events: %w", p.Name, err)
 			}
 		}
 	}
@@ -190,7 +232,7 @@ func FromConfig(c *config.Config) (providers []Provider, warnings []string) {
 			spec := &KVSpec{
 				Endpoint: kv.Endpoint, Topic: kv.Topic, Mode: DefaultMode(kv.Endpoint),
 				MaxBlocks: kv.MaxBlocks, Stale: time.Duration(kv.StaleSecs) * time.Second,
-				DataParallelSize: max(kv.DataParallelSize, 1),
+				DataParallelSize: max(kv.DataParallelSize, 1), DataParallelHosts: slices.Clone(kv.DataParallelHosts),
 			}
 			if kv.Mode != "" {
 				spec.Mode = Mode(kv.Mode)

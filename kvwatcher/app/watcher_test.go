@@ -235,6 +235,8 @@ kind = "openai_compatible"
 api_base = "http://127.0.0.1:8001"
 [providers.kv_events]
 endpoint = "tcp://vllm-a:5557"
+data_parallel_size = 4
+data_parallel_hosts = ["vllm-a", "vllm-a2"]
 
 [[providers]]
 name = "b"
@@ -265,7 +267,8 @@ targets = [{ provider = "a", model = "adapter-1" }]
 	got, warnings := FromConfig(cfg)
 	want := []Provider{
 		{Name: "a", KV: &KVSpec{Endpoint: "tcp://vllm-a:5557", Topic: config.DefaultKVTopic, Mode: ModeConnect, Model: "sim-model",
-			MaxBlocks: config.DefaultKVMaxBlocks, Stale: config.DefaultKVStaleSecs * time.Second, DataParallelSize: 1}},
+			MaxBlocks: config.DefaultKVMaxBlocks, Stale: config.DefaultKVStaleSecs * time.Second, DataParallelSize: 4,
+			DataParallelHosts: []string{"vllm-a", "vllm-a2"}}},
 		{Name: "b", KV: &KVSpec{Endpoint: "tcp://*:5557", Topic: "kv@b@llama", Mode: ModeBind, Model: "llama",
 			MaxBlocks: config.DefaultKVMaxBlocks, Stale: config.DefaultKVStaleSecs * time.Second, DataParallelSize: 1},
 			LM: &LMSpec{Endpoint: "http://127.0.0.1:9000/occupancy", Refresh: config.DefaultLMCacheRefresh * time.Second, Stale: config.DefaultLMCacheStaleSecs * time.Second}},

@@ -166,6 +166,14 @@ type KVEvents struct {
 	// publishes on Endpoint's port + r (and replays on ReplayEndpoint's
 	// port + r), as vLLM's ZmqEventPublisher does. Default 1.
 	DataParallelSize int `toml:"data_parallel_size"`
+	// DataParallelHosts, for a replica whose ranks run on several nodes
+	// (vLLM's --data-parallel-size-local on each), lists the nodes in rank
+	// order: each runs DataParallelSize / len(DataParallelHosts)
+	// consecutive ranks, and rank r publishes on its node's host at
+	// Endpoint's port + r (replays likewise). Connect mode only: in bind
+	// mode every rank connects to the watcher. Empty: every rank on
+	// Endpoint's host.
+	DataParallelHosts []string `toml:"data_parallel_hosts"`
 }
 
 // LMCache configures polling of the provider's LMCache occupancy signal.

@@ -3,6 +3,7 @@ package config_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -67,6 +68,10 @@ func TestDataParallelSize(t *testing.T) {
 		t.Errorf("data_parallel_size = %d, want 4", got)
 	}
 	compileDoc(t, kv("endpoint = \"tcp://*:5557\"\nmode = \"bind\"\ndata_parallel_size = 2\n"))
+	snap = compileDoc(t, kv("endpoint = \"tcp://node-a:5557\"\ndata_parallel_size = 4\ndata_parallel_hosts = [\"node-a\", \"10.0.0.2\"]\n"))
+	if got := snap.Providers[0].KVEvents.DataParallelHosts; !slices.Equal(got, []string{"node-a", "10.0.0.2"}) {
+		t.Errorf("data_parallel_hosts = %q", got)
+	}
 }
 
 func TestSignalWeights(t *testing.T) {
@@ -98,6 +103,14 @@ func TestKVParamsRejected(t *testing.T) {
 			`providers[0].kv_events.endpoint: with data_parallel_size 2 must be tcp://HOST:PORT`},
 		{"error: dp ports past 65535", minimal + "[providers.kv_events]\nendpoint = \"tcp://a:65535\"\ndata_parallel_size = 2\n",
 			`providers[0].kv_events.endpoint: with data_parallel_size 2 must be tcp://HOST:PORT with PORT in [1, 65534]`},
+		{"error: dp hosts do not divide the ranks", minimal + "[providers.kv_events]\nendpoint = \"tcp://a:5557\"\ndata_parallel_size = 3\ndata_parallel_hosts = [\"a\", \"b\"]\n",
+			`providers[0].kv_events.data_parallel_hosts: 2 hosts cannot each run the same number of data_parallel_size 3 ranks`},
+		{"error: dp hosts in bind mode", minimal + "[providers.kv_events]\nendpoint = \"tcp://*:5557\"\ndata_parallel_size = 2\ndata_parallel_hosts = [\"a\", \"b\"]\n",
+			`providers[0].kv_events.data_parallel_hosts: only applies in connect mode`},
+		{"error: dp host with a port", minimal + "[providers.kv_events]\nendpoint = \"tcp://a:5557\"\ndata_parallel_size = 2\ndata_parallel_hosts = [\"a\", \"b:5557\"]\n",
+			`providers[0].kv_events.data_parallel_hosts[1]: must be a host name or address (no port), got "b:5557"`},
+		{"error: empty dp host", minimal + "[providers.kv_events]\nendpoint = \"tcp://a:5557\"\ndata_parallel_size = 2\ndata_parallel_hosts = [\"\", \"b\"]\n",
+			`providers[0].kv_events.data_parallel_hosts[0]: must be a host name or address`},
 		{"error: dp replay over ipc", minimal + "[providers.kv_events]\nendpoint = \"tcp://a:5557\"\nreplay_endpoint = \"ipc:///tmp/r\"\ndata_parallel_size = 2\n",
 			`providers[0].kv_events.replay_endpoint: with data_parallel_size 2`},
 	}

@@ -2,7 +2,6 @@ package config
 
 import (
 	"crypto/hmac"
-
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,10 +9,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"rolter.dev/pkg/delivery"
-	"rolter.dev/pkg/usage"
+	"slices"
 	"strings"
 	"time"
+
+	"rolter.dev/pkg/delivery"
+	"rolter.dev/pkg/usage"
 )
 
 // Snapshot is a compiled, immutable configuration: secrets resolved, virtual
@@ -195,6 +196,7 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 		}
 		if p.KVEvents != nil {
 			kv := *p.KVEvents
+			kv.DataParallelHosts = slices.Clone(kv.DataParallelHosts)
 			cp.KVEvents = &kv
 		}
 		if p.LMCache != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"fmt"
+	"net"
 	"net/url"
 	"regexp"
 	"rolter.dev/pkg/delivery"
@@ -173,6 +174,20 @@ func validateProvider(v *validator, path string, p *Provider) {
 			for _, ep := range [][2]string{{"endpoint", kv.Endpoint}, {"replay_endpoint", kv.ReplayEndpoint}} {
 				if ep[1] != "" && !rankPorts(ep[1], n) {
 					v.add(kp+"."+ep[0], "with data_parallel_size %d must be tcp://HOST:PORT with PORT in [1, %d], got %q", n, 65536-n, ep[1])
+				}
+			}
+		}
+		if hosts := kv.DataParallelHosts; len(hosts) > 0 {
+			n := max(kv.DataParallelSize, 1)
+			switch {
+			case n%len(hosts) != 0:
+				v.add(kp+".data_parallel_hosts", "%d hosts cannot each run the same number of data_parallel_size %d ranks", len(hosts), n)
+			case kv.Mode == "bind" || (kv.Mode == "" && wildcardHost(kv.Endpoint)):
+				v.add(kp+".data_parallel_hosts", "only applies in connect mode (in bind mode every rank connects to the watcher)")
+			}
+			for i, h := range hosts {
+				if !hostOnly(h) {
+					v.add(fmt.Sprintf("%s.data_parallel_hosts[%d]", kp, i), "must be a host name or address (no port), got %q", h)
 				}
 			}
 		}
@@ -366,6 +381,31 @@ func redact(s string) string {
 		return s
 	}
 	return u.Redacted()
+}
+
+// hostOnly reports whether h is a host name, an IPv4 address or a
+// bracketed IPv6 address, without a port: what goes between tcp:// and
+// :PORT.
+func hostOnly(h string) bool {
+	if inner, ok := strings.CutPrefix(h, "["); ok {
+		inner, ok = strings.CutSuffix(inner, "]")
+		return ok && net.ParseIP(inner) != nil
+	}
+	return h != "" && !strings.ContainsAny(h, ":/@?#[] \t\r\n")
+}
+
+// wildcardHost reports whether endpoint is tcp:// on a wildcard host (*,
+// 0.0.0.0, ::), which a replica binds and a watcher then binds too.
+func wildcardHost(endpoint string) bool {
+	u, err := url.Parse(strings.Replace(endpoint, "://*:", "://0.0.0.0:", 1))
+	if err != nil || u.Scheme != "tcp" {
+		return false
+	}
+	switch u.Hostname() {
+	case "0.0.0.0", "::", "":
+		return true
+	}
+	return false
 }
 
 // rankPorts reports whether endpoint is tcp://HOST:PORT with ports PORT to
