@@ -259,12 +259,7 @@ func FromConfig(c *config.Config) (providers []Provider, warnings []string) {
 // DefaultMode returns ModeBind for an endpoint whose host is a wildcard and
 // ModeConnect otherwise (an ipc:// endpoint is dialled).
 func DefaultMode(endpoint string) Mode {
-	u, err := url.Parse(strings.Replace(endpoint, "://*:", "://0.0.0.0:", 1))
-	if err != nil || u.Scheme != "tcp" {
-		return ModeConnect
-	}
-	switch u.Hostname() {
-	case "0.0.0.0", "::", "":
+	if config.WildcardHost(endpoint) {
 		return ModeBind
 	}
 	return ModeConnect

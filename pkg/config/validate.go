@@ -182,7 +182,7 @@ func validateProvider(v *validator, path string, p *Provider) {
 			switch {
 			case n%len(hosts) != 0:
 				v.add(kp+".data_parallel_hosts", "%d hosts cannot each run the same number of data_parallel_size %d ranks", len(hosts), n)
-			case kv.Mode == "bind" || (kv.Mode == "" && wildcardHost(kv.Endpoint)):
+			case kv.Mode == "bind" || (kv.Mode == "" && WildcardHost(kv.Endpoint)):
 				v.add(kp+".data_parallel_hosts", "only applies in connect mode (in bind mode every rank connects to the watcher)")
 			}
 			for i, h := range hosts {
@@ -394,9 +394,11 @@ func hostOnly(h string) bool {
 	return h != "" && !strings.ContainsAny(h, ":/@?#[] \t\r\n")
 }
 
-// wildcardHost reports whether endpoint is tcp:// on a wildcard host (*,
-// 0.0.0.0, ::), which a replica binds and a watcher then binds too.
-func wildcardHost(endpoint string) bool {
+// WildcardHost reports whether endpoint is tcp:// on a wildcard host (*,
+// 0.0.0.0, ::): an endpoint a replica would bind, so a watcher given it binds
+// too ([providers.kv_events] mode's default is "bind" for it, else
+// "connect").
+func WildcardHost(endpoint string) bool {
 	u, err := url.Parse(strings.Replace(endpoint, "://*:", "://0.0.0.0:", 1))
 	if err != nil || u.Scheme != "tcp" {
 		return false
