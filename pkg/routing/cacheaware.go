@@ -56,7 +56,8 @@ import (
 // to whole chunks unless they cover the whole prompt), ties going to the
 // highest rendezvous score of the prompt's first chunk and the target, so
 // every proxy prefers the same of two copies of a prefix (see
-// sharing.preferred); the threshold still tests the exact match. The
+// sharing.preferred; when no target holds a whole chunk, the rule above);
+// the threshold still tests the exact match. The
 // proxy calls Observe on every attempt, before the upstream call, so
 // concurrent requests see the pick's cache effect at once.
 //

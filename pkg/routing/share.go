@@ -77,7 +77,9 @@ func (s *sharing) widen(prompt string, match []int, el Set) {
 // different proxies before they heard of one another) each proxy would keep
 // feeding its own copy, for as long as the prefix is used. On the grid the
 // copies tie, every proxy prefers the same one, and the other ages out. The
-// caller still tests its threshold on the exact match.
+// caller still tests its threshold on the exact match. When no target holds
+// a whole chunk, there is no copy to agree on (and less than a KV block in
+// common): the first greatest exact match wins, as without sharing.
 func (s *sharing) preferred(prompt string, match []int, el Set) int {
 	grid := func(m int) int {
 		if m < len(prompt) {
@@ -86,15 +88,21 @@ func (s *sharing) preferred(prompt string, match []int, el Set) int {
 		return m
 	}
 	key := xxh3.HashString(prompt[:min(len(prompt), chunkindex.ChunkBytes)])
-	best, bestGrid, bestScore := -1, 0, uint64(0)
+	best, bestGrid, bestScore, exact := -1, 0, uint64(0), -1
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
 			i := wi*64 + bitIndex(w)
+			if exact < 0 || match[i] > match[exact] {
+				exact = i
+			}
 			g, score := grid(match[i]), rendezvous(key, i)
 			if best < 0 || g > bestGrid || (g == bestGrid && score > bestScore) {
 				best, bestGrid, bestScore = i, g, score
 			}
 		}
+	}
+	if bestGrid == 0 {
+		return exact
 	}
 	return best
 }

@@ -166,3 +166,17 @@ func TestSharedAffinityConvergesAfterABurst(t *testing.T) {
 		t.Errorf("picks per target %v: every prefix prefers the same copy", preferred)
 	}
 }
+
+// A prompt shorter than a chunk (no copy to agree on) keeps cache_aware's
+// rule with sharing on: the greatest exact match wins when it clears the
+// threshold.
+func TestSharedAffinityShortPrompt(t *testing.T) {
+	const n = 4
+	b := newBalancer(t, routing.Spec{Strategy: routing.CacheAware, Share: func(int, string) {}}, n)
+	b.Observe(3, &routing.Context{Prompt: "hi there, how are you"})
+	for range 8 {
+		if got := b.Pick(&routing.Context{Prompt: "hi there, how are you doing"}, make([]int, n), routing.All(n)); got != 3 {
+			t.Fatalf("picked %d, want 3 (21 of 27 bytes match)", got)
+		}
+	}
+}
