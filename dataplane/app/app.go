@@ -8,9 +8,10 @@
 // [Start] returns once the listener is bound and the first config applied
 // (in control-plane mode: the cached snapshot, if any; until a snapshot
 // arrives the proxy answers 503 and /readyz fails).
-// Cancelling its context drains: /readyz turns 503, the listener closes,
-// in-flight requests and streams get up to DrainTimeout to finish, then the
-// background goroutines stop. [App.Wait] returns when all of that is done.
+// Cancelling its context drains: /readyz turns 503, requests keep being
+// accepted for DrainDelay (if any), the listener closes, in-flight requests
+// and streams get up to DrainTimeout to finish, then the background
+// goroutines stop. [App.Wait] returns when all of that is done.
 package app
 
 import (
@@ -52,8 +53,15 @@ type Options struct {
 	Listen string
 	// Logger receives the process's logs. Required.
 	Logger *slog.Logger
-	// DrainTimeout bounds how long in-flight requests may take after
-	// shutdown starts (default 30 s).
+	// DrainDelay is how long, once shutdown starts, the proxy keeps
+	// accepting and serving new requests while /readyz already answers 503,
+	// so that a load balancer polling readiness (or Kubernetes removing the
+	// pod's endpoint) stops sending before the listener closes. Responses
+	// in that time carry "Connection: close", moving keep-alive clients to
+	// another proxy. 0 (the default) closes the listener at once.
+	DrainDelay time.Duration
+	// DrainTimeout bounds how long in-flight requests may take after the
+	// listener closes (default 30 s).
 	DrainTimeout time.Duration
 	// NATSURL, when set, connects to NATS to follow the kvwatchers' KV-event
 	// and LMCache deltas (precise_cache_aware, lmcache_aware). NATS being
@@ -200,6 +208,10 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			return
 		}
 		p.SetDraining(true)
+		if opts.DrainDelay > 0 {
+			log.Info("draining: not ready, still accepting", "delay", opts.DrainDelay.String())
+			time.Sleep(opts.DrainDelay)
+		}
 		log.Info("draining", "timeout", opts.DrainTimeout.String())
 		sctx, cancel := context.WithTimeout(context.Background(), opts.DrainTimeout)
 		if err := srv.Shutdown(sctx); err != nil {

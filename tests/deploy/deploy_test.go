@@ -26,6 +26,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -647,6 +648,41 @@ func TestCompose(t *testing.T) {
 	} else {
 		checkMounted(t, "haproxy", lb, "/usr/local/etc/haproxy/haproxy.cfg")
 	}
+
+	// Drain: a proxy keeps serving after SIGTERM for longer than HAProxy
+	// takes to see its /readyz fail (inter × fall), and compose waits for
+	// the delay and the drain timeout before it kills the proxy. A refused
+	// connection is redispatched.
+	if !strings.Contains(hc, "option redispatch") {
+		t.Error("haproxy.cfg: no option redispatch")
+	}
+	chk := regexp.MustCompile(`default-server check inter (\S+) fall (\d+)`).FindStringSubmatch(hc)
+	if chk == nil {
+		t.Fatal("haproxy.cfg: no default-server check inter ... fall ...")
+	}
+	inter, err := time.ParseDuration(chk[1])
+	if err != nil {
+		t.Fatalf("haproxy.cfg: inter %q: %v", chk[1], err)
+	}
+	fall, _ := strconv.Atoi(chk[2])
+	for _, name := range proxies {
+		c := cs[name]
+		delay, timeout := time.Duration(0), 30*time.Second // rolter-proxy's defaults
+		for k, d := range map[string]*time.Duration{"drain-delay": &delay, "drain-timeout": &timeout} {
+			if v, ok := c.vals[k]; ok {
+				if *d, err = time.ParseDuration(v); err != nil {
+					t.Errorf("%s: --%s: %v", c.where, k, err)
+				}
+			}
+		}
+		if detect := inter * time.Duration(fall); delay <= detect {
+			t.Errorf("%s: --drain-delay %v does not outlast HAProxy's %v to notice a failing /readyz", c.where, delay, detect)
+		}
+		grace, err := time.ParseDuration(fmt.Sprint(cf.services[name]["stop_grace_period"]))
+		if err != nil || grace < delay+timeout {
+			t.Errorf("%s: stop_grace_period %v (%v) < --drain-delay %v + --drain-timeout %v", c.where, cf.services[name]["stop_grace_period"], err, delay, timeout)
+		}
+	}
 }
 
 // checkFollower checks a node following control planes (a proxy or a
@@ -1114,17 +1150,33 @@ func checkK8sFile(t *testing.T, path string) {
 	}
 }
 
-// checkProxyDeployment checks the drain settings of the proxies.
+// checkProxyDeployment checks the drain settings of the proxies: a drain
+// delay that keeps the pod serving while its endpoint removal spreads, and a
+// grace period covering the delay, the drain timeout and any preStop sleep.
 func checkProxyDeployment(t *testing.T, o object, spec map[string]any) {
-	grace := atoi(spec["terminationGracePeriodSeconds"])
+	grace := time.Duration(atoi(spec["terminationGracePeriodSeconds"])) * time.Second
 	c := m(l(spec["containers"])[0])
-	pre := atoi(m(m(m(c["lifecycle"])["preStop"])["sleep"])["seconds"])
-	if pre == 0 {
-		t.Errorf("%s: the proxy needs a preStop sleep", o.file)
+	pre := time.Duration(atoi(m(m(m(c["lifecycle"])["preStop"])["sleep"])["seconds"])) * time.Second
+	delay, timeout := time.Duration(0), 30*time.Second // rolter-proxy's defaults
+	for _, a := range l(c["args"]) {
+		k, v, _ := strings.Cut(fmt.Sprint(a), "=")
+		d, err := time.ParseDuration(v)
+		switch {
+		case k != "--drain-delay" && k != "--drain-timeout":
+			continue
+		case err != nil:
+			t.Errorf("%s: %s: %v", o.file, a, err)
+		case k == "--drain-delay":
+			delay = d
+		default:
+			timeout = d
+		}
 	}
-	// The proxy drains for up to 30 s after SIGTERM (docs/operations.md).
-	if grace < pre+30 {
-		t.Errorf("%s: terminationGracePeriodSeconds %d < preStop %d + 30 s drain", o.file, grace, pre)
+	if pre+delay < 2*time.Second {
+		t.Errorf("%s: the proxy stops accepting %v after SIGTERM (preStop %v, --drain-delay %v): too soon for the endpoint removal to spread", o.file, pre+delay, pre, delay)
+	}
+	if grace < pre+delay+timeout {
+		t.Errorf("%s: terminationGracePeriodSeconds %v < preStop %v + --drain-delay %v + --drain-timeout %v", o.file, grace, pre, delay, timeout)
 	}
 	if m(c["readinessProbe"]) == nil || m(c["livenessProbe"]) == nil {
 		t.Errorf("%s: the proxy needs readiness and liveness probes", o.file)

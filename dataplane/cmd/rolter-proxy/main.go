@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"rolter.dev/dataplane/app"
 	"rolter.dev/pkg/fleet"
@@ -34,7 +35,13 @@ func main() {
 	share := flag.Bool("share", true, "with --nats: share routing observations and in-flight counts with the other proxies of the fleet")
 	shareFlush := flag.Duration("share-flush", fleet.DefaultFlushInterval, "with --share: how often batched routing observations are published")
 	shareGroup := flag.String("share-group", "default", "with --share: the fleet's name; proxies share state only within one group")
+	drainDelay := flag.Duration("drain-delay", 0, "on SIGTERM: answer /readyz with 503 but keep accepting requests this long (longer than your load balancer takes to notice), then close the listener")
+	drainTimeout := flag.Duration("drain-timeout", 30*time.Second, "on SIGTERM: how long in-flight requests and streams may take once the listener is closed")
 	flag.Parse()
+	if *drainDelay < 0 || *drainTimeout <= 0 {
+		fmt.Fprintln(os.Stderr, "rolter-proxy: --drain-delay must be >= 0 and --drain-timeout > 0")
+		os.Exit(2)
+	}
 
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -42,7 +49,8 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	opts := app.Options{ConfigPath: *configPath, Listen: *listen, Logger: log, NATSURL: *natsURL, NoShare: !*share, ShareGroup: *shareGroup, ShareFlush: *shareFlush}
+	opts := app.Options{ConfigPath: *configPath, Listen: *listen, Logger: log, NATSURL: *natsURL, NoShare: !*share, ShareGroup: *shareGroup, ShareFlush: *shareFlush,
+		DrainDelay: *drainDelay, DrainTimeout: *drainTimeout}
 	if *cpAddrs != "" {
 		cp, err := controlPlaneOptions(*cpAddrs, *token, *tokenFile, cpTLS, *pepperFile)
 		if err != nil {

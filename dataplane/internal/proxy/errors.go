@@ -38,7 +38,6 @@ var (
 	errNoTarget         = apiError{http.StatusServiceUnavailable, "no_target", "api_error", "overloaded_error"}
 	errUpstream         = apiError{http.StatusBadGateway, "upstream_error", "api_error", "api_error"}
 	errUpstreamTimeout  = apiError{http.StatusGatewayTimeout, "upstream_timeout", "api_error", "api_error"}
-	errDraining         = apiError{http.StatusServiceUnavailable, "draining", "api_error", "overloaded_error"}
 )
 
 type openAIErrorBody struct {

@@ -217,7 +217,9 @@ func (p *Proxy) Close() error {
 }
 
 // SetDraining makes /readyz fail so load balancers stop sending traffic,
-// while requests still being sent are served.
+// while requests still being sent are served, with "Connection: close" so
+// that keep-alive clients reconnect (through the balancer, to a proxy that
+// is not draining).
 func (p *Proxy) SetDraining(v bool) { p.draining.Store(v) }
 
 // endpoint describes one API path.
@@ -259,6 +261,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write([]byte("ready\n"))
 		}
 		return
+	}
+	if p.draining.Load() {
+		w.Header().Set("Connection", "close")
+	}
+	switch r.URL.Path {
 	case "/v1/models":
 		w.Header().Set("X-Request-Id", requestID(r))
 		if r.Method != http.MethodGet {

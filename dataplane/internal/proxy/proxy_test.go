@@ -444,6 +444,18 @@ func TestModelsAndProbes(t *testing.T) {
 		t.Fatalf("readyz while draining = %d", resp.StatusCode)
 	}
 	resp.Body.Close()
+	// While draining, requests are still served, each closing its
+	// keep-alive connection so the client reconnects elsewhere.
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 || !resp.Close {
+		t.Fatalf("a request while draining: %v (close %v), %v", resp.Status, resp.Close, err)
+	}
+	resp.Body.Close()
+	p.SetDraining(false)
+	if resp, err = http.DefaultClient.Do(req); err != nil || resp.Close {
+		t.Fatalf("not draining: connection close %v, %v", resp.Close, err)
+	}
+	resp.Body.Close()
 }
 
 func waitFor(t *testing.T, cond func() bool) {
