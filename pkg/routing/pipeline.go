@@ -78,7 +78,7 @@ func newPipeline(weights []int, p params, s *sharing) *pipeline {
 		pl.sharing = s
 	}
 	if pl.w[scorerSessionAffinity] > 0 {
-		pl.sessions = newSessionTable()
+		pl.sessions = newSessionTable(p.now)
 	}
 	return pl
 }

@@ -106,6 +106,29 @@ func TestPipelineSessionTTL(t *testing.T) {
 	})
 }
 
+// With Spec.Now the session TTL runs on the caller's clock (the simulator's
+// virtual one), not the process's.
+func TestPipelineSessionClock(t *testing.T) {
+	var now time.Duration
+	b := newBalancer(t, routing.Spec{Strategy: routing.Pipeline, Now: func() time.Duration { return now }}, 4)
+	ctx := &routing.Context{SessionKey: "conversation-1"}
+	b.Observe(2, ctx)
+	now = routing.SessionTTL - time.Nanosecond
+	for range 20 {
+		if got := b.Pick(ctx, nil, routing.All(4)); got != 2 {
+			t.Fatalf("within the TTL on the given clock: Pick = %d, want 2", got)
+		}
+	}
+	now = routing.SessionTTL
+	seen := map[int]bool{}
+	for range 200 {
+		seen[b.Pick(ctx, nil, routing.All(4))] = true
+	}
+	if len(seen) < 4 {
+		t.Fatalf("the given clock passed the TTL, picks still favour a target: %v", seen)
+	}
+}
+
 func TestPipelineTrieStats(t *testing.T) {
 	b := newBalancer(t, routing.Spec{Strategy: routing.Pipeline, MaxTrieNodes: 10}, 2)
 	b.Observe(1, &routing.Context{Prompt: "0123456789"})

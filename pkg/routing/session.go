@@ -25,7 +25,7 @@ const sessionShards = 16
 // and when. At the cap, remembering a new key forgets an arbitrary one in its
 // shard (Go's map iteration order), as the reference does.
 type sessionTable struct {
-	epoch    time.Time // monotonic base of sessionEntry.at
+	now      func() time.Duration // Spec.Now, or time since the table was built
 	perShard int
 	shards   [sessionShards]sessionShard
 }
@@ -37,11 +37,15 @@ type sessionShard struct {
 
 type sessionEntry struct {
 	target int
-	at     time.Duration // since epoch
+	at     time.Duration // t.now() when recorded
 }
 
-func newSessionTable() *sessionTable {
-	t := &sessionTable{epoch: time.Now(), perShard: SessionCap / sessionShards}
+func newSessionTable(now func() time.Duration) *sessionTable {
+	if now == nil {
+		epoch := time.Now()
+		now = func() time.Duration { return time.Since(epoch) }
+	}
+	t := &sessionTable{now: now, perShard: SessionCap / sessionShards}
 	for i := range t.shards {
 		t.shards[i].m = make(map[string]sessionEntry)
 	}
@@ -58,7 +62,7 @@ func (t *sessionTable) lookup(key string) (int, bool) {
 	sh.mu.RLock()
 	e, ok := sh.m[key]
 	sh.mu.RUnlock()
-	if !ok || time.Since(t.epoch)-e.at >= SessionTTL {
+	if !ok || t.now()-e.at >= SessionTTL {
 		return -1, false
 	}
 	return e.target, true
@@ -66,7 +70,7 @@ func (t *sessionTable) lookup(key string) (int, bool) {
 
 // record remembers that target served key now.
 func (t *sessionTable) record(key string, target int) {
-	now := time.Since(t.epoch)
+	now := t.now()
 	sh := t.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

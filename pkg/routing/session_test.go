@@ -6,7 +6,7 @@ import (
 )
 
 func TestSessionTableCap(t *testing.T) {
-	st := newSessionTable()
+	st := newSessionTable(nil)
 	for i := range SessionCap + 5000 {
 		st.record(fmt.Sprintf("session-%d", i), i%7)
 	}

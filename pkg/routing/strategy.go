@@ -105,6 +105,11 @@ type Spec struct {
 	// concurrent use as the balancer's callers need; the routing simulator
 	// passes a seeded single-goroutine source so that runs reproduce.
 	IntN func(n int) int
+	// Now, when set, is the clock the pipeline's session_affinity scorer
+	// measures SessionTTL on: any monotonic reading (only differences
+	// count). Nil means the process's monotonic clock. The routing
+	// simulator passes its virtual clock.
+	Now func() time.Duration
 }
 
 // params are a Spec's per-route parameters with defaults applied.
@@ -115,6 +120,7 @@ type params struct {
 	maxNodes   int
 	scorers    [numScorers]float64
 	intn       func(n int) int
+	now        func() time.Duration // Spec.Now; nil: the monotonic clock
 }
 
 // params applies defaults and rejects values no route can mean: negative or
@@ -126,6 +132,7 @@ func (s *Spec) params() (params, error) {
 		balanceRel: cmp.Or(s.BalanceRel, DefaultBalanceRel),
 		maxNodes:   cmp.Or(s.MaxTrieNodes, DefaultMaxTrieNodes),
 		intn:       s.IntN,
+		now:        s.Now,
 	}
 	if p.intn == nil {
 		p.intn = rand.IntN

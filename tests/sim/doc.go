@@ -71,6 +71,6 @@
 // A run is a pure function of its Config (seed included), workload and
 // strategy: pkg/routing's random draws (random, power_of_two, the tie breaks
 // of the scoring strategies) come from routing.Spec.IntN, a PCG seeded from
-// the seed and the proxy's index. (pipeline's session table expires entries
-// on the wall clock after 300 s, longer than any run.)
+// the seed and the proxy's index, and their timers (the pipeline's session
+// TTL) run on the virtual clock (routing.Spec.Now).
 package sim

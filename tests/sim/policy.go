@@ -78,6 +78,9 @@ type Env struct {
 	// Share, when set, is the proxy's fleet route's Record (Config.Share):
 	// rolter's balancers publish their prefix observations through it.
 	Share func(target int, prompt string)
+	// Now is the run's virtual clock, for the balancers' own timers
+	// (routing.Spec.Now: the pipeline's session TTL).
+	Now func() time.Duration
 }
 
 // Strategy names a policy and builds one instance per proxy.
@@ -198,6 +201,7 @@ func ParseStrategy(s string) (Strategy, error) {
 	st.New = func(env Env) (Policy, error) {
 		sp := spec
 		sp.Share = env.Share
+		sp.Now = env.Now
 		// Seeded draws (random, power_of_two, tie breaks), so runs reproduce.
 		sp.IntN = rand.New(rand.NewPCG(env.Seed, Key(uint64(len(base)), uint64(base[0])))).IntN
 		sp.Weights = make([]int, env.Replicas)

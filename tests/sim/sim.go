@@ -262,7 +262,7 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 	r.cfg.ShareLoadInterval = cmp.Or(r.cfg.ShareLoadInterval, fleet.DefaultLoadInterval)
 	events := false
 	for p := range cfg.Proxies {
-		env := Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, Seed: Key(cfg.Seed, uint64(p))}
+		env := Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, Seed: Key(cfg.Seed, uint64(p)), Now: func() time.Duration { return r.now }}
 		if r.shareEnabled() {
 			r.newShareNode(p, &env)
 		}
