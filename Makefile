@@ -88,10 +88,16 @@ fmt: ## gofmt every module
 tidy: ## go mod tidy every module
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done
 
+.PHONY: lint
+lint: ## staticcheck every module (the version pinned in tools/go.mod)
+	@mkdir -p $(BIN)/tools
+	cd tools && $(GO) build -o ../$(BIN)/tools/ honnef.co/go/tools/cmd/staticcheck
+	@set -e; for m in $(MODULES); do (cd $$m && ../$(BIN)/tools/staticcheck ./...); done
+
 .PHONY: verify
-verify: ## Fail if code is unformatted, untidy or fails vet
+verify: ## Fail if code is unformatted, untidy, or fails vet or staticcheck
 	@test -z "$$(gofmt -l $(MODULES))" || (gofmt -l $(MODULES); echo "run make fmt"; exit 1)
-	@$(MAKE) --no-print-directory tidy vet
+	@$(MAKE) --no-print-directory tidy vet lint
 	@git diff --exit-code -- '*.mod' '*.sum' || (echo "go.mod/go.sum untidy: run make tidy"; exit 1)
 
 .PHONY: clean

@@ -57,7 +57,6 @@ type set [MaxTargets / 64]uint64
 
 func (s *set) add(i int)          { s[i>>6] |= 1 << (uint(i) & 63) }
 func (s *set) remove(i int)       { s[i>>6] &^= 1 << (uint(i) & 63) }
-func (s *set) has(i int) bool     { return s[i>>6]&(1<<(uint(i)&63)) != 0 }
 func (s *set) empty() bool        { return *s == set{} }
 func (s *set) and(o *set) (r set) { return set{s[0] & o[0], s[1] & o[1], s[2] & o[2], s[3] & o[3]} }
 

@@ -70,7 +70,7 @@ func newSanitizer(t *testing.T) *sanitizer {
 		broken := s.broken
 		s.mu.Unlock()
 		if broken || in.RestorationToken != "tok-"+in.RequestID {
-			http.Error(w, "bad token", 403)
+			http.Error(w, "bad token", http.StatusForbidden)
 			return
 		}
 		out := delivery.RestoreReply{}

@@ -284,7 +284,7 @@ func TestSnapshotSpans(t *testing.T) {
 		}
 		out := map[attribute.Key]string{"status": s.Status.Code.String()}
 		for _, kv := range s.Attributes {
-			out[kv.Key] = kv.Value.Emit()
+			out[kv.Key] = kv.Value.String()
 		}
 		return out
 	}

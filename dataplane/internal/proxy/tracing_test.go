@@ -57,7 +57,7 @@ func TestTracingSpanTreeAndPropagation(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, kv := range spans["route.select"].Attributes() {
-		attrs[string(kv.Key)] = kv.Value.Emit()
+		attrs[string(kv.Key)] = kv.Value.String()
 	}
 	if attrs["rolter.strategy"] != "least_load" || attrs["rolter.provider"] != "p0" || attrs["rolter.decision"] != "picked" {
 		t.Fatalf("route.select attributes %v", attrs)

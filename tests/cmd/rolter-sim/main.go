@@ -350,15 +350,14 @@ func formatDecisions(d map[string]uint64) string {
 
 // progress draws a bar on stderr.
 type progress struct {
-	w      io.Writer
-	on     bool
-	total  int
-	done   int
-	label  string
-	last   time.Time
-	drawn  bool
-	width  int
-	format string
+	w     io.Writer
+	on    bool
+	total int
+	done  int
+	label string
+	last  time.Time
+	drawn bool
+	width int
 }
 
 func newProgress(w io.Writer, on bool, total int) *progress {
