@@ -52,12 +52,15 @@ import (
 // Sharing (Spec.Share): match[i] in step 1 is the larger of the tree's match
 // and the shared chunk index's (what peers sent to target i, at 64-byte
 // granularity), and Observe also records the prompt there and publishes the
-// new hashes. best is then chosen on the chunk grid (matches rounded down
-// to whole chunks unless they cover the whole prompt), ties going to the
-// highest rendezvous score of the prompt's first chunk and the target, so
-// every proxy prefers the same of two copies of a prefix (see
-// sharing.preferred; when no target holds a whole chunk, the rule above);
-// the threshold still tests the exact match. The
+// new hashes. Step 1 then compares matches on the chunk grid (rounded down
+// to whole chunks unless they cover the whole prompt): the targets tied for
+// the greatest are tried in the order of a rendezvous hash of the prompt's
+// first chunk and the target, and the first that clears the threshold (on
+// its exact match) and is not overloaded wins; only when all are overloaded
+// does the pick spill. So every proxy prefers the same of two copies of a
+// prefix, and a hot prefix held by several targets spreads over them before
+// it spills to a cold one (see sharing.preferred; when no target holds a
+// whole chunk, the rule above). The
 // proxy calls Observe on every attempt, before the upstream call, so
 // concurrent requests see the pick's cache effect at once.
 //
@@ -121,14 +124,15 @@ func (c *cacheAware) Pick(ctx *Context, loads []int, eligible Set) int {
 	known := len(loads) == c.n
 	spill := false
 	if ctx != nil && ctx.Prompt != "" {
-		var buf [MaxTargets]int
+		var buf, cbuf [MaxTargets]int
 		match := buf[:c.n]
 		c.tree.Match(ctx.Prompt, match)
-		c.sharing.widen(ctx.Prompt, match, el)
-		best := -1
+		candidates := cbuf[:0]
 		if c.sharing != nil {
-			best = c.sharing.preferred(ctx.Prompt, match, el)
+			c.sharing.widen(ctx.Prompt, match, el)
+			candidates = c.sharing.preferred(ctx.Prompt, match, el, candidates)
 		} else {
+			best := -1
 			for wi, w := range el.w {
 				for ; w != 0; w &= w - 1 {
 					if i := wi*64 + bitIndex(w); best < 0 || match[i] > match[best] {
@@ -136,13 +140,12 @@ func (c *cacheAware) Pick(ctx *Context, loads []int, eligible Set) int {
 					}
 				}
 			}
+			candidates = append(candidates, best)
 		}
-		if float64(match[best])/float64(len(ctx.Prompt)) >= c.threshold {
-			if !known || !c.overloaded(loads[best], loads[leastLoaded(el, loads)]) {
-				c.decisions[decAffinityHit].Add(1)
-				return best
-			}
-			spill = true
+		var target int
+		if target, spill = c.affinity(len(ctx.Prompt), match, candidates, loads, el); target >= 0 {
+			c.decisions[decAffinityHit].Add(1)
+			return target
 		}
 	}
 	if known {
@@ -168,6 +171,30 @@ func (c *cacheAware) Pick(ctx *Context, loads []int, eligible Set) int {
 	}
 	c.decisions[decCold].Add(1)
 	return rotate(el, c.n, c.rr.Add(1)-1)
+}
+
+// affinity returns the first of candidates (in order of preference) whose
+// match clears the threshold and that is not overloaded, or -1 and whether
+// one cleared the threshold but all such were overloaded (a spill).
+func (c *cacheAware) affinity(promptLen int, match, candidates, loads []int, el Set) (target int, spill bool) {
+	known := len(loads) == c.n
+	minLoad := -1
+	for _, i := range candidates {
+		if float64(match[i])/float64(promptLen) < c.threshold {
+			continue
+		}
+		if !known {
+			return i, false
+		}
+		if minLoad < 0 {
+			minLoad = loads[leastLoaded(el, loads)]
+		}
+		if !c.overloaded(loads[i], minLoad) {
+			return i, false
+		}
+		spill = true
+	}
+	return -1, spill
 }
 
 // overloaded reports whether a load is past both balance margins of min.

@@ -65,46 +65,64 @@ func (s *sharing) widen(prompt string, match []int, el Set) {
 	}
 }
 
-// preferred returns the member of el with the greatest match on the shared
-// index's grid (whole chunks, or the whole prompt), and among equal ones the
-// same at every proxy: the highest rendezvous score of the prompt's first
-// chunk and the target, so that different prefixes prefer different
-// targets.
+// preferred appends to dst the members of el tied for the greatest match on
+// the shared index's grid (whole chunks, or the whole prompt), in the same
+// order at every proxy: the highest rendezvous score of the prompt's first
+// chunk and the target first, so that different prefixes prefer different
+// targets. When no target holds a whole chunk, there is no copy to agree on
+// (and less than a KV block in common): it appends the first greatest exact
+// match alone, as without sharing.
 //
 // Why the grid: the tree's byte precision lets this proxy's own placement
 // outbid a peer's copy of the same prefix by the bytes past the last whole
 // chunk, so after a burst placed a prefix on two targets (requests reaching
 // different proxies before they heard of one another) each proxy would keep
 // feeding its own copy, for as long as the prefix is used. On the grid the
-// copies tie, every proxy prefers the same one, and the other ages out. The
-// caller still tests its threshold on the exact match. When no target holds
-// a whole chunk, there is no copy to agree on (and less than a KV block in
-// common): the first greatest exact match wins, as without sharing.
-func (s *sharing) preferred(prompt string, match []int, el Set) int {
+// copies tie, every proxy prefers the same one, and the other ages out.
+// Why an order and not a winner: a hot prefix that several targets hold
+// (a shared system prompt the load guard spread) is then spread over them,
+// in the same order by every proxy, before the pick spills to a target
+// without it (consistent hashing with bounded loads).
+func (s *sharing) preferred(prompt string, match []int, el Set, dst []int) []int {
 	grid := func(m int) int {
 		if m < len(prompt) {
 			return m - m%chunkindex.ChunkBytes
 		}
 		return m
 	}
-	key := xxh3.HashString(prompt[:min(len(prompt), chunkindex.ChunkBytes)])
-	best, bestGrid, bestScore, exact := -1, 0, uint64(0), -1
+	bestGrid, exact := 0, -1
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
 			i := wi*64 + bitIndex(w)
 			if exact < 0 || match[i] > match[exact] {
 				exact = i
 			}
-			g, score := grid(match[i]), rendezvous(key, i)
-			if best < 0 || g > bestGrid || (g == bestGrid && score > bestScore) {
-				best, bestGrid, bestScore = i, g, score
-			}
+			bestGrid = max(bestGrid, grid(match[i]))
 		}
 	}
 	if bestGrid == 0 {
-		return exact
+		return append(dst, exact)
 	}
-	return best
+	key := xxh3.HashString(prompt[:min(len(prompt), chunkindex.ChunkBytes)])
+	var scores [MaxTargets]uint64
+	start := len(dst)
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			i := wi*64 + bitIndex(w)
+			if grid(match[i]) != bestGrid {
+				continue
+			}
+			// Insert by descending score (the tied are a few targets).
+			sc := rendezvous(key, i)
+			j := len(dst)
+			dst = append(dst, i)
+			for ; j > start && scores[j-start-1] < sc; j-- {
+				dst[j], scores[j-start] = dst[j-1], scores[j-start-1]
+			}
+			dst[j], scores[j-start] = i, sc
+		}
+	}
+	return dst
 }
 
 // rendezvous mixes a key and a target index into a score (splitmix64's

@@ -180,3 +180,34 @@ func TestSharedAffinityShortPrompt(t *testing.T) {
 		}
 	}
 }
+
+// A prefix two targets hold: every pick prefers the same one, and when the
+// load guard finds it overloaded the pick goes to the other holder, not to
+// a least-loaded target without the prefix (only when every holder is
+// overloaded does it spill).
+func TestSharedAffinitySpreadsOverHolders(t *testing.T) {
+	const n = 4
+	b := newBalancer(t, routing.Spec{Strategy: routing.CacheAware, Share: func(int, string) {}}, n)
+	ctx := &routing.Context{Prompt: systemPrompt + question(0)}
+	b.Observe(1, ctx)
+	b.Observe(2, ctx)
+	next := &routing.Context{Prompt: systemPrompt + question(1)}
+	first := b.Pick(next, make([]int, n), routing.All(n))
+	if first != 1 && first != 2 {
+		t.Fatalf("picked %d, want a holder (1 or 2)", first)
+	}
+	other := 3 - first
+	loads := make([]int, n)
+	loads[first] = 10
+	if got := b.Pick(next, loads, routing.All(n)); got != other {
+		t.Fatalf("preferred holder %d overloaded: picked %d, want the other holder %d", first, got, other)
+	}
+	loads[other] = 10
+	if got := b.Pick(next, loads, routing.All(n)); got != 0 && got != 3 {
+		t.Fatalf("both holders overloaded: picked %d, want a spill to 0 or 3", got)
+	}
+	d := b.(routing.DecisionCounter).Decisions()
+	if d[routing.DecisionAffinityHit] != 2 || d[routing.DecisionLoadSpill] != 1 {
+		t.Errorf("decisions %v: want 2 affinity hits and 1 spill", d)
+	}
+}

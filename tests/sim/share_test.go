@@ -13,11 +13,9 @@ func TestSharingProxiesRouteAsOne(t *testing.T) {
 	// Clients starting over a second, and all in the same instant: then
 	// requests of one new prefix reach several proxies before any hears
 	// of the others, a prefix lands on several replicas, and the proxies
-	// must agree on one copy afterwards (sharing.preferred in pkg/routing).
-	// The early duplicates cost this short run (eight requests a prefix)
-	// some hits for good: 0.93 of one proxy's, 0.87 before the proxies
-	// agreed on a copy.
-	for ramp, ratio := range map[time.Duration]float64{time.Second: 0.95, 0: 0.9} {
+	// must agree on one copy afterwards (sharing.preferred in pkg/routing;
+	// before they did, this run reached 0.87 of one proxy's hit rate).
+	for _, ramp := range []time.Duration{time.Second, 0} {
 		one := preciseConfig()
 		one.Ramp = ramp
 		four := one
@@ -30,7 +28,7 @@ func TestSharingProxiesRouteAsOne(t *testing.T) {
 			if !rs.Shared || r4.Shared {
 				t.Fatalf("%s: Shared = %v with sharing, %v without", name, rs.Shared, r4.Shared)
 			}
-			if rs.HitRate < ratio*r1.HitRate || rs.HitRate < r4.HitRate+0.1 {
+			if rs.HitRate < 0.95*r1.HitRate || rs.HitRate < r4.HitRate+0.1 {
 				t.Errorf("%s, ramp %v: sharing proxies hit %.3f; one proxy %.3f, independent ones %.3f", name, ramp, rs.HitRate, r1.HitRate, r4.HitRate)
 			}
 			if rs.LoadImbalance > 1.25 {
