@@ -124,13 +124,18 @@ func (c *cacheAware) Pick(ctx *Context, loads []int, eligible Set) int {
 	known := len(loads) == c.n
 	spill := false
 	if ctx != nil && ctx.Prompt != "" {
-		var buf, cbuf [MaxTargets]int
+		var buf [MaxTargets]int
 		match := buf[:c.n]
 		c.tree.Match(ctx.Prompt, match)
-		candidates := cbuf[:0]
 		if c.sharing != nil {
+			var cbuf [MaxTargets]uint8
 			c.sharing.widen(ctx.Prompt, match, el)
-			candidates = c.sharing.preferred(ctx.Prompt, match, el, candidates)
+			candidates := c.sharing.preferred(ctx.Prompt, match, el, cbuf[:0])
+			var target int
+			if target, spill = c.affinity(len(ctx.Prompt), match, candidates, loads, el); target >= 0 {
+				c.decisions[decAffinityHit].Add(1)
+				return target
+			}
 		} else {
 			best := -1
 			for wi, w := range el.w {
@@ -140,12 +145,13 @@ func (c *cacheAware) Pick(ctx *Context, loads []int, eligible Set) int {
 					}
 				}
 			}
-			candidates = append(candidates, best)
-		}
-		var target int
-		if target, spill = c.affinity(len(ctx.Prompt), match, candidates, loads, el); target >= 0 {
-			c.decisions[decAffinityHit].Add(1)
-			return target
+			if float64(match[best])/float64(len(ctx.Prompt)) >= c.threshold {
+				if !known || !c.overloaded(loads[best], loads[leastLoaded(el, loads)]) {
+					c.decisions[decAffinityHit].Add(1)
+					return best
+				}
+				spill = true
+			}
 		}
 	}
 	if known {
@@ -173,13 +179,15 @@ func (c *cacheAware) Pick(ctx *Context, loads []int, eligible Set) int {
 	return rotate(el, c.n, c.rr.Add(1)-1)
 }
 
-// affinity returns the first of candidates (in order of preference) whose
-// match clears the threshold and that is not overloaded, or -1 and whether
-// one cleared the threshold but all such were overloaded (a spill).
-func (c *cacheAware) affinity(promptLen int, match, candidates, loads []int, el Set) (target int, spill bool) {
+// affinity returns the first of candidates (target indexes in order of
+// preference, with sharing) whose match clears the threshold and that is not
+// overloaded, or -1 and whether one cleared the threshold but all such were
+// overloaded (a spill). Without sharing step 1 has one candidate, inline.
+func (c *cacheAware) affinity(promptLen int, match []int, candidates []uint8, loads []int, el Set) (target int, spill bool) {
 	known := len(loads) == c.n
 	minLoad := -1
-	for _, i := range candidates {
+	for _, u := range candidates {
+		i := int(u)
 		if float64(match[i])/float64(promptLen) < c.threshold {
 			continue
 		}

@@ -65,6 +65,9 @@ func (s *sharing) widen(prompt string, match []int, el Set) {
 	}
 }
 
+// Candidate lists hold target indexes as bytes: they are < MaxTargets.
+const _ = uint8(MaxTargets - 1)
+
 // preferred appends to dst the members of el tied for the greatest match on
 // the shared index's grid (whole chunks, or the whole prompt), in the same
 // order at every proxy: the highest rendezvous score of the prompt's first
@@ -83,7 +86,7 @@ func (s *sharing) widen(prompt string, match []int, el Set) {
 // (a shared system prompt the load guard spread) is then spread over them,
 // in the same order by every proxy, before the pick spills to a target
 // without it (consistent hashing with bounded loads).
-func (s *sharing) preferred(prompt string, match []int, el Set, dst []int) []int {
+func (s *sharing) preferred(prompt string, match []int, el Set, dst []uint8) []uint8 {
 	grid := func(m int) int {
 		if m < len(prompt) {
 			return m - m%chunkindex.ChunkBytes
@@ -101,10 +104,9 @@ func (s *sharing) preferred(prompt string, match []int, el Set, dst []int) []int
 		}
 	}
 	if bestGrid == 0 {
-		return append(dst, exact)
+		return append(dst, uint8(exact))
 	}
 	key := xxh3.HashString(prompt[:min(len(prompt), chunkindex.ChunkBytes)])
-	var scores [MaxTargets]uint64
 	start := len(dst)
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
@@ -112,14 +114,15 @@ func (s *sharing) preferred(prompt string, match []int, el Set, dst []int) []int
 			if grid(match[i]) != bestGrid {
 				continue
 			}
-			// Insert by descending score (the tied are a few targets).
+			// Insert by descending score (the tied are a few targets;
+			// a score costs a few multiplications to recompute).
 			sc := rendezvous(key, i)
 			j := len(dst)
-			dst = append(dst, i)
-			for ; j > start && scores[j-start-1] < sc; j-- {
-				dst[j], scores[j-start] = dst[j-1], scores[j-start-1]
+			dst = append(dst, uint8(i))
+			for ; j > start && rendezvous(key, int(dst[j-1])) < sc; j-- {
+				dst[j] = dst[j-1]
 			}
-			dst[j], scores[j-start] = i, sc
+			dst[j] = uint8(i)
 		}
 	}
 	return dst
