@@ -28,6 +28,10 @@ func TestProxiesShareAffinity(t *testing.T) {
 		proxies int
 		share   bool
 	}{{"one proxy", 1, false}, {"three independent", 3, false}, {"three sharing", 3, true}}
+	const (
+		published = `rolter_fleet_published_total{unit="batches"}`
+		received  = `rolter_fleet_received_total{unit="batches"}`
+	)
 	hit := map[string]float64{}
 	for _, run := range runs {
 		var rs []*replica
@@ -53,6 +57,7 @@ func TestProxiesShareAffinity(t *testing.T) {
 			}
 		}
 		rng := rand.New(rand.NewPCG(11, 11))
+		pub := map[string]float64{} // batches each sharing proxy has published
 		for i := range 360 {
 			g := rng.IntN(12)
 			u := urls[rng.IntN(len(urls))] // the L4 spreader
@@ -64,6 +69,7 @@ func TestProxiesShareAffinity(t *testing.T) {
 				},
 				"max_tokens": 1,
 			})
+			before := pub[u]
 			resp, err := http.Post(u+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 			if err != nil {
 				t.Fatal(err)
@@ -71,6 +77,32 @@ func TestProxiesShareAffinity(t *testing.T) {
 			resp.Body.Close()
 			if resp.StatusCode != 200 {
 				t.Fatalf("%s request %d: status %d", run.name, i, resp.StatusCode)
+			}
+			if run.share {
+				// The next request goes out once the peers have folded
+				// this one's observations (every question is new text,
+				// so its flush publishes a batch): what traffic slower
+				// than the 2 ms flush sees. How arrivals faster than
+				// the messages fare is the simulator's part
+				// (docs/routing.md). Without this wait a loaded machine
+				// decides the result.
+				poll := func(what string, done func() bool) {
+					for deadline := time.Now().Add(20 * time.Second); !done(); time.Sleep(time.Millisecond) {
+						if time.Now().After(deadline) {
+							t.Fatalf("request %d: %s", i, what)
+						}
+					}
+				}
+				poll("no batch published", func() bool { pub[u] = metric(t, u, published); return pub[u] > before })
+				for _, v := range urls {
+					var want float64 // every batch its peers published
+					for w, n := range pub {
+						if w != v {
+							want += n
+						}
+					}
+					poll("a peer did not fold the batch", func() bool { return metric(t, v, received) >= want })
+				}
 			}
 		}
 		if run.share {
