@@ -3,7 +3,6 @@ package app_test
 import (
 	"context"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -38,19 +37,11 @@ func TestMetricsDocumented(t *testing.T) {
 			t.Errorf("control plane: %v", err)
 		}
 	}()
-	gathered, err := reg.Gather()
+	_, problems, err := metricsdoc.Compare(rec, reg, filepath.Join("..", "..", "docs", "metrics.md"), "rolter-controlplane")
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "metrics.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	documented, err := metricsdoc.Documented(string(doc), "rolter-controlplane")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range metricsdoc.Check(rec.Families(gathered), documented) {
+	for _, p := range problems {
 		t.Errorf("docs/metrics.md: %s", p)
 	}
 }

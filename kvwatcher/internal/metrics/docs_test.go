@@ -1,7 +1,6 @@
 package metrics_test
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -22,19 +21,11 @@ func TestMetricsDocumented(t *testing.T) {
 	if _, err := metrics.New(rec); err != nil {
 		t.Fatal(err)
 	}
-	gathered, err := reg.Gather()
+	_, problems, err := metricsdoc.Compare(rec, reg, filepath.Join("..", "..", "..", "docs", "metrics.md"), "rolter-kvwatcher")
 	if err != nil {
 		t.Fatal(err)
 	}
-	page, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "metrics.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	documented, err := metricsdoc.Documented(string(page), "rolter-kvwatcher")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range metricsdoc.Check(rec.Families(gathered), documented) {
+	for _, p := range problems {
 		t.Errorf("docs/metrics.md: %s", p)
 	}
 }

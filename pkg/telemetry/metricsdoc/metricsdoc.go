@@ -7,6 +7,7 @@ package metricsdoc
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 	"slices"
 	"sort"
@@ -200,6 +201,26 @@ func Check(registered, documented []Family) []string {
 		}
 	}
 	return problems
+}
+
+// Compare gathers g, reads the metrics reference at page (docs/metrics.md)
+// and returns the families r recorded and [Check]'s differences between
+// them and binary's section: what each binary's test asserts is empty.
+func Compare(r *Recorder, g prometheus.Gatherer, page, binary string) (registered []Family, problems []string, err error) {
+	gathered, err := g.Gather()
+	if err != nil {
+		return nil, nil, err
+	}
+	doc, err := os.ReadFile(page)
+	if err != nil {
+		return nil, nil, err
+	}
+	documented, err := Documented(string(doc), binary)
+	if err != nil {
+		return nil, nil, err
+	}
+	registered = r.Families(gathered)
+	return registered, Check(registered, documented), nil
 }
 
 func sorted(s []string) []string {
