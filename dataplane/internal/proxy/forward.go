@@ -56,9 +56,9 @@ type exchange struct {
 	assigned string // the assigned variant ("" for a plain route): the cache's
 	variant  string // the variant of the last attempt (x-rolter-variant)
 	attempts int
-	status      int
-	provider    string
-	ttft        time.Duration
+	status   int
+	provider string
+	ttft     time.Duration
 }
 
 // poolState is one pool's share of an exchange.
