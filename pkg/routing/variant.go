@@ -54,3 +54,17 @@ func unitHash(key, name string) float64 {
 	h := xxh3.HashStringSeed(name, xxh3.HashString(key))
 	return (float64(h>>11) + 0.5) / (1 << 53)
 }
+
+// AssignmentKey is the key a request's variant ranking is sticky on: its
+// session (x-session-id) when it has one, else its virtual key's id, else
+// its own request id (a new assignment per request). The kinds are kept
+// apart, so a session named like a key does not share its assignment.
+func AssignmentKey(session, keyID, requestID string) string {
+	switch {
+	case session != "":
+		return "session\x1f" + session
+	case keyID != "":
+		return "key\x1f" + keyID
+	}
+	return "request\x1f" + requestID
+}

@@ -35,15 +35,11 @@ func (p *Proxy) assign(x *exchange, r *http.Request) (*apiError, string) {
 		e := errInvalidRequest
 		return &e, fmt.Sprintf("model %q has no variant %q", rte.cfg.Model, pin)
 	}
-	key := r.Header.Get(affinity.SessionHeader)
-	switch {
-	case key != "":
-		key = "session\x1f" + key
-	case x.key != nil:
-		key = "key\x1f" + x.key.ID
-	default:
-		key = "request\x1f" + x.id
+	keyID := ""
+	if x.key != nil {
+		keyID = x.key.ID
 	}
+	key := routing.AssignmentKey(r.Header.Get(affinity.SessionHeader), keyID, x.id)
 	var buf [8]int
 	order := routing.RankVariants(buf[:0], key, rte.names, rte.weights)
 	x.pools = make([]poolState, len(order))

@@ -46,7 +46,7 @@ func sessionRankedFirst(t *testing.T, want string, names []string, weights []int
 	t.Helper()
 	for i := range 100_000 {
 		id := fmt.Sprintf("s-%d", i)
-		if r := routing.RankVariants(nil, "session\x1f"+id, names, weights); len(r) > 0 && names[r[0]] == want {
+		if r := routing.RankVariants(nil, routing.AssignmentKey(id, "", ""), names, weights); len(r) > 0 && names[r[0]] == want {
 			return id
 		}
 	}

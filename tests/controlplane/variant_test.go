@@ -1,0 +1,167 @@
+package controlplane_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"rolter.dev/pkg/routing"
+	pb "rolter.dev/proto/rolter/controlplane/v1"
+)
+
+func canaryDoc(stable, canary string, ws, wc int) string {
+	return fmt.Sprintf(`
+[[providers]]
+name = "stable"
+kind = "openai_compatible"
+api_base = %q
+
+[[providers]]
+name = "canary"
+kind = "openai_compatible"
+api_base = %q
+
+[accounting]
+sink = "none"
+
+[[routes]]
+model = "m"
+
+[[routes.variants]]
+name = "stable"
+weight = %d
+targets = [{ provider = "stable" }]
+
+[[routes.variants]]
+name = "canary"
+weight = %d
+targets = [{ provider = "canary" }]
+`, stable, canary, ws, wc)
+}
+
+// variantReply is one answer of the load: which session asked, which
+// variant the proxy named and which upstream answered.
+type variantReply struct {
+	session, variant, from string
+	status                 int
+	done                   time.Time
+}
+
+// TestCanaryWeightChangeUnderLoad: a proxy follows a control plane; a
+// canary's weight goes from 10 to 50 with the admin API's Apply (what
+// `rolterctl apply -f` sends) while requests flow. No request fails; every
+// answer comes from the variant its session is assigned under the old or
+// the new weights, and within a second of the apply every answer follows
+// the new ones.
+func TestCanaryWeightChangeUnderLoad(t *testing.T) {
+	etcd := startEtcd(t)
+	cp := startControlPlane(t, etcd, "cp1")
+	p := startProxy(t, filepath.Join(t.TempDir(), "p.json"), pepper, cp)
+	us, uc := upstream(t, "stable"), upstream(t, "canary")
+	names := []string{"stable", "canary"}
+	assigned := func(session string, weights []int) string {
+		return names[routing.RankVariants(nil, routing.AssignmentKey(session, "", ""), names, weights)[0]]
+	}
+
+	if _, err := cp.admin(t).Apply(ctx(t), &pb.ApplyRequest{ConfigToml: canaryDoc(us, uc, 90, 10)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*converge, "route m served", serves(p, "m", "", "stable"))
+
+	const sessions = 500
+	var (
+		mu      sync.Mutex
+		replies []variantReply
+		stop    atomic.Bool
+		wg      sync.WaitGroup
+	)
+	client := &http.Client{Timeout: 10 * time.Second}
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; !stop.Load(); i += 4 {
+				session := fmt.Sprintf("user-%d", i%sessions)
+				req, _ := http.NewRequest(http.MethodPost, p.url+"/v1/chat/completions",
+					strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Session-Id", session)
+				rep := variantReply{session: session}
+				resp, err := client.Do(req)
+				if err == nil {
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					rep.status, rep.variant, rep.from = resp.StatusCode, resp.Header.Get("X-Rolter-Variant"), string(b)
+				} else {
+					rep.from = err.Error()
+				}
+				rep.done = time.Now()
+				mu.Lock()
+				replies = append(replies, rep)
+				mu.Unlock()
+			}
+		}()
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(replies) }
+	eventually(t, 10*time.Second, "load running", func() error {
+		if n := count(); n < 2*sessions {
+			return fmt.Errorf("%d replies", n)
+		}
+		return nil
+	})
+
+	if _, err := cp.admin(t).Apply(ctx(t), &pb.ApplyRequest{ConfigToml: canaryDoc(us, uc, 50, 50)}); err != nil {
+		t.Fatal(err)
+	}
+	applied := time.Now()
+	// Followed: the last 200 answers, all sent after the apply, went where
+	// the new weights send their sessions.
+	eventually(t, converge, "the split follows the new weights", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(replies) < 200 || !replies[len(replies)-200].done.After(applied) {
+			return fmt.Errorf("fewer than 200 answers since the apply")
+		}
+		for _, r := range replies[len(replies)-200:] {
+			if r.variant != assigned(r.session, []int{50, 50}) {
+				return fmt.Errorf("an answer %v after the apply still follows the old weights", r.done.Sub(applied))
+			}
+		}
+		return nil
+	})
+	stop.Store(true)
+	wg.Wait()
+
+	moved, canary, after := 0, 0, 0
+	for _, r := range replies {
+		if r.status != http.StatusOK {
+			t.Fatalf("a request failed during the change: %d %s", r.status, r.from)
+		}
+		old, cur := assigned(r.session, []int{90, 10}), assigned(r.session, []int{50, 50})
+		if r.variant != old && r.variant != cur {
+			t.Fatalf("session %s answered by %s, assigned %s before and %s after", r.session, r.variant, old, cur)
+		}
+		if !strings.Contains(r.from, "from "+r.variant) {
+			t.Fatalf("x-rolter-variant %s but the answer is %s", r.variant, r.from)
+		}
+		if r.done.After(applied) {
+			after++
+			if r.variant == "canary" {
+				canary++
+			}
+		}
+	}
+	for i := range sessions {
+		s := fmt.Sprintf("user-%d", i)
+		if assigned(s, []int{90, 10}) != assigned(s, []int{50, 50}) {
+			moved++
+		}
+	}
+	t.Logf("%d requests, %d after the apply (%.2f canary); %d of %d sessions moved", len(replies), after, float64(canary)/float64(max(after, 1)), moved, sessions)
+}
