@@ -261,7 +261,7 @@ func ParseVariants(s string) ([]VariantSpec, error) {
 			if isRange {
 				b, err2 = strconv.Atoi(hi)
 			}
-			if err1 != nil || err2 != nil || b < a {
+			if err1 != nil || err2 != nil || b < a || a < 0 || b-a >= routing.MaxTargets {
 				return nil, fmt.Errorf("variant %q: bad replicas %q", name, rg)
 			}
 			for r := a; r <= b; r++ {

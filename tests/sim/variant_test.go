@@ -63,3 +63,23 @@ func TestParseVariantsErrors(t *testing.T) {
 		t.Error("a replica outside the fleet accepted")
 	}
 }
+
+// FuzzParseVariants: the --variants flag never panics, and what it accepts
+// names a replica range it can build (or Variants refuses it).
+func FuzzParseVariants(f *testing.F) {
+	for _, s := range []string{"stable=90:cache_aware@0-5,canary=10:least_load@6+7", "a=1:random@0", "a=1:random@0-99999999999", "a=-1:x@", "=@", "a=1:cache_aware:threshold=0.3@0-1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		specs, err := ParseVariants(s)
+		if err != nil {
+			return
+		}
+		for _, v := range specs {
+			if v.Name == "" || len(v.Replicas) == 0 || v.Strategy.New == nil {
+				t.Fatalf("%q parsed into %+v", s, v)
+			}
+		}
+		_, _, _ = Variants(specs, 8)
+	})
+}
