@@ -1,10 +1,16 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"math"
 	"net/http"
+	"os"
+	"strings"
+	"sync"
 	"testing"
 
 	"rolter.dev/pkg/config"
@@ -324,4 +330,71 @@ func TestVariantBalancersKeptAcrossWeightChange(t *testing.T) {
 	if again[0].balancer != before[0].balancer || again[1].balancer == before[1].balancer {
 		t.Error("changing the canary's targets must rebuild its balancer only")
 	}
+}
+
+// TestVariantObservability: the variant that answered is in the metrics'
+// variant label (empty for a plain route), the usage row and the access log.
+func TestVariantObservability(t *testing.T) {
+	a, b := newUpstream(t, "a"), newUpstream(t, "b")
+	usagePath := t.TempDir() + "/usage.jsonl"
+	doc := providers(a, b) + strings.Replace(variantRoute(1, 1, "allow_variant_pin = true"), "sink = \"none\"", fmt.Sprintf("sink = \"file\"\npath = %q", usagePath), 1) +
+		"[[routes]]\nmodel = \"plain\"\ntargets = [{ provider = \"p0\" }]\n"
+	cfg, err := config.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := config.Compile(cfg, config.CompileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	p := New(Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err := p.Apply(snap); err != nil {
+		t.Fatal(err)
+	}
+	url := newServer(t, p)
+	post(t, url+"/v1/chat/completions", "", chat, "X-Rolter-Variant", "canary")
+	post(t, url+"/v1/chat/completions", "", `{"model":"plain"}`)
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`rolter_requests_total{code="200",endpoint="/v1/chat/completions",model="m",variant="canary"} 1`,
+		`rolter_requests_total{code="200",endpoint="/v1/chat/completions",model="plain",variant=""} 1`,
+		`rolter_request_ttft_seconds_count{model="m",variant="canary"} 1`,
+	} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if !strings.Contains(logs.String(), `"variant":"canary"`) {
+		t.Errorf("access log lacks the variant:\n%s", logs.String())
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := os.ReadFile(usagePath)
+	if !strings.Contains(string(rows), `"variant":"canary"`) || strings.Count(string(rows), `"variant"`) != 1 {
+		t.Errorf("usage rows:\n%s", rows)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
