@@ -7,15 +7,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"rolter.dev/pkg/usage"
 )
@@ -143,7 +148,12 @@ func TestResponseCutAfterItStarted(t *testing.T) {
 					die := make(chan struct{})
 					up := breakingUpstream(t, d, stream, die)
 					acct, usagePath := accountingFile(t)
-					p := New(Options{})
+					spans := tracetest.NewSpanRecorder()
+					var logs syncBuffer
+					p := New(Options{
+						TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+						Logger:         slog.New(slog.NewJSONHandler(&logs, nil)),
+					})
 					applyDoc(t, p, acct+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
 					url, client := serveProxy(t, p, h2)
 
@@ -205,6 +215,18 @@ func TestResponseCutAfterItStarted(t *testing.T) {
 					waitFor(t, func() bool {
 						return testutil.ToFloat64(p.metrics.InFlight) == 0 && p.rt.Load().routes["m"].targets[0].state.InFlight() == 0
 					})
+					var span sdktrace.ReadOnlySpan
+					for _, s := range spans.Ended() {
+						if s.Name() == "rolter.request" {
+							span = s
+						}
+					}
+					if span == nil || span.Status().Code != codes.Error || !hasAttr(span, "rolter.error", "upstream_error") {
+						t.Fatalf("request span %v", span)
+					}
+					if l := logs.String(); !strings.Contains(l, `"msg":"request"`) || !strings.Contains(l, `"status":502`) || !strings.Contains(l, `"error":"upstream_error"`) {
+						t.Fatalf("access log %s", l)
+					}
 				})
 			}
 		}
@@ -363,4 +385,32 @@ func TestCutStreamIsNeverCached(t *testing.T) {
 	if s := p.rt.Load().cache.cache.Stats(); s.Stores != 0 || s.Incomplete != 2 {
 		t.Fatalf("cache stats %+v, want no store and 2 incomplete", s)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's and the test's
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func hasAttr(s sdktrace.ReadOnlySpan, key, value string) bool {
+	for _, kv := range s.Attributes() {
+		if string(kv.Key) == key && kv.Value.AsString() == value {
+			return true
+		}
+	}
+	return false
 }
