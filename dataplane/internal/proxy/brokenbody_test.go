@@ -86,10 +86,11 @@ func breakingUpstream(t *testing.T, d dialectCase, stream bool, die <-chan struc
 	return u
 }
 
-// accountingFile adds a file accounting sink to a config.
+// accountingFile starts a config: open to clients without a key, with a
+// file accounting sink; it returns the config and the file.
 func accountingFile(t *testing.T) (string, string) {
 	path := filepath.Join(t.TempDir(), "usage.jsonl")
-	return fmt.Sprintf("[accounting]\nsink = \"file\"\npath = %q\n", path), path
+	return fmt.Sprintf("[server]\nrequire_auth = false\n[accounting]\nsink = \"file\"\npath = %q\n", path), path
 }
 
 // usageRows waits for n usage rows and returns them.
@@ -357,7 +358,7 @@ func TestCutStreamIsNeverCached(t *testing.T) {
 	die := make(chan struct{})
 	up := breakingUpstream(t, d, true, die)
 	p := New(Options{})
-	applyDoc(t, p, "[cache]\nenabled = true\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n[routes.cache]\nttl_secs = 600\n")
+	applyDoc(t, p, "[server]\nrequire_auth = false\n[cache]\nenabled = true\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n[routes.cache]\nttl_secs = 600\n")
 	url := newServer(t, p)
 	for i := range 2 {
 		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+d.path, strings.NewReader(d.body(true)))
