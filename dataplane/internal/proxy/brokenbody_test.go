@@ -38,6 +38,7 @@ type dialectCase struct {
 	firstSSE  string // a first complete event
 	firstJSON string // the first bytes of a JSON body
 	errEvent  string // how the error event the proxy adds begins
+	terminal  string // the event that ends a stream
 }
 
 var dialects = []dialectCase{
@@ -47,6 +48,7 @@ var dialects = []dialectCase{
 		firstSSE:  "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n",
 		firstJSON: `{"id":"c","choices":[`,
 		errEvent:  `data: {"error":{"message":"the upstream broke off`,
+		terminal:  "data: [DONE]\n\n",
 	},
 	{
 		name: "anthropic", path: "/v1/messages",
@@ -54,6 +56,7 @@ var dialects = []dialectCase{
 		firstSSE:  "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
 		firstJSON: `{"id":"c","type":"message","content":[`,
 		errEvent:  "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the upstream broke off",
+		terminal:  "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
 	},
 }
 
@@ -414,4 +417,37 @@ func hasAttr(s sdktrace.ReadOnlySpan, key, value string) bool {
 		}
 	}
 	return false
+}
+
+// TestStreamBrokenAfterItsTerminalEventIsComplete: an upstream that breaks
+// off after the stream's terminal event ([DONE], message_stop) lost nothing
+// of the answer: the client's stream ends cleanly and the request is a 200.
+func TestStreamBrokenAfterItsTerminalEventIsComplete(t *testing.T) {
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			up := newUpstream(t, "up")
+			up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, d.firstSSE+d.terminal)
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler)
+			}
+			acct, usagePath := accountingFile(t)
+			p := New(Options{})
+			applyDoc(t, p, acct+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, newServer(t, p)+d.path, strings.NewReader(d.body(true)))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil || string(body) != d.firstSSE+d.terminal {
+				t.Fatalf("body %q, %v; want the whole stream, ended cleanly", body, err)
+			}
+			if r := usageRows(t, usagePath, 1)[0]; r.Status != 200 || r.Error != "" {
+				t.Fatalf("usage row %+v", r)
+			}
+		})
+	}
 }

@@ -127,6 +127,9 @@ func (u *usageTap) write(b []byte) {
 	}
 }
 
+// done reports whether a stream's terminal event was relayed.
+func (u *usageTap) done() bool { return u.sse != nil && u.sse.Done() }
+
 func (u *usageTap) result() usage.Usage {
 	if u.sse != nil {
 		return u.sse.End()

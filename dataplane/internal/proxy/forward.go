@@ -691,7 +691,9 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 		if rerr == nil {
 			continue
 		}
-		if eof {
+		if eof || started && tap.done() {
+			// After a stream's terminal event the answer is whole: an
+			// upstream that breaks off then has lost nothing of it.
 			end(nil)
 			return relayDone, nil
 		}
