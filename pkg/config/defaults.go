@@ -9,6 +9,12 @@ import (
 const (
 	DefaultListen           = ":8080"
 	DefaultMaxBodyBytes     = 32 << 20
+	// DefaultBodyReadTimeoutSecs gives a client 30 s to send its body: a
+	// full 32 MiB body then needs about 1.1 MB/s.
+	DefaultBodyReadTimeoutSecs = 30
+	// DefaultMaxDiscardBytes is twice DefaultMaxBodyBytes: a client over
+	// the limit is usually not far over it.
+	DefaultMaxDiscardBytes = 64 << 20
 	DefaultMetricsPath      = "/metrics"
 	DefaultAnthropicVersion = "2023-06-01"
 	DefaultKVTopic          = "kv-events"
@@ -46,9 +52,12 @@ const (
 func Default() Config {
 	return Config{
 		Server: Server{
-			Listen:       DefaultListen,
-			MaxBodyBytes: DefaultMaxBodyBytes,
-			MetricsPath:  DefaultMetricsPath,
+			Listen:              DefaultListen,
+			MaxBodyBytes:        DefaultMaxBodyBytes,
+			BodyReadTimeoutSecs: DefaultBodyReadTimeoutSecs,
+			MaxDiscardBytes:     DefaultMaxDiscardBytes,
+			RequireAuth:         true,
+			MetricsPath:         DefaultMetricsPath,
 		},
 		Retry:    Retry{MaxRetries: 2, BaseBackoffMS: 100, MaxBackoffMS: 2000},
 		Cooldown: Cooldown{BaseSecs: 5, MaxSecs: 300},
