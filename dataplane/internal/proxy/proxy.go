@@ -275,6 +275,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		p.serveModels(w, r)
 		return
+	case countTokensPath:
+		w.Header().Set("X-Request-Id", requestID(r))
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			writeError(w, dialectAnthropic, errMethodNotAllowed, "use POST "+countTokensPath)
+			return
+		}
+		p.serveCountTokens(w, r)
+		return
+	}
+	if id, ok := strings.CutPrefix(r.URL.Path, "/v1/models/"); ok && id != "" {
+		w.Header().Set("X-Request-Id", requestID(r))
+		if r.Method != http.MethodGet {
+			w.Header().Set("Allow", http.MethodGet)
+			writeError(w, dialectOpenAI, errMethodNotAllowed, "use GET /v1/models/{model}")
+			return
+		}
+		p.serveModel(w, r, id)
+		return
 	}
 	rt := p.rt.Load()
 	if rt != nil && r.URL.Path == rt.snap.Server.MetricsPath || rt == nil && r.URL.Path == config.DefaultMetricsPath {
