@@ -8,8 +8,13 @@ import (
 	pb "rolter.dev/proto/rolter/controlplane/v1"
 )
 
+// openAuth opens a config that has no keys (server.require_auth defaults
+// to true); the tests that send no key rely on it.
+const openAuth = "[server]\nrequire_auth = false\n"
+
+// twoProviders opens with openAuth: append no [server] table to it.
 func twoProviders(a, b string) string {
-	return fmt.Sprintf(`
+	return openAuth + fmt.Sprintf(`
 [[providers]]
 name = "a"
 kind = "openai_compatible"
