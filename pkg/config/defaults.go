@@ -9,12 +9,6 @@ import (
 const (
 	DefaultListen           = ":8080"
 	DefaultMaxBodyBytes     = 32 << 20
-	// DefaultBodyReadTimeoutSecs gives a client 30 s to send its body: a
-	// full 32 MiB body then needs about 1.1 MB/s.
-	DefaultBodyReadTimeoutSecs = 30
-	// DefaultMaxDiscardBytes is twice DefaultMaxBodyBytes: a client over
-	// the limit is usually not far over it.
-	DefaultMaxDiscardBytes = 64 << 20
 	DefaultMetricsPath      = "/metrics"
 	DefaultAnthropicVersion = "2023-06-01"
 	DefaultKVTopic          = "kv-events"
@@ -44,6 +38,16 @@ const (
 	// stale_ms.
 	MinEngineLoadIntervalMS = 50
 	MaxEngineLoadMS         = 3_600_000
+)
+
+// server.body_read_timeout_secs and server.max_discard_bytes.
+const (
+	// DefaultBodyReadTimeoutSecs gives a client 30 s to send its body: a
+	// full 32 MiB body then needs about 1.1 MB/s.
+	DefaultBodyReadTimeoutSecs = 30
+	// DefaultMaxDiscardBytes is twice DefaultMaxBodyBytes: a client over
+	// the limit is usually not far over it.
+	DefaultMaxDiscardBytes = 64 << 20
 )
 
 // Default returns a Config holding every section default. [Parse] decodes
