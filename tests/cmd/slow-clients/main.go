@@ -14,10 +14,12 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -26,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"rolter.dev/dataplane/app"
@@ -65,7 +68,7 @@ func main() {
 	var opened atomic.Int32
 	for i := range *conns {
 		wg.Go(func() {
-			results[i] = trickleOne(addr, i%2 == 1, *every, start, time.Duration(*bodyTimeout+10)*time.Second, &opened)
+			results[i] = trickleOne(addr, i%2 == 1, *every, time.Duration(*bodyTimeout+10)*time.Second, &opened)
 		})
 	}
 	for opened.Load() < int32(*conns) && time.Since(start) < 30*time.Second {
@@ -75,6 +78,8 @@ func main() {
 	held := measure(proxy, *concurrency, *duration)
 	fmt.Printf("while held: %s\n", held)
 	wg.Wait()
+	after := measure(proxy, *concurrency, *duration)
+	fmt.Printf("after they are gone: %s\n", after)
 
 	summarize(results)
 }
@@ -82,14 +87,14 @@ func main() {
 type trickle struct {
 	err      error
 	status   int
-	answered time.Duration // since the trickle phase started
+	answered time.Duration // since the connection sent its headers
 	closed   time.Duration
 }
 
 // trickleOne sends the headers of a 1000-byte body, then one byte every
 // `every`, reading the answer concurrently; it stops at the close or after
 // giveUp.
-func trickleOne(addr string, withKey bool, every time.Duration, start time.Time, giveUp time.Duration, opened *atomic.Int32) trickle {
+func trickleOne(addr string, withKey bool, every time.Duration, giveUp time.Duration, opened *atomic.Int32) trickle {
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		opened.Add(1)
@@ -106,6 +111,7 @@ func trickleOne(addr string, withKey bool, every time.Duration, start time.Time,
 	if err != nil {
 		return trickle{err: err}
 	}
+	sent := time.Now()
 	done := make(chan struct{})
 	go func() { // owned: ends when the connection closes (the deferred Close at the latest)
 		t := time.NewTicker(every)
@@ -129,11 +135,12 @@ func trickleOne(addr string, withKey bool, every time.Duration, start time.Time,
 		r.err = err
 		return r
 	}
-	r.status, r.answered = resp.StatusCode, time.Since(start)
+	r.status, r.answered = resp.StatusCode, time.Since(sent)
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if _, err := br.ReadByte(); err == io.EOF {
-		r.closed = time.Since(start)
+	// A close with trickled bytes still unread arrives as a reset.
+	if _, err := br.ReadByte(); err == io.EOF || errors.Is(err, syscall.ECONNRESET) {
+		r.closed = time.Since(sent)
 	} else {
 		r.err = fmt.Errorf("after the answer: %v", err)
 	}
@@ -142,7 +149,8 @@ func trickleOne(addr string, withKey bool, every time.Duration, start time.Time,
 
 func summarize(rs []trickle) {
 	byStatus := map[int]int{}
-	var answered, closed []time.Duration
+	answered := map[int][]time.Duration{}
+	var closed []time.Duration
 	errs := map[string]int{}
 	for _, r := range rs {
 		if r.err != nil {
@@ -154,14 +162,16 @@ func summarize(rs []trickle) {
 		}
 		if r.status != 0 {
 			byStatus[r.status]++
-			answered = append(answered, r.answered)
+			answered[r.status] = append(answered[r.status], r.answered)
 		}
 		if r.closed != 0 {
 			closed = append(closed, r.closed)
 		}
 	}
 	fmt.Printf("trickling connections: answers %v, errors %v\n", byStatus, errs)
-	fmt.Printf("  answered after (p50/max): %s / %s\n", pct(answered, 50), pct(answered, 100))
+	for _, st := range slices.Sorted(maps.Keys(answered)) {
+		fmt.Printf("  %d answered after (p50/max): %s / %s\n", st, pct(answered[st], 50), pct(answered[st], 100))
+	}
 	fmt.Printf("  closed by the proxy after (p50/max): %s / %s (%d of %d)\n", pct(closed, 50), pct(closed, 100), len(closed), len(rs))
 }
 
