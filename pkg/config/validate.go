@@ -152,7 +152,7 @@ func validateListen(v *validator, path, addr string) {
 // whole documents and on edits that would remove the last route.
 func (c *Config) CheckRoutes() error {
 	if len(c.Routes) == 0 {
-		return &FieldError{Path: "routes", Msg: "no routes: every request would get 404; add at least one [[routes]] table (an empty or truncated file is refused, the running config is kept)"}
+		return &FieldError{Path: "routes", Msg: "no routes: every request would get 404; add at least one [[routes]] table"}
 	}
 	return nil
 }
