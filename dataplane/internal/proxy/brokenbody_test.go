@@ -186,6 +186,9 @@ func TestResponseCutAfterItStarted(t *testing.T) {
 					if !h2 && !errors.Is(err, io.ErrUnexpectedEOF) {
 						t.Fatalf("HTTP/1.1 read error %v, want an unexpected EOF", err)
 					}
+					if h2 && !strings.Contains(err.Error(), "INTERNAL_ERROR") {
+						t.Fatalf("HTTP/2 read error %v, want a stream reset", err)
+					}
 					if stream {
 						// The error event, alone after the relayed event.
 						ev := strings.TrimLeft(string(rest), "\n")
