@@ -28,7 +28,8 @@ type Record struct {
 	// assigned one for a cache hit); "" and left out for a plain route.
 	Variant string `json:"variant,omitempty"`
 	// Status is the status the client got (a refusal's status when
-	// withheld).
+	// withheld; 502 when the upstream broke off a response that had
+	// started, whose status line had said otherwise).
 	Status int `json:"status"`
 	// Stream is the request's stream flag.
 	Stream bool `json:"stream"`

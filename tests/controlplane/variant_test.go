@@ -27,6 +27,8 @@ name = "canary"
 kind = "openai_compatible"
 api_base = %q
 
+[server]
+require_auth = false
 [accounting]
 sink = "none"
 

@@ -6,13 +6,17 @@
 //
 // A request loads the current runtime (one config snapshot with its
 // balancers) exactly once and uses it to the end, so a reload never changes
-// a request midway. The flow is: request id → credentials → body (413, 400)
+// a request midway. The flow is: request id → credentials → body (413, 408,
+// 400; a refusal of an unread body is answered at once, see clientbody.go)
 // → route (404) → key allow-lists (403) → attempts. Each attempt computes the
 // eligible targets once (untried, allowed to the key, able to serve the
 // endpoint, not parked, healthy, breaker closed) from atomic reads, asks the
 // route's balancer, observes the pick, and sends. A retryable failure parks
 // the target and, while nothing has reached the client, retries on an
-// untried target after a jittered backoff. If no target is eligible the
+// untried target after a jittered backoff; a body that breaks off is such a
+// failure too. A response that breaks off after it has started cannot be
+// retried: it ends with an error event (streams) and an aborted connection,
+// never like a complete one. If no target is eligible the
 // attempt fails open past cooldown, health and breaker, never past the key's
 // provider allow-list.
 //

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"rolter.dev/pkg/config"
@@ -23,6 +21,8 @@ const chat = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
 // p1 (weights given), after providers(…).
 func variantRoute(stable, canary int, extra string) string {
 	return fmt.Sprintf(`
+[server]
+require_auth = false
 [accounting]
 sink = "none"
 [retry]
@@ -132,7 +132,7 @@ func TestVariantPerRequestWithoutSessionOrKey(t *testing.T) {
 func TestVariantDeadTargetRetriesInsideVariant(t *testing.T) {
 	a, b, c := newUpstream(t, "a"), newUpstream(t, "b"), newUpstream(t, "c")
 	a.status.Store(503)
-	doc := providers(a, b, c) + `
+	doc := providers(a, b, c) + openAuth + `
 [accounting]
 sink = "none"
 [retry]
@@ -380,21 +380,4 @@ func TestVariantObservability(t *testing.T) {
 	if !strings.Contains(string(rows), `"variant":"canary"`) || strings.Count(string(rows), `"variant"`) != 1 {
 		t.Errorf("usage rows:\n%s", rows)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
