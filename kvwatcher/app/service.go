@@ -34,6 +34,9 @@ type ServiceOptions struct {
 	// ControlPlaneTLS, when set, dials the control planes with TLS;
 	// nil dials them in plaintext.
 	ControlPlaneTLS *tls.Config
+	// SnapshotCache is the control-plane snapshot cache file (see
+	// ControlPlaneSource.CacheFile); empty: none.
+	SnapshotCache string
 	// NATSURL is the NATS server (required unless EmbedNATS is set).
 	NATSURL string
 	// EmbedNATS, when set, runs an in-process NATS server listening on
@@ -61,7 +64,7 @@ func RunService(ctx context.Context, o ServiceOptions) error {
 				addrs = append(addrs, a)
 			}
 		}
-		src = &ControlPlaneSource{Addrs: addrs, Token: o.Token, TLSConfig: o.ControlPlaneTLS, Logger: o.Logger}
+		src = &ControlPlaneSource{Addrs: addrs, Token: o.Token, TLSConfig: o.ControlPlaneTLS, CacheFile: o.SnapshotCache, Logger: o.Logger}
 	case o.ConfigPath != "":
 		src = &FileSource{Path: o.ConfigPath, Logger: o.Logger}
 	default:

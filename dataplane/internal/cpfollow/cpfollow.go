@@ -3,13 +3,11 @@ package cpfollow
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -26,6 +24,7 @@ import (
 	"rolter.dev/dataplane/internal/metrics"
 	"rolter.dev/pkg/backoff"
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/snapcache"
 	pb "rolter.dev/proto/rolter/controlplane/v1"
 )
 
@@ -152,34 +151,18 @@ func (f *Follower) running() running {
 	return f.current
 }
 
-// cached is the cache file's content.
-type cached struct {
-	VersionInfo    string    `json:"version_info"`
-	Revision       int64     `json:"revision"`
-	ClusterID      uint64    `json:"cluster_id"`
-	ContentHash    string    `json:"content_hash"`
-	PepperCheck    string    `json:"pepper_check"`
-	ControlPlaneID string    `json:"controlplane_id"`
-	ConfigTOML     string    `json:"config_toml"`
-	SavedAt        time.Time `json:"saved_at"`
-}
-
 // LoadCache applies the cached snapshot, if there is one. A missing cache
 // is not an error; an unusable one is reported and ignored.
 func (f *Follower) LoadCache() error {
 	if f.opts.CacheFile == "" {
 		return nil
 	}
-	b, err := os.ReadFile(f.opts.CacheFile)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
+	c, err := snapcache.Load(f.opts.CacheFile)
 	if err != nil {
-		return fmt.Errorf("cpfollow: read snapshot cache: %w", err)
+		return fmt.Errorf("cpfollow: %w", err)
 	}
-	var c cached
-	if err := json.Unmarshal(b, &c); err != nil {
-		return fmt.Errorf("cpfollow: snapshot cache %s: %w", f.opts.CacheFile, err)
+	if c == nil {
+		return nil
 	}
 	resp := &pb.WatchResponse{
 		VersionInfo: c.VersionInfo, Revision: c.Revision, ClusterId: c.ClusterID, ContentHash: c.ContentHash,
@@ -278,47 +261,19 @@ func (f *Follower) compile(resp *pb.WatchResponse) (*config.Snapshot, error) {
 	})
 }
 
-// save writes the cache atomically: a temporary file, fsync, rename.
+// save writes the cache (atomically, see package snapcache).
 func (f *Follower) save(resp *pb.WatchResponse) {
 	if f.opts.CacheFile == "" {
 		return
 	}
-	b, _ := json.Marshal(cached{
+	err := snapcache.Save(f.opts.CacheFile, snapcache.Entry{
 		VersionInfo: resp.GetVersionInfo(), Revision: resp.GetRevision(), ClusterID: resp.GetClusterId(),
 		ContentHash: resp.GetContentHash(), PepperCheck: resp.GetPepperCheck(), ControlPlaneID: resp.GetControlplaneId(),
-		ConfigTOML: resp.GetConfigToml(), SavedAt: time.Now().UTC(),
+		ConfigTOML: resp.GetConfigToml(),
 	})
-	if err := writeAtomic(f.opts.CacheFile, b); err != nil {
+	if err != nil {
 		f.log.Warn("cannot write the snapshot cache", "path", f.opts.CacheFile, "err", err)
 	}
-}
-
-func writeAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, ".snapshot-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // Run follows the control planes until ctx ends.
