@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"rolter.dev/pkg/backoff"
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/snapcache"
 	pb "rolter.dev/proto/rolter/controlplane/v1"
@@ -56,7 +58,10 @@ func (s *ControlPlaneSource) Run(ctx context.Context, update func([]Provider)) e
 		s.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	s.loadCache(update)
-	backoff := 200 * time.Millisecond
+	// As the proxy (cpfollow): the wait after a round of failed addresses
+	// grows with the time without a stream, so a restarted control plane
+	// is followed within a fraction of a second of its return.
+	lostAt := time.Now()
 	for {
 		for _, addr := range s.Addrs {
 			got, err := s.session(ctx, addr, update)
@@ -64,9 +69,7 @@ func (s *ControlPlaneSource) Run(ctx context.Context, update func([]Provider)) e
 				return nil
 			}
 			if got {
-				backoff = 200 * time.Millisecond
-			}
-			if got {
+				lostAt = time.Now()
 				s.Logger.Warn("control plane stream ended; reconnecting", "addr", addr, "err", err)
 			} else {
 				// Nothing received: unreachable, refused (token) or, with
@@ -74,14 +77,13 @@ func (s *ControlPlaneSource) Run(ctx context.Context, update func([]Provider)) e
 				s.Logger.Warn("cannot follow the control plane; retrying", "addr", addr, "tls", s.TLSConfig != nil, "err", err)
 			}
 		}
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(backoff.Reconnect(time.Since(lostAt), 100*time.Millisecond, 5*time.Second, rand.Float64()))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil
 		case <-t.C:
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 

@@ -101,3 +101,26 @@ func Next(attempt int, base, maxDelay, retryAfter time.Duration, hasRetryAfter b
 	}
 	return Delay(attempt, base, maxDelay, rand.Float64())
 }
+
+// Reconnect is the wait before the next attempt to reach a peer (a control
+// plane) that has been unreachable for lostFor: a quarter of lostFor,
+// clamped to [minDelay, maxDelay], with equal jitter (uniform in
+// [limit/2, limit) for rnd in [0, 1)). The first attempts after a loss thus
+// come within minDelay, and a peer back after an outage of T is found
+// within about T/4 of returning (a 2 s restart: under 0.5 s); the attempts
+// thin out as the outage lasts, without counting them. minDelay <= 0 or
+// maxDelay < minDelay gives 0.
+func Reconnect(lostFor, minDelay, maxDelay time.Duration, rnd float64) time.Duration {
+	if minDelay <= 0 || maxDelay < minDelay {
+		return 0
+	}
+	limit := min(max(lostFor/4, minDelay), maxDelay)
+	if !(rnd > 0) {
+		rnd = 0
+	}
+	if rnd >= 1 {
+		rnd = 1
+	}
+	d := limit/2 + time.Duration(float64(limit/2)*rnd)
+	return min(d, limit)
+}

@@ -277,8 +277,15 @@ func (f *Follower) save(resp *pb.WatchResponse) {
 }
 
 // Run follows the control planes until ctx ends.
+//
+// After a stream is lost (or at start) the next address is tried at once;
+// after a round of failed addresses the wait is [backoff.Reconnect] of the
+// time without a stream, so a restarted control plane is followed within
+// a fraction of a second of its return, and a long outage is retried at
+// most every MaxBackoff.
 func (f *Follower) Run(ctx context.Context) {
 	failedRound := 0
+	lostAt := time.Now()
 	for i := 0; ctx.Err() == nil; i++ {
 		addr := f.opts.Addrs[i%len(f.opts.Addrs)]
 		got, err := f.session(ctx, addr)
@@ -288,6 +295,7 @@ func (f *Follower) Run(ctx context.Context) {
 		f.m.reconnects.Inc()
 		if got {
 			failedRound = 0
+			lostAt = time.Now()
 			f.log.Warn("control-plane stream ended; reconnecting, still serving the last snapshot", "addr", addr, "err", err)
 		} else {
 			f.log.Debug("control plane unreachable", "addr", addr, "err", err)
@@ -299,7 +307,7 @@ func (f *Follower) Run(ctx context.Context) {
 		if failedRound == 1 {
 			f.log.Warn("no control plane reachable; still serving the last snapshot", "addrs", f.opts.Addrs, "err", err, "snapshot_version", f.Version())
 		}
-		d := max(f.opts.MinBackoff, backoff.Delay(failedRound, f.opts.MinBackoff, f.opts.MaxBackoff, rand.Float64()))
+		d := backoff.Reconnect(time.Since(lostAt), f.opts.MinBackoff, f.opts.MaxBackoff, rand.Float64())
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
