@@ -305,7 +305,11 @@ func (f *Follower) Run(ctx context.Context) {
 		}
 		failedRound++
 		if failedRound == 1 {
-			f.log.Warn("no control plane reachable; still serving the last snapshot", "addrs", f.opts.Addrs, "err", err, "snapshot_version", f.Version())
+			if v := f.Version(); v != "" {
+				f.log.Warn("no control plane reachable; still serving the last snapshot", "addrs", f.opts.Addrs, "err", err, "snapshot_version", v)
+			} else {
+				f.log.Warn("no control plane reachable and no snapshot yet: answering 503 until one arrives", "addrs", f.opts.Addrs, "err", err)
+			}
 		}
 		d := backoff.Reconnect(time.Since(lostAt), f.opts.MinBackoff, f.opts.MaxBackoff, rand.Float64())
 		t := time.NewTimer(d)
