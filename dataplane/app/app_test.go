@@ -34,6 +34,8 @@ func (s *syncBuffer) String() string {
 }
 
 const doc = `
+[server]
+require_auth = false
 [accounting]
 sink = "none"
 [[providers]]

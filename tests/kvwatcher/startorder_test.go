@@ -171,6 +171,8 @@ func TestWatcherStartsBeforeNATSAndControlPlane(t *testing.T) {
 	a, b := newReplica(t, replicaOpts{}), newReplica(t, replicaOpts{})
 	urls := serveHTTP(t, a, b)
 	doc := fmt.Sprintf(`
+[server]
+require_auth = false
 [accounting]
 sink = "none"
 [[providers]]

@@ -368,6 +368,8 @@ func run(bin string, base, rate int, down, within time.Duration, only string) er
 func (r *rig) apply(cp, redisPort string, n int) error {
 	a, b := r.port(6), r.port(8)
 	doc := fmt.Sprintf(`# version %d
+[server]
+require_auth = false
 [accounting]
 sink = "none"
 [cache]
