@@ -11,7 +11,12 @@ const (
 	DefaultMaxBodyBytes     = 32 << 20
 	DefaultMetricsPath      = "/metrics"
 	DefaultAnthropicVersion = "2023-06-01"
-	DefaultKVTopic          = "kv-events"
+	// DefaultKVTopic is vLLM's own KVEventsConfig.topic default (""; see
+	// vllm/config/kv_events.py), so an engine left at its defaults is
+	// matched. Being the zero value, it is what an absent key and topic = ""
+	// both give; a non-empty default would need the decode to tell the two
+	// apart (Default cannot pre-fill list elements).
+	DefaultKVTopic          = ""
 	DefaultKVMaxBlocks      = 1_000_000
 	DefaultKVStaleSecs      = 30
 	DefaultLMCacheRefresh   = 2
@@ -92,9 +97,6 @@ func applyDefaults(c *Config) {
 			p.AnthropicVersion = DefaultAnthropicVersion
 		}
 		if kv := p.KVEvents; kv != nil {
-			if kv.Topic == "" {
-				kv.Topic = DefaultKVTopic
-			}
 			if kv.MaxBlocks == 0 {
 				kv.MaxBlocks = DefaultKVMaxBlocks
 			}
