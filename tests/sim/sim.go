@@ -262,7 +262,7 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 	r.cfg.ShareLoadInterval = cmp.Or(r.cfg.ShareLoadInterval, fleet.DefaultLoadInterval)
 	events := false
 	for p := range cfg.Proxies {
-		env := Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, Seed: Key(cfg.Seed, uint64(p)), Now: func() time.Duration { return r.now }}
+		env := Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, CapacityTokens: cfg.CapacityBlocks * cfg.BlockSize, Seed: Key(cfg.Seed, uint64(p)), Now: func() time.Duration { return r.now }}
 		if r.shareEnabled() {
 			r.newShareNode(p, &env)
 		}
@@ -275,6 +275,9 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 			r.bindShare(p, px)
 		}
 		px.kv, _ = pol.(kvConsumer)
+		if t, ok := pol.(*ttftPolicy); ok && t.src == nil {
+			px.kv = nil // predicted_ttft:kv_events=0 reads no events
+		}
 		events = events || px.kv != nil
 		r.proxies = append(r.proxies, px)
 	}
