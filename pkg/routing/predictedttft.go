@@ -1,9 +1,7 @@
 package routing
 
 import (
-	"fmt"
 	"math"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,6 +128,11 @@ type predictedTTFT struct {
 	models     []atomic.Pointer[latencyModel]
 	pendTokens []atomic.Int64
 	pendCount  []atomic.Int64
+	// Per target, for its queue's utilisation and arrival rate: time with
+	// a pending prefill (ns, up to busySince), when the current busy spell
+	// began (-1: idle), arrivals; since the first Observe (start, ns).
+	busyTotal, busySince, arrivals []atomic.Int64
+	start                          atomic.Int64
 
 	mu        sync.Mutex
 	pending   []map[*Context]pendingPrefill
@@ -160,6 +163,10 @@ type unsentKey struct {
 	digest uint64
 }
 
+// maxUtilisation caps the measured utilisation in the queueing delay
+// factor 1/(1-ρ), which is unbounded at saturation.
+const maxUtilisation = 0.99
+
 // maxUnsent bounds the hashes kept for RecordLocal; past it RecordLocal
 // republishes a prompt's whole fingerprint.
 const maxUnsent = 4096
@@ -180,6 +187,9 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		models:     make([]atomic.Pointer[latencyModel], n),
 		pendTokens: make([]atomic.Int64, n),
 		pendCount:  make([]atomic.Int64, n),
+		busyTotal:  make([]atomic.Int64, n),
+		busySince:  make([]atomic.Int64, n),
+		arrivals:   make([]atomic.Int64, n),
 		pending:    make([]map[*Context]pendingPrefill, n),
 		unsent:     map[unsentKey][]uint64{},
 		unitLaw:    latencyModel{w: [3]float64{0, 0, 1}, samples: PredictorMinSamples},
@@ -193,7 +203,9 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	}
 	for i := range t.pending {
 		t.pending[i] = map[*Context]pendingPrefill{}
+		t.busySince[i].Store(-1)
 	}
+	t.start.Store(-1)
 	t.bytesPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.indexedPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.refreshCapacity()
@@ -253,15 +265,13 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 	return false
 }
 
-// law returns target i's fitted latency law, or the fleet's mean fitted
-// law, or the unit law.
-func (t *predictedTTFT) law(i int) latencyModel {
-	if os.Getenv("TTFT_UNIT") != "" {
-		return t.unitLaw
-	}
-	if m := t.models[i].Load(); m != nil && m.samples >= PredictorMinSamples {
-		return *m
-	}
+// law returns the fleet's latency law: the mean of the targets' fitted
+// laws (each from ≥ PredictorMinSamples first tokens), or the unit law
+// before any is fitted. Per-target laws are fitted but not used apart: on
+// a homogeneous fleet they differ by noise alone, and that noise steered
+// traffic (rolter-sim unique: imbalance 1.64 with per-target laws, 1.03
+// with their mean; docs/routing.md).
+func (t *predictedTTFT) law() latencyModel {
 	var sum latencyModel
 	k := 0
 	for j := range t.models {
@@ -325,29 +335,20 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			t.decisions[1].Add(1)
 		}
 	}
-	queued := 0.0
-	if os.Getenv("TTFT_EXT") == "mean" {
-		for wi, w := range el.w {
-			for ; w != 0; w &= w - 1 {
-				queued += float64(t.pendCount[wi*64+bitIndex(w)].Load())
-			}
-		}
-		queued /= float64(el.Len())
-	}
+	now := t.now()
+	m := t.law()
+	fitted := m != t.unitLaw
+	burst := t.start.Load() == int64(now)
 	best := math.Inf(1)
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
 			i := wi*64 + bitIndex(w)
-			m := t.law(i)
 			own := max(float64(tokens)-match[i], 0)
 			x := t.features(i, own)
-			if os.Getenv("TTFT_EXT") == "" {
-				queued = x[1]
-			}
 			pred[i] = max(0, m.w[0]*x[0]+m.w[1]*x[1]+m.w[2]*x[2])
-			// The prefill this request adds delays the requests that
-			// arrive behind it: as many as are queued now (steady state).
-			pred[i] += max(0, m.w[2]) * own / 1000 * queued
+			if fitted || burst {
+				pred[i] += t.externality(i, max(0, m.w[2])*own/1000, pred[i], now)
+			}
 			best = min(best, pred[i])
 		}
 	}
@@ -376,26 +377,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			}
 		}
 	}
-	if os.Getenv("TTFT_DEBUG") != "" {
-		hm := 0
-		for i := range match {
-			if match[i] > match[hm] {
-				hm = i
-			}
-		}
-		if match[hm] > match[pick]+512 {
-			fmt.Fprintf(os.Stderr, "t=%v tokens=%d pick=%d match=%v pred=%v pendN=%v\n", t.now(), tokens, pick, match, pred, t.pendCountSnap())
-		}
-	}
 	return pick
-}
-
-func (t *predictedTTFT) pendCountSnap() []int64 {
-	out := make([]int64, t.n)
-	for i := range out {
-		out[i] = t.pendCount[i].Load()
-	}
-	return out
 }
 
 // Observe implements Balancer: the request joins target's pending prefill
@@ -414,13 +396,13 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 		bytes: promptBytes(ctx), indexed: len(ctx.Prompt), knownTok: len(ctx.TokenIDs)}
 
 	t.mu.Lock()
+	t.start.CompareAndSwap(-1, int64(now))
+	t.arrivals[target].Add(1)
 	if old, ok := t.pending[target][ctx]; ok {
-		t.pendTokens[target].Add(-int64(old.tokens))
-		t.pendCount[target].Add(-1)
+		t.pendLocked(target, -1, -old.tokens, now)
 	}
 	t.pending[target][ctx] = e
-	t.pendTokens[target].Add(int64(e.tokens))
-	t.pendCount[target].Add(1)
+	t.pendLocked(target, 1, e.tokens, now)
 	if now-t.lastSweep > time.Second {
 		t.lastSweep = now
 		t.sweepLocked(now)
@@ -456,8 +438,7 @@ func (t *predictedTTFT) sweepLocked(now time.Duration) {
 		for k, e := range m {
 			if now-e.at > TTFTPendingTimeout {
 				delete(m, k)
-				t.pendTokens[i].Add(-int64(e.tokens))
-				t.pendCount[i].Add(-1)
+				t.pendLocked(i, -1, -e.tokens, now)
 			}
 		}
 	}
@@ -473,10 +454,51 @@ func (t *predictedTTFT) take(target int, ctx *Context) (pendingPrefill, bool) {
 	e, ok := t.pending[target][ctx]
 	if ok {
 		delete(t.pending[target], ctx)
-		t.pendTokens[target].Add(-int64(e.tokens))
-		t.pendCount[target].Add(-1)
+		t.pendLocked(target, -1, -e.tokens, t.now())
 	}
 	return e, ok
+}
+
+// pendLocked changes target's pending count and tokens and keeps its busy
+// time; t.mu must be held.
+func (t *predictedTTFT) pendLocked(target int, dn, dtok int, now time.Duration) {
+	t.pendTokens[target].Add(int64(dtok))
+	after := t.pendCount[target].Add(int64(dn))
+	switch {
+	case after > 0 && t.busySince[target].Load() < 0:
+		t.busySince[target].Store(int64(now))
+	case after <= 0:
+		if since := t.busySince[target].Load(); since >= 0 {
+			t.busyTotal[target].Add(int64(now) - since)
+			t.busySince[target].Store(-1)
+		}
+	}
+}
+
+// externality is the delay that adding own ms of prefill to target i,
+// whose queue would then take ttft ms to clear, imposes on the requests
+// that arrive there meanwhile (M/G/1: own × λ × ttft / (1 − ρ), with λ the
+// target's arrival rate and ρ the share of time its prefill queue was
+// busy, both since the first request).
+func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, now time.Duration) float64 {
+	start := t.start.Load()
+	elapsed := float64(int64(now)-start) / float64(time.Millisecond)
+	if start < 0 || ownMS <= 0 {
+		return 0
+	}
+	if elapsed <= 0 {
+		// Every request so far arrived in this instant: a burst, whose
+		// later members queue behind what this one adds; as many as
+		// arrived at the target so far.
+		return ownMS * float64(t.arrivals[i].Load())
+	}
+	busy := float64(t.busyTotal[i].Load())
+	if since := t.busySince[i].Load(); since >= 0 {
+		busy += float64(int64(now) - since)
+	}
+	rho := min(busy/float64(time.Millisecond)/elapsed, maxUtilisation)
+	lambda := float64(t.arrivals[i].Load()) / elapsed
+	return ownMS * lambda * ttftMS / (1 - rho)
 }
 
 // FirstToken implements [TTFTObserver]: the attempt leaves the pending
