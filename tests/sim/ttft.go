@@ -47,7 +47,7 @@ func newTTFTPolicy(spec routing.Spec, env Env, events, engine bool) (Policy, err
 		spec.KV = p.src
 	}
 	if engine {
-		p.engine = &simEngine{capacity: env.CapacityTokens}
+		p.engine = &simEngine{capacity: env.CapacityBlocks * env.BlockSize}
 		spec.Engine = p.engine
 	}
 	b, err := routing.New(spec)
