@@ -125,7 +125,9 @@ type predictedTTFT struct {
 	index   *chunkindex.Index
 	publish func(int, string)
 
-	models     []atomic.Pointer[latencyModel]
+	fitMu      sync.Mutex
+	fits       []lawFit                     // per target, under fitMu
+	fleet      atomic.Pointer[latencyModel] // the pooled fit; nil until fitted
 	pendTokens []atomic.Int64
 	pendCount  []atomic.Int64
 	// Per target, for its queue's utilisation and arrival rate: time with
@@ -184,7 +186,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		n: n, kv: spec.KV, engine: spec.Engine, capCfg: spec.KVCapacityTokens,
 		specTTL: spec.SpeculativeTTL, intn: p.intn, now: p.now, publish: spec.Share,
 		index:      chunkindex.New(n, max(DefaultMaxTrieNodes/chunkindex.ChunkBytes, 1)),
-		models:     make([]atomic.Pointer[latencyModel], n),
+		fits:       make([]lawFit, n),
 		pendTokens: make([]atomic.Int64, n),
 		pendCount:  make([]atomic.Int64, n),
 		busyTotal:  make([]atomic.Int64, n),
@@ -265,31 +267,84 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 	return false
 }
 
-// law returns the fleet's latency law: the mean of the targets' fitted
-// laws (each from ≥ PredictorMinSamples first tokens), or the unit law
-// before any is fitted. Per-target laws are fitted but not used apart: on
-// a homogeneous fleet they differ by noise alone, and that noise steered
-// traffic (rolter-sim unique: imbalance 1.64 with per-target laws, 1.03
-// with their mean; docs/routing.md).
+// law returns the fleet's latency law (the least-squares fit over every
+// target's first tokens), or the unit law before it has
+// PredictorMinSamples of them. Per-target fits are kept (lawFit) but the
+// pick uses the pooled one: on a homogeneous fleet the per-target fits
+// differ by noise alone, and that noise steered traffic (rolter-sim unique:
+// imbalance 1.64 with per-target laws, 1.03 pooled; docs/routing.md).
 func (t *predictedTTFT) law() latencyModel {
-	var sum latencyModel
-	k := 0
-	for j := range t.models {
-		if m := t.models[j].Load(); m != nil && m.samples >= PredictorMinSamples {
-			for c := range sum.w {
-				sum.w[c] += m.w[c]
+	if m := t.fleet.Load(); m != nil {
+		return *m
+	}
+	return t.unitLaw
+}
+
+// lawFit accumulates the normal equations of the least-squares fit of
+// y = w·x.
+type lawFit struct {
+	xx [3][3]float64
+	xy [3]float64
+	n  int
+}
+
+func (f *lawFit) add(x [3]float64, y float64) {
+	for r := range x {
+		for c := range x {
+			f.xx[r][c] += x[r] * x[c]
+		}
+		f.xy[r] += x[r] * y
+	}
+	f.n++
+}
+
+// solve returns the least-squares weights, with a ridge of 1e-9 of the
+// mean diagonal so that a feature that never varied (no queue yet) gets
+// weight 0 instead of a singular system; false when there is nothing to
+// fit.
+func (f *lawFit) solve() ([3]float64, bool) {
+	a, b := f.xx, f.xy
+	ridge := 1e-9 * (a[0][0] + a[1][1] + a[2][2]) / 3
+	if ridge <= 0 {
+		return [3]float64{}, false
+	}
+	for i := range a {
+		a[i][i] += ridge
+	}
+	for c := range 3 { // Gaussian elimination with partial pivoting
+		p := c
+		for r := c + 1; r < 3; r++ {
+			if math.Abs(a[r][c]) > math.Abs(a[p][c]) {
+				p = r
 			}
-			k++
+		}
+		a[c], a[p] = a[p], a[c]
+		b[c], b[p] = b[p], b[c]
+		if a[c][c] == 0 {
+			return [3]float64{}, false
+		}
+		for r := c + 1; r < 3; r++ {
+			k := a[r][c] / a[c][c]
+			for j := c; j < 3; j++ {
+				a[r][j] -= k * a[c][j]
+			}
+			b[r] -= k * b[c]
 		}
 	}
-	if k == 0 {
-		return t.unitLaw
+	var w [3]float64
+	for r := 2; r >= 0; r-- {
+		v := b[r]
+		for j := r + 1; j < 3; j++ {
+			v -= a[r][j] * w[j]
+		}
+		w[r] = v / a[r][r]
 	}
-	for c := range sum.w {
-		sum.w[c] /= float64(k)
+	for _, v := range w {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return [3]float64{}, false
+		}
 	}
-	sum.samples = PredictorMinSamples
-	return sum
+	return w, true
 }
 
 // features returns target i's prediction inputs for a request whose own
@@ -510,12 +565,25 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 		return
 	}
 	y := float64(ttft) / float64(time.Millisecond)
-	for {
-		old := t.models[target].Load()
-		if t.models[target].CompareAndSwap(old, old.learn(e.x, y)) {
-			break
+	t.fitMu.Lock()
+	t.fits[target].add(e.x, y)
+	var pooled lawFit
+	for i := range t.fits {
+		f := &t.fits[i]
+		for r := range f.xx {
+			for c := range f.xx[r] {
+				pooled.xx[r][c] += f.xx[r][c]
+			}
+			pooled.xy[r] += f.xy[r]
+		}
+		pooled.n += f.n
+	}
+	if pooled.n >= PredictorMinSamples {
+		if w, ok := pooled.solve(); ok {
+			t.fleet.Store(&latencyModel{w: w, samples: pooled.n})
 		}
 	}
+	t.fitMu.Unlock()
 	toks := promptTokens
 	if toks <= 0 {
 		toks = e.knownTok
