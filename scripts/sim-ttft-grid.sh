@@ -9,7 +9,7 @@ part=$1
 out=$2
 S=${STRATEGIES:-predicted_ttft,predicted_ttft:kv_events=0,cache_aware,least_load,peers}
 L=${TRACE_LIMIT:-4000}
-run() { echo "# bin/rolter-sim --quiet --json $*" >>"$out"; bin/rolter-sim --quiet --json "$@" >>"$out"; }
+run() { echo "# bin/rolter-sim --quiet --json $*" >>"$out"; ${SIM:-bin/rolter-sim} --quiet --json "$@" >>"$out"; }
 : >"$out"
 case $part in
 synthetic)

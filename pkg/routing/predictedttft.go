@@ -77,8 +77,8 @@ const (
 // as estimated when they were sent; waiting(i) is the engine's
 // num_requests_waiting when Spec.Engine has it fresh (it counts every
 // proxy's requests, so it covers what a peer sent); the excess is valued at
-// the mean uncached tokens of this balancer's pending requests (the
-// request's own when none). matched(i) is the prefix target i holds, in
+// the mean uncached prefill of the requests this balancer has sent (the
+// request's whole prompt before any). matched(i) is the prefix target i holds, in
 // tokens: from Spec.KV (the engines' KV events, speculated for
 // Spec.SpeculativeTTL after each pick) when the request has token ids and
 // the state is fresh, else from the approximate index: the chained 64-byte
@@ -147,6 +147,7 @@ type predictedTTFT struct {
 	bytesSeen, indexedSeen, tokensSeen float64
 	bytesPerToken, indexedPerToken     atomic.Uint64 // float64 bits
 	observes                           atomic.Uint64
+	uncachedSum                        atomic.Int64 // Σ uncached prefill tokens of every Observe
 	decisions                          [2]atomic.Uint64 // precise, approximate
 	unitLaw                            latencyModel
 }
@@ -349,19 +350,14 @@ func (f *lawFit) solve() ([3]float64, bool) {
 
 // features returns target i's prediction inputs for a request whose own
 // uncached prefill is own tokens.
-func (t *predictedTTFT) features(i int, own float64) [3]float64 {
+func (t *predictedTTFT) features(i int, own float64, tokens int) [3]float64 {
 	aheadN := float64(t.pendCount[i].Load())
 	aheadTok := float64(t.pendTokens[i].Load())
 	if t.engine != nil {
 		if w, ok := t.engine.Waiting(i); ok && float64(w) > aheadN {
-			mean := own
-			var cnt, tok int64
-			for j := range t.pendCount {
-				cnt += t.pendCount[j].Load()
-				tok += t.pendTokens[j].Load()
-			}
-			if cnt > 0 {
-				mean = float64(tok) / float64(cnt)
+			mean := float64(tokens)
+			if n := t.observes.Load(); n > 0 {
+				mean = float64(t.uncachedSum.Load()) / float64(n)
 			}
 			aheadTok += (float64(w) - aheadN) * mean
 			aheadN = float64(w)
@@ -399,7 +395,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		for ; w != 0; w &= w - 1 {
 			i := wi*64 + bitIndex(w)
 			own := max(float64(tokens)-match[i], 0)
-			x := t.features(i, own)
+			x := t.features(i, own, tokens)
 			pred[i] = max(0, m.w[0]*x[0]+m.w[1]*x[1]+m.w[2]*x[2])
 			if fitted || burst {
 				pred[i] += t.externality(i, max(0, m.w[2])*own/1000, pred[i], now)
@@ -447,7 +443,7 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	t.matched(ctx, tokens, match)
 	own := max(float64(tokens)-match[target], 0)
 	now := t.now()
-	e := pendingPrefill{tokens: int(own), x: t.features(target, own), at: now,
+	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens), at: now,
 		bytes: promptBytes(ctx), indexed: len(ctx.Prompt), knownTok: len(ctx.TokenIDs)}
 
 	t.mu.Lock()
@@ -481,6 +477,7 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	if t.kv != nil && t.specTTL > 0 && len(ctx.TokenIDs) > 0 {
 		t.kv.Speculate(target, ctx.TokenIDs, t.specTTL)
 	}
+	t.uncachedSum.Add(int64(e.tokens))
 	if t.observes.Add(1)%64 == 0 {
 		t.refreshCapacity()
 	}
