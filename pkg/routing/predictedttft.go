@@ -147,7 +147,7 @@ type predictedTTFT struct {
 	bytesSeen, indexedSeen, tokensSeen float64
 	bytesPerToken, indexedPerToken     atomic.Uint64 // float64 bits
 	observes                           atomic.Uint64
-	uncachedSum                        atomic.Int64 // Σ uncached prefill tokens of every Observe
+	uncachedSum                        atomic.Int64     // Σ uncached prefill tokens of every Observe
 	decisions                          [2]atomic.Uint64 // precise, approximate
 	unitLaw                            latencyModel
 }
