@@ -130,6 +130,11 @@ type Provider struct {
 	// Prometheus metrics for its real queue (vLLM's running + waiting
 	// requests) and route on it; absent: off.
 	EngineLoad *EngineLoad `toml:"engine_load"`
+	// KVCapacityTokens is the replica's KV cache capacity in tokens
+	// (vLLM's num_gpu_blocks × block_size). predicted_ttft bounds its
+	// approximate index of the replica with it when [providers.engine_load]
+	// has not scraped vllm:cache_config_info; 0: not set.
+	KVCapacityTokens int `toml:"kv_capacity_tokens"`
 }
 
 // EngineLoad configures scraping a replica's own load from its Prometheus

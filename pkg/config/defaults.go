@@ -38,6 +38,9 @@ const (
 	// stale_ms.
 	MinEngineLoadIntervalMS = 50
 	MaxEngineLoadMS         = 3_600_000
+	// MaxKVCapacityTokens bounds providers[].kv_capacity_tokens: 2^36
+	// tokens, far past any replica's KV cache.
+	MaxKVCapacityTokens = 1 << 36
 )
 
 // Default returns a Config holding every section default. [Parse] decodes

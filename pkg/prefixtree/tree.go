@@ -148,6 +148,22 @@ func (t *Tree) Insert(tenant int, s string) {
 	}
 }
 
+// Trim evicts tenant's oldest prompts while the tenant holds more than
+// maxNodes byte nodes: an eviction pass run on a timer, for a tree that is
+// allowed to exceed its size between passes (New with maxNodes <= 0). A
+// tenant out of range or maxNodes < 0 is ignored. It takes the write lock.
+func (t *Tree) Trim(tenant, maxNodes int) {
+	if tenant < 0 || tenant >= len(t.tenants) || maxNodes < 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ten := &t.tenants[tenant]
+	for ten.nodes > maxNodes && ten.lru.Len() > 0 {
+		t.evictOldest(tenant)
+	}
+}
+
 // Stats returns what tenant holds (the zero Stats for a tenant out of
 // range). It takes the read lock.
 func (t *Tree) Stats(tenant int) Stats {

@@ -239,3 +239,28 @@ func TestNewClamps(t *testing.T) {
 		t.Fatalf("New(big): tenants %d, max %d", got.Tenants(), got.MaxNodes())
 	}
 }
+
+func TestTrim(t *testing.T) {
+	tr := prefixtree.New(2, 0) // unbounded between passes
+	tr.Insert(0, "aaaa")
+	tr.Insert(0, "bbbb")
+	tr.Insert(0, "cccc")
+	tr.Insert(1, "aaaa")
+	if got := tr.Stats(0).Nodes; got != 12 {
+		t.Fatalf("tenant 0 holds %d nodes before the pass, want 12 (no ceiling)", got)
+	}
+	tr.Trim(0, 8)
+	if st := tr.Stats(0); st.Nodes != 8 || st.Prompts != 2 || st.Evictions != 1 {
+		t.Fatalf("after Trim(0, 8): %+v, want 8 nodes, 2 prompts, 1 eviction", st)
+	}
+	lens := make([]int, 2)
+	tr.Match("aaaa", lens)
+	if lens[0] != 0 || lens[1] != 4 {
+		t.Fatalf("match of the oldest prompt: %v, want [0 4] (evicted from tenant 0 only)", lens)
+	}
+	tr.Trim(5, 0)  // out of range: ignored
+	tr.Trim(1, -1) // ignored
+	if tr.Stats(1).Nodes != 4 {
+		t.Fatal("an ignored Trim evicted")
+	}
+}

@@ -98,7 +98,7 @@ func WriteChart(w io.Writer, title string, results []Result) error {
 		text(left-8-textW(label), y+11, label, colText)
 		c := colHit
 		switch base := baseName(r.Strategy); {
-		case base == Oracle || base == OracleGreedy:
+		case base == Clairvoyant:
 			c = colOracle
 		case isPeer(base):
 			c = colPeer

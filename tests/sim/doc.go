@@ -44,12 +44,14 @@
 // rolter's strategies run the real pkg/routing balancers: Pick with the
 // proxy's loads, Observe right after, Learn on completion. The peers' policies
 // (sglang, llmd_approx, llmd_precise, dynamo, aibrix) are re-implemented here
-// with their published defaults, and the oracle reads the replicas' true
-// caches. See [ParseStrategy] for the names and parameters.
+// with the defaults their current releases ship, plus named variants
+// (llmd_approx_bench, dynamo_approx); the clairvoyant oracle reads the
+// replicas' true caches and the blocks their queued requests will write.
+// See [ParseStrategy] for the names and parameters.
 //
 // # KV events
 //
-// precise_cache_aware and llmd_precise route on the replicas' KV events:
+// precise_cache_aware, llmd_precise and dynamo route on the replicas' KV events:
 // each replica's cache reports its stored, removed and cleared blocks; a
 // per-replica watcher maps them to pkg/kvindex identities at once, and every
 // proxy's own index receives them Config.KVEventDelay later. The request's

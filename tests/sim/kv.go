@@ -16,8 +16,8 @@ import (
 // one pkg/kvindex.Residency per replica, the state pkg/kvindex.Index keeps
 // per provider, on the virtual clock; identities come from pkg/kvindex's
 // functions (Seed, Chain, AppendIdentities), so a request's identities match
-// the events' exactly as in the data plane. llm-d's index, whose
-// speculation differs, is modelled in llmdIndex below.
+// the events' exactly as in the data plane. The peers' indexes (llm-d's,
+// whose speculation differs, and Dynamo's) are eventIndex below.
 
 // kvModel is the model name identities are seeded with: the model of the
 // simulated chat bodies (Request.ChatBody).
@@ -102,32 +102,33 @@ func (w *kvWatcher) translate(batch []vllmsim.KVEvent) []kvdelta.Op {
 // the model (pkg/kvindex's rate, for a like-for-like comparison).
 const llmdSweepEvery = time.Second
 
-// llmdIndex is one llm-d scheduler's view of the replicas' resident
-// identities plus its speculative entries, on the virtual clock. Unlike
+// eventIndex is one peer router's view of the replicas' resident
+// identities from their KV events (Dynamo's indexer, llm-d's kvblock.Index)
+// plus, for llm-d, its speculative entries, on the virtual clock. Unlike
 // rolter's (pkg/kvindex.Residency: speculation only for identities not yet
 // resident, dropped by any event for the identity), llm-d's speculative
 // PodEntry lives beside the confirmed one in kvblock.Index: it is added for
 // every identity and only its TTL removes it.
-type llmdIndex struct {
-	reps []llmdResident
+type eventIndex struct {
+	reps []eventResident
 }
 
-type llmdResident struct {
+type eventResident struct {
 	resident  map[uint64]struct{}
 	spec      map[uint64]time.Duration // identity → expiry
 	lastSweep time.Duration
 }
 
-func newLLMDIndex(replicas int) *llmdIndex {
-	x := &llmdIndex{reps: make([]llmdResident, replicas)}
+func newEventIndex(replicas int) *eventIndex {
+	x := &eventIndex{reps: make([]eventResident, replicas)}
 	for i := range x.reps {
-		x.reps[i] = llmdResident{resident: map[uint64]struct{}{}, spec: map[uint64]time.Duration{}}
+		x.reps[i] = eventResident{resident: map[uint64]struct{}{}, spec: map[uint64]time.Duration{}}
 	}
 	return x
 }
 
 // apply applies one replica's ops in order; speculation is untouched.
-func (x *llmdIndex) apply(replica int, ops []kvdelta.Op) {
+func (x *eventIndex) apply(replica int, ops []kvdelta.Op) {
 	p := &x.reps[replica]
 	for _, op := range ops {
 		switch op.Kind {
@@ -147,7 +148,7 @@ func (x *llmdIndex) apply(replica int, ops []kvdelta.Op) {
 
 // prefixMatch returns how many of ids, from the first, the replica holds or
 // was speculatively given until after now.
-func (x *llmdIndex) prefixMatch(replica int, ids []uint64, now time.Duration) int {
+func (x *eventIndex) prefixMatch(replica int, ids []uint64, now time.Duration) int {
 	p := &x.reps[replica]
 	for i, id := range ids {
 		if _, ok := p.resident[id]; ok {
@@ -163,7 +164,7 @@ func (x *llmdIndex) prefixMatch(replica int, ids []uint64, now time.Duration) in
 
 // speculate marks ids as held by the replica until now+ttl, sweeping
 // expired entries at most once a second.
-func (x *llmdIndex) speculate(replica int, ids []uint64, now, ttl time.Duration) {
+func (x *eventIndex) speculate(replica int, ids []uint64, now, ttl time.Duration) {
 	if len(ids) == 0 || ttl <= 0 {
 		return
 	}

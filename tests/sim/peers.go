@@ -9,19 +9,20 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"rolter.dev/pkg/kvdelta"
 	"rolter.dev/pkg/prefixtree"
 	"rolter.dev/pkg/routing"
 )
 
-// The peers' published routing policies, re-implemented from their sources
-// with their published defaults (docs/routing.md cites each constant). They
-// see what the peer would see, restricted to what the simulator models: the
-// request text each of them extracts from a chat request, the token ids
-// (Dynamo tokenizes), the router-tracked in-flight counts, and, for llm-d's
-// queue scorer, the replicas' waiting queues (llmd_precise, in precise.go,
-// also reads the replicas' KV cache usage and their KV events). Each
-// instance draws its tie breaks from its own seeded generator, so runs are
-// reproducible.
+// The peers' routing policies, re-implemented from their sources with the
+// defaults their current releases ship (each constant cites its file and
+// version; docs/routing.md lists them). They see what the peer would see,
+// restricted to what the simulator models: the request text each of them
+// extracts from a chat request, the token ids (Dynamo and llm-d's precise
+// scorer tokenize), the router-tracked in-flight counts, the replicas' KV
+// events (dynamo, llmd_precise), and for llm-d's load scorers the replicas'
+// queues and KV usage as last scraped. Each instance draws its tie breaks
+// from its own seeded generator, so runs are reproducible.
 
 func peerFactory(name string) func(Env) (Policy, error) {
 	return func(env Env) (Policy, error) {
@@ -29,16 +30,14 @@ func peerFactory(name string) func(Env) (Policy, error) {
 		switch name {
 		case SGLang:
 			return newSGLang(env.Replicas, rng), nil
-		case LLMDApprox:
-			return newLLMD(env.Replicas, rng), nil
 		case Dynamo:
-			return newDynamo(env.Replicas, env.BlockSize, rng), nil
+			return dynamoEvents{newDynamo(env.Replicas, env.BlockSize, true, rng)}, nil
+		case DynamoApprox:
+			return newDynamo(env.Replicas, env.BlockSize, false, rng), nil
 		case AIBrix:
 			return newAIBrix(env.Replicas, rng), nil
-		case Oracle:
-			return &oracle{n: env.Replicas, rng: rng, abs: oracleBalanceAbs, rel: oracleBalanceRel}, nil
-		case OracleGreedy:
-			return &oracle{n: env.Replicas, rng: rng, greedy: true}, nil
+		case Clairvoyant:
+			return &clairvoyant{n: env.Replicas, rng: rng}, nil
 		}
 		panic("sim: no peer " + name)
 	}
@@ -75,12 +74,17 @@ func firstMin(loads []int) int {
 
 // ---------------------------------------------------------------- SGLang
 
-// SGLang's cache-aware router defaults (sgl-model-gateway router_args.py,
-// SMG docs/reference/configuration.md).
+// SGLang's cache-aware router defaults, as its launcher passes them
+// (sgl-project/sglang sgl-model-gateway/bindings/python/sglang_router/
+// router_args.py: cache_threshold 0.3, balance_abs_threshold 64,
+// balance_rel_threshold 1.5, eviction_interval_secs 120, max_tree_size
+// 2**26). The algorithm is sgl-model-gateway/src/policies/cache_aware.rs
+// (read at commit 053b63ff), the tree src/policies/tree.rs (03744dbe).
 const (
 	sglangCacheThreshold = 0.3
 	sglangBalanceAbs     = 64
 	sglangBalanceRel     = 1.5
+	sglangEvictInterval  = 120 * time.Second
 	sglangMaxTreeSize    = 1 << 26 // characters per worker
 )
 
@@ -88,32 +92,54 @@ const (
 // over the router-tracked loads, the least-loaded worker; else the worker
 // whose character radix tree shares the longest prefix with the request text
 // when matched/len > 0.3, otherwise the least-loaded worker. The text is
-// inserted into the chosen worker's tree either way.
+// inserted into the chosen worker's tree either way. The tree grows without
+// bound between eviction passes; every 120 s each worker holding more than
+// 2^26 characters loses its least recently used entries down to 2^26
+// (cache_aware.rs's eviction thread, Tree::evict_tenant_by_size).
 //
 // The request text is the messages' contents joined by spaces, as SGLang's
-// router extracts it from a chat request.
+// router extracts it from a chat request, all of it: the router stores and
+// matches the whole text.
 //
 // Simulation notes: the tree is pkg/prefixtree (a multi-tenant radix tree
-// like SGLang's); its 2^26 ceiling per worker is never reached in these runs,
-// so SGLang's periodic LRU eviction never fires either. It holds the first
-// 32 KiB of the text; match_rate divides by the whole text's length, which
-// is SGLang's value unless the match runs through the cut. Among workers tied
-// on the longest match one is drawn at random (SGLang returns an arbitrary
-// tenant of the deepest node).
+// like SGLang's, sized in bytes; the simulated text is ASCII, so bytes are
+// characters); its eviction removes whole least recently used prompts where
+// SGLang removes least recently used leaves, which differ only in how much
+// of a shared path survives. Among workers tied on the longest match one is
+// drawn at random (SGLang returns the deepest node's last tenant). The pass
+// runs at the first pick after each 120 s tick of the virtual clock.
 type sglang struct {
-	n     int
-	tree  *prefixtree.Tree
-	rng   *rand.Rand
-	match []int
-	text  string // the last picked request's text, for Observe
+	n         int
+	tree      *prefixtree.Tree
+	rng       *rand.Rand
+	match     []int
+	text      string // the last picked request's text, for Observe
+	maxSize   int
+	interval  time.Duration
+	nextEvict time.Duration
 }
 
 func newSGLang(n int, rng *rand.Rand) *sglang {
-	return &sglang{n: n, tree: prefixtree.New(n, sglangMaxTreeSize), rng: rng, match: make([]int, n)}
+	return &sglang{n: n, tree: prefixtree.New(n, 0), rng: rng, match: make([]int, n),
+		maxSize: sglangMaxTreeSize, interval: sglangEvictInterval, nextEvict: sglangEvictInterval}
+}
+
+// evict runs the eviction passes due by now.
+func (s *sglang) evict(now time.Duration) {
+	if now < s.nextEvict {
+		return
+	}
+	for w := range s.n {
+		s.tree.Trim(w, s.maxSize)
+	}
+	for s.nextEvict <= now {
+		s.nextEvict += s.interval
+	}
 }
 
 func (s *sglang) Pick(f *Flight, v *View) int {
-	text, whole := ContentText(f.Req.Messages, MaxPromptBytes)
+	s.evict(v.Now)
+	text, whole := ContentText(f.Req.Messages, 0)
 	s.text = text
 	lo, hi := slices.Min(v.Loads), slices.Max(v.Loads)
 	if hi-lo > sglangBalanceAbs && float64(hi) > sglangBalanceRel*float64(lo) {
@@ -149,55 +175,140 @@ func (s *sglang) Observe(target int, _ *Flight, _ *View) {
 
 // ---------------------------------------------------------------- llm-d
 
-// llm-d / GIE approximate prefix-cache scorer defaults
-// (gateway-api-inference-extension prefix plugin, config-text.md) and the
-// scheduler weights of llm-d's approximate-prefix profile.
+// llm-d / gateway-api-inference-extension (GIE) v1.5.0, the version
+// llm-d-inference-scheduler v0.8.0 builds on (its go.mod). The approximate
+// prefix-cache producer (pkg/epp/framework/plugins/requestcontrol/
+// dataproducer/approximateprefix/types.go, plugin.go, hashing.go): 4
+// characters per token, at most 256 blocks, and with autoTune (on by
+// default) the block size and the LRU capacity per server taken from the
+// engine's metrics: its cache block size (16 tokens here, so 64-character
+// blocks) and its number of GPU blocks (Env.CapacityBlocks) instead of the
+// fallbacks 16 tokens and 31,250 entries. Metrics are refreshed every 50 ms
+// (pkg/epp/server/options.go, --refresh-metrics-interval).
 const (
-	llmdBlockChars     = 64
-	llmdMaxBlocks      = 256
-	llmdLRUPerServer   = 31250
-	llmdWeightPrefix   = 2
-	llmdWeightQueue    = 1
-	llmdWeightActive   = 1
-	llmdRequestTimeout = 2 * time.Minute // active-request scorer's stale-request timeout
+	llmdCharsPerToken   = 4
+	llmdMaxBlocks       = 256
+	llmdRefreshInterval = 50 * time.Millisecond
+	llmdRequestTimeout  = 2 * time.Minute // active-request scorer's stale-request timeout
 )
 
-// llmd is llm-d's scheduler with the approximate prefix-cache scorer, the
-// queue scorer and the active-request scorer, max-score picker:
-//
-//	score = 2 * matched_blocks/request_blocks
-//	      + 1 * (maxQ - q)/(maxQ - minQ)      (1 when all queues are equal)
-//	      + 1 * (maxA - a)/maxA               (1 when a = 0 or maxA = 0)
-//
-// The prompt is cut into 64-character blocks (at most 256, a trailing
-// partial block ignored) chained by hash; matched_blocks walks the blocks
-// while any server holds the block, counting for each server the blocks it
-// holds. After the pick the request's blocks join the chosen server's LRU of
-// 31,250 blocks. q is the replica's waiting queue, a the scheduler's own
-// count of its requests in flight (dropped after 2 minutes). Ties are broken
-// at random.
-//
-// The text is the JSON of the chat messages, as the scorer hashes it, the
-// model name seeding the chain.
-//
-// Simulation notes: autoTune (which would take the block size and LRU size
-// from the servers' metrics) is off, so the published constants apply.
-type llmd struct {
-	n       int
-	rng     *rand.Rand
-	owners  map[uint64]routing.Set
-	lrus    []*lruSet
-	active  []map[*Flight]time.Duration
-	hashes  []uint64
-	scores  []float64
-	matched []int
+// llmdWeights are an llm-d scheduling profile's scorer weights (prefix:
+// the prefix-cache scorer, approximate or precise) and the precise scorer's
+// speculation TTL.
+type llmdWeights struct {
+	prefix, kvCache, queue, active float64
+	specTTL                        time.Duration
 }
 
-func newLLMD(n int, rng *rand.Rand) *llmd {
-	l := &llmd{n: n, rng: rng, owners: map[uint64]routing.Set{}, scores: make([]float64, n), matched: make([]int, n)}
+// shippedLLMDApproxWeights is the default profile of GIE's inferencepool
+// chart (v1.5.0 config/charts/epplib/templates/_config.yaml, the former
+// inferencepool/templates/epp-config.yaml: queue-scorer 2,
+// kv-cache-utilization-scorer 2, prefix-cache-scorer 3), which llm-d's
+// inference-scheduling guide deploys unchanged (llm-d/llm-d
+// guides/inference-scheduling/scheduler/inference-scheduling.values.yaml,
+// commit 086f217d).
+func shippedLLMDApproxWeights() llmdWeights {
+	return llmdWeights{prefix: 3, kvCache: 2, queue: 2}
+}
+
+// benchLLMDApproxWeights is llmd_approx_bench: prefix 2, queue 1,
+// active-request 1, the weights this simulator used before issue 12 (after
+// llm-d-kv-cache-manager benchmarking/37-capacity/README.md, with the queue
+// scorer in place of the kv-cache-utilization one). A weighting users only
+// get by writing their own EndpointPickerConfig.
+func benchLLMDApproxWeights() llmdWeights {
+	return llmdWeights{prefix: 2, queue: 1, active: 1}
+}
+
+// llmdLoad scores the load half of an llm-d profile over the metrics the
+// scheduler last scraped, max-score picker with ties at random:
+//
+//	kv-cache-utilization = 1 - kv_cache_usage
+//	queue                = (maxQ - q)/(maxQ - minQ)   (1 when all equal)
+//	active-request       = (maxA - a)/maxA            (1 when a = 0)
+//
+// kv_cache_usage and q are vLLM's kv_cache_usage_perc and
+// num_requests_waiting as of the last scrape (View.Scraped*); a is the
+// scheduler's own count of its requests in flight (dropped after 2 minutes).
+type llmdLoad struct {
+	w      llmdWeights
+	active []map[*Flight]time.Duration
+	counts []int
+}
+
+func newLLMDLoad(n int, w llmdWeights) llmdLoad {
+	l := llmdLoad{w: w, counts: make([]int, n)}
 	for range n {
-		l.lrus = append(l.lrus, newLRUSet(llmdLRUPerServer))
 		l.active = append(l.active, map[*Flight]time.Duration{})
+	}
+	return l
+}
+
+// score adds the load scorers' weighted sum to scores (which hold the
+// negated prefix term) as negatives, so argminRandom finds the max score.
+func (l *llmdLoad) score(v *View, scores []float64) {
+	waiting, usage := v.ScrapedWaiting, v.ScrapedKVUsage
+	if waiting == nil {
+		waiting, usage = v.Waiting, v.KVUsage
+	}
+	minQ, maxQ := slices.Min(waiting), slices.Max(waiting)
+	maxA := activeCounts(l.active, v.Now, l.counts)
+	for i := range scores {
+		kv := 1.0
+		if usage != nil {
+			kv = 1 - min(max(usage[i], 0), 1)
+		}
+		queue := 1.0
+		if maxQ != minQ {
+			queue = float64(maxQ-waiting[i]) / float64(maxQ-minQ)
+		}
+		act := 1.0
+		if l.counts[i] > 0 && maxA > 0 {
+			act = float64(maxA-l.counts[i]) / float64(maxA)
+		}
+		scores[i] -= l.w.kvCache*kv + l.w.queue*queue + l.w.active*act
+	}
+}
+
+func (l *llmdLoad) dispatched(target int, f *Flight, now time.Duration) { l.active[target][f] = now }
+
+// scrapeInterval implements metricsScraper: llm-d reads scraped metrics.
+func (l *llmdLoad) scrapeInterval() time.Duration { return llmdRefreshInterval }
+
+func (l *llmdLoad) FirstToken(*Flight, time.Duration) {}
+
+func (l *llmdLoad) Done(f *Flight, _ time.Duration) { delete(l.active[f.Target], f) }
+
+// llmd is llm-d's scheduler with the approximate prefix-cache scorer and the
+// profile's load scorers (llmdLoad):
+//
+//	score = prefix * matched_blocks/request_blocks + llmdLoad
+//
+// The prompt (the JSON of the chat messages, as the scorer hashes it, the
+// model name seeding the chain) is cut into blocks of 4 characters per
+// token of the engine's block size (at most 256, a trailing partial block
+// ignored) chained by hash; matched_blocks walks the blocks while any server
+// holds the block, counting for each server the blocks it holds. After the
+// pick the request's blocks join the chosen server's LRU, as large as the
+// engine's cache in blocks.
+type llmd struct {
+	llmdLoad
+	n          int
+	rng        *rand.Rand
+	blockChars int
+	owners     map[uint64]routing.Set
+	lrus       []*lruSet
+	hashes     []uint64
+	scores     []float64
+	matched    []int
+}
+
+func newLLMD(env Env, w llmdWeights, rng *rand.Rand) *llmd {
+	n := env.Replicas
+	l := &llmd{llmdLoad: newLLMDLoad(n, w), n: n, rng: rng, blockChars: env.BlockSize * llmdCharsPerToken,
+		owners: map[uint64]routing.Set{}, scores: make([]float64, n), matched: make([]int, n)}
+	for range n {
+		l.lrus = append(l.lrus, newLRUSet(max(env.CapacityBlocks, 1)))
 	}
 	return l
 }
@@ -215,8 +326,8 @@ func chainHashes(dst []uint64, text string, size, maxBlocks int, seed uint64) []
 }
 
 func (l *llmd) Pick(f *Flight, v *View) int {
-	text := MessagesJSON(f.Req.Messages, llmdBlockChars*llmdMaxBlocks)
-	l.hashes = chainHashes(l.hashes, text, llmdBlockChars, llmdMaxBlocks, xxh3.HashString("sim"))
+	text := MessagesJSON(f.Req.Messages, l.blockChars*llmdMaxBlocks)
+	l.hashes = chainHashes(l.hashes, text, l.blockChars, llmdMaxBlocks, xxh3.HashString("sim"))
 	clear(l.matched)
 	for _, h := range l.hashes {
 		owners := l.owners[h]
@@ -229,24 +340,14 @@ func (l *llmd) Pick(f *Flight, v *View) int {
 			}
 		}
 	}
-	minQ, maxQ := slices.Min(v.Waiting), slices.Max(v.Waiting)
-	counts := make([]int, l.n)
-	maxA := activeCounts(l.active, v.Now, counts)
 	for i := range l.n {
 		prefix := 0.0
 		if len(l.hashes) > 0 {
 			prefix = float64(l.matched[i]) / float64(len(l.hashes))
 		}
-		queue := 1.0
-		if maxQ != minQ {
-			queue = float64(maxQ-v.Waiting[i]) / float64(maxQ-minQ)
-		}
-		act := 1.0
-		if counts[i] > 0 && maxA > 0 {
-			act = float64(maxA-counts[i]) / float64(maxA)
-		}
-		l.scores[i] = -(llmdWeightPrefix*prefix + llmdWeightQueue*queue + llmdWeightActive*act)
+		l.scores[i] = -l.w.prefix * prefix
 	}
+	l.score(v, l.scores)
 	return argminRandom(l.scores, l.rng)
 }
 
@@ -270,7 +371,7 @@ func activeCounts(active []map[*Flight]time.Duration, now time.Duration, counts 
 }
 
 func (l *llmd) Observe(target int, f *Flight, v *View) {
-	l.active[target][f] = v.Now
+	l.dispatched(target, f, v.Now)
 	for _, h := range l.hashes {
 		if evicted, ok := l.lrus[target].add(h); ok {
 			s := l.owners[evicted]
@@ -286,10 +387,6 @@ func (l *llmd) Observe(target int, f *Flight, v *View) {
 		l.owners[h] = s
 	}
 }
-
-func (l *llmd) FirstToken(*Flight, time.Duration) {}
-
-func (l *llmd) Done(f *Flight, _ time.Duration) { delete(l.active[f.Target], f) }
 
 // lruSet is a bounded set of keys with least-recently-added eviction.
 type lruSet struct {
@@ -321,9 +418,12 @@ func (s *lruSet) add(k uint64) (uint64, bool) {
 
 // ---------------------------------------------------------------- Dynamo
 
-// Dynamo KV router defaults (ai-dynamo/dynamo docs/router): overlap weight 1,
-// temperature 0, and for the approximate indexer (--no-kv-events) a block TTL
-// of 120 s, a tree of at most 2^20 blocks pruned to 80 %.
+// Dynamo KV router defaults (ai-dynamo/dynamo lib/kv-router/src/config.rs,
+// KvRouterConfig::default, read at commit 870abbd1): overlap_score_weight
+// 1.0, router_temperature 0.0, use_kv_events true; for the approximate
+// indexer (use_kv_events false, --no-kv-events) router_ttl_secs 120,
+// router_max_tree_size 2^20, router_prune_target_ratio 0.8. The block size
+// is the engine's (the worker registers its kv_cache_block_size).
 const (
 	dynamoOverlapWeight = 1.0
 	dynamoTTL           = 120 * time.Second
@@ -331,7 +431,7 @@ const (
 	dynamoPruneRatio    = 0.8
 )
 
-// dynamo is Dynamo's KV router in approximate mode: for every worker w
+// dynamo is Dynamo's KV router: for every worker w
 //
 //	cost(w) = 1 * prefill_blocks(w) + decode_blocks(w)
 //	prefill_blocks(w) = (prefill tokens of w's requests still before their
@@ -340,15 +440,19 @@ const (
 //	                     request's blocks not among them
 //
 // and the lowest cost wins (temperature 0; ties at random). overlap(w) is
-// the number of leading blocks of the request (token blocks of the engine's
-// block size, hashed as the replica hashes them) that the router routed to w
-// less than 120 s ago. After the pick the request's blocks are recorded for
-// w; the prefill tokens are released at the first token, the blocks at
-// completion.
+// the number of leading blocks of the request that w holds. By default
+// (dynamo) the indexer learns them from the engines' KV events, so it sees
+// each replica's true cache as of the event delay, evictions included. In
+// approximate mode (dynamo_approx) it records the blocks of the requests it
+// routed to w, each for 120 s. The prefill tokens are released at the
+// first token, the active blocks at completion.
 type dynamo struct {
 	n, bs   int
 	rng     *rand.Rand
-	tree    map[dynKey]*list.Element // (block, worker) -> entry in ttl
+	events  bool
+	ix      *eventIndex              // events mode
+	memo    identities               // events mode: the request's identities
+	tree    map[dynKey]*list.Element // approximate mode: (block, worker) -> entry in ttl
 	ttl     *list.List               // dynEntry, oldest first
 	prefill []int
 	blocks  []map[uint64]int // worker -> active block -> refs
@@ -367,14 +471,23 @@ type dynEntry struct {
 	at  time.Duration
 }
 
-func newDynamo(n, bs int, rng *rand.Rand) *dynamo {
-	d := &dynamo{n: n, bs: bs, rng: rng, tree: map[dynKey]*list.Element{}, ttl: list.New(),
+func newDynamo(n, bs int, events bool, rng *rand.Rand) *dynamo {
+	d := &dynamo{n: n, bs: bs, rng: rng, events: events, tree: map[dynKey]*list.Element{}, ttl: list.New(),
 		prefill: make([]int, n), pending: map[*Flight]int{}, overlap: make([]int, n), costs: make([]float64, n)}
+	if events {
+		d.ix = newEventIndex(n)
+		d.memo = identities{bs: bs}
+	}
 	for range n {
 		d.blocks = append(d.blocks, map[uint64]int{})
 	}
 	return d
 }
+
+// dynamoEvents is the events-mode router: a kvConsumer.
+type dynamoEvents struct{ *dynamo }
+
+func (d dynamoEvents) applyKV(replica int, ops []kvdelta.Op) { d.ix.apply(replica, ops) }
 
 func (d *dynamo) expire(now time.Duration) {
 	for e := d.ttl.Front(); e != nil; e = d.ttl.Front() {
@@ -387,10 +500,17 @@ func (d *dynamo) expire(now time.Duration) {
 	}
 }
 
-func (d *dynamo) Pick(f *Flight, v *View) int {
-	d.expire(v.Now)
-	hashes := f.Req.BlockHashes(d.bs)
-	isl := len(f.Req.Tokens())
+// overlaps sets d.overlap from the indexer.
+func (d *dynamo) overlaps(f *Flight, now time.Duration, hashes []uint64) {
+	if d.events {
+		d.memo.forget()
+		ids := d.memo.get(f.Req.Tokens())
+		for w := range d.n {
+			d.overlap[w] = d.ix.prefixMatch(w, ids, now)
+		}
+		return
+	}
+	d.expire(now)
 	for w := range d.n {
 		k := 0
 		for k < len(hashes) {
@@ -400,6 +520,15 @@ func (d *dynamo) Pick(f *Flight, v *View) int {
 			k++
 		}
 		d.overlap[w] = k
+	}
+}
+
+func (d *dynamo) Pick(f *Flight, v *View) int {
+	hashes := f.Req.BlockHashes(d.bs)
+	isl := len(f.Req.Tokens())
+	d.overlaps(f, v.Now, hashes)
+	for w := range d.n {
+		k := d.overlap[w]
 		newBlocks := 0
 		for _, h := range hashes {
 			if d.blocks[w][h] == 0 {
@@ -419,12 +548,15 @@ func (d *dynamo) Pick(f *Flight, v *View) int {
 func (d *dynamo) Observe(target int, f *Flight, v *View) {
 	hashes := f.Req.BlockHashes(d.bs)
 	for _, h := range hashes {
+		d.blocks[target][h]++
+		if d.events {
+			continue
+		}
 		k := dynKey{h, target}
 		if e, ok := d.tree[k]; ok {
 			d.ttl.Remove(e)
 		}
 		d.tree[k] = d.ttl.PushBack(dynEntry{k, v.Now})
-		d.blocks[target][h]++
 	}
 	if len(d.tree) > dynamoMaxTreeSize {
 		for float64(len(d.tree)) > dynamoPruneRatio*dynamoMaxTreeSize {
@@ -609,34 +741,28 @@ func (a *aibrix) Observe(target int, _ *Flight, v *View) {
 	}
 }
 
-// ---------------------------------------------------------------- oracle
+// ---------------------------------------------------------------- clairvoyant
 
-// Oracle guard defaults: rolter's default balance margins.
-const (
-	oracleBalanceAbs = routing.DefaultBalanceAbs
-	oracleBalanceRel = routing.DefaultBalanceRel
-)
-
-// oracle knows every replica's true cache: it picks the replica with the
-// longest cached prefix of the request (what vllmsim's Cache.Lookup would
-// report), ties among the longest and the all-zero case going to the least
-// loaded (ties at random). Unless greedy, it applies a load guard: when the
-// chosen replica's load is past both margins of the least-loaded one (more
-// than abs ahead and more than rel times it; rolter's defaults 2 and 1.5),
-// the least-loaded replica gets the request instead. The greedy variant is
-// an upper bound only while one replica's cache can absorb whatever piles on
-// it: a prefix every request shares (the Mooncake trace's first block, an
-// agent fleet's tool definitions) sends it all to one replica.
-type oracle struct {
-	n      int
-	rng    *rand.Rand
-	greedy bool
-	abs    int
-	rel    float64
-	costs  []float64
+// clairvoyant is the clairvoyant greedy oracle, a reference line rather
+// than a policy anyone can run: it sees every replica's true cache plus the
+// blocks the requests waiting in its queue will write when admitted, and
+// sends the request to the replica with the longest such prefix (ties, and
+// the all-zero case, to the least loaded; ties at random). It applies no
+// load guard, so it is not an upper bound either: a prefix every request
+// shares (the Mooncake trace's first block, an agent fleet's tool
+// definitions) sends everything to one replica, which docs/routing.md shows
+// where it happens. The ceiling of the workload is unbounded_hit_rate (one
+// infinite cache).
+type clairvoyant struct {
+	n     int
+	rng   *rand.Rand
+	costs []float64
 }
 
-func (o *oracle) Pick(f *Flight, v *View) int {
+// readsQueues implements queueReader: the run tracks the queued blocks.
+func (o *clairvoyant) readsQueues() {}
+
+func (o *clairvoyant) Pick(f *Flight, v *View) int {
 	if o.costs == nil {
 		o.costs = make([]float64, o.n)
 	}
@@ -646,25 +772,18 @@ func (o *oracle) Pick(f *Flight, v *View) int {
 		eligible = (n - 1) / v.BlockSize
 	}
 	for r, c := range v.Caches {
+		var queued map[uint64]int
+		if v.Queued != nil {
+			queued = v.Queued[r]
+		}
 		k := 0
-		for k < eligible && c.Has(hashes[k]) {
+		for k < eligible && (c.Has(hashes[k]) || queued[hashes[k]] > 0) {
 			k++
 		}
 		// Longest match first, then the least load.
 		o.costs[r] = -float64(k)*1e6 + float64(v.Loads[r])
 	}
-	best := argminRandom(o.costs, o.rng)
-	if o.greedy {
-		return best
-	}
-	lo := slices.Min(v.Loads)
-	if l := v.Loads[best]; l > lo+o.abs && float64(l) > o.rel*float64(lo) {
-		for r, l := range v.Loads {
-			o.costs[r] = float64(l)
-		}
-		return argminRandom(o.costs, o.rng)
-	}
-	return best
+	return argminRandom(o.costs, o.rng)
 }
 
-func (o *oracle) Observe(int, *Flight, *View) {}
+func (o *clairvoyant) Observe(int, *Flight, *View) {}

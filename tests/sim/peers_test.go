@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"rolter.dev/pkg/kvdelta"
 	"rolter.dev/tests/vllmsim"
 )
 
@@ -85,8 +86,56 @@ func TestAIBrixPolicy(t *testing.T) {
 	}
 }
 
-func TestDynamoPolicy(t *testing.T) {
-	d := newDynamo(2, 16, rand.New(rand.NewPCG(1, 1)))
+// SGLang's router stores and matches the whole text: a 100K-token prompt
+// seen before is a hit on its worker, even against lighter workers. (The old
+// model kept 32 KiB of the text and divided by the whole length, so any
+// prompt past ~21K tokens fell below the 0.3 threshold.)
+func TestSGLangMatchesTheWholeText(t *testing.T) {
+	s := newSGLang(4, rand.New(rand.NewPCG(1, 1)))
+	long := flight(userMsg(1, 100_000))
+	if text, _ := ContentText(long.Req.Messages, 0); len(text) < 10*MaxPromptBytes {
+		t.Fatalf("the prompt is only %d bytes", len(text))
+	}
+	s.Pick(long, view(0, 0, 0, 0))
+	observe(s, 2, long, view(0, 0, 0, 0))
+	again := flight(userMsg(1, 100_000), userMsg(2, 50))
+	if got := s.Pick(again, view(3, 1, 5, 2)); got != 2 {
+		t.Fatalf("picked %d, want 2: the worker that served the same 100K tokens", got)
+	}
+}
+
+// SGLang's tree grows past max_tree_size between eviction passes and is cut
+// back to it every eviction_interval_secs.
+func TestSGLangEvictsOnItsTimer(t *testing.T) {
+	s := newSGLang(2, rand.New(rand.NewPCG(1, 1)))
+	a, b := flight(userMsg(1, 300)), flight(userMsg(2, 300))
+	v := view(0, 0)
+	for _, f := range []*Flight{a, b} {
+		s.Pick(f, v)
+		observe(s, 0, f, v)
+	}
+	size := s.tree.Stats(0).Nodes
+	s.maxSize = size - 1 // one prompt too many
+	v.Now = sglangEvictInterval - time.Second
+	if got := s.Pick(flight(userMsg(1, 300), userMsg(3, 5)), v); got != 0 || s.tree.Stats(0).Nodes != size {
+		t.Fatalf("before the pass: picked %d with %d nodes, want 0 with %d (no eviction yet)", got, s.tree.Stats(0).Nodes, size)
+	}
+	v.Now = sglangEvictInterval
+	s.Pick(flight(userMsg(9, 10)), v)
+	if st := s.tree.Stats(0); st.Nodes > s.maxSize || st.Prompts != 1 {
+		t.Fatalf("after the pass: %+v, want at most %d nodes and 1 prompt", st, s.maxSize)
+	}
+	// The older prompt went: a is no longer matched on worker 0.
+	lens := make([]int, 2)
+	text, _ := ContentText(a.Req.Messages, 0)
+	s.tree.Match(text, lens)
+	if lens[0] == len(text) {
+		t.Fatal("the least recently used prompt survived the pass")
+	}
+}
+
+func TestDynamoApproxPolicy(t *testing.T) {
+	d := newDynamo(2, 16, false, rand.New(rand.NewPCG(1, 1)))
 	v := view(0, 0)
 	warm := flight(userMsg(1, 320))
 	d.Pick(warm, v)
@@ -115,22 +164,68 @@ func TestDynamoPolicy(t *testing.T) {
 	}
 }
 
-func TestLLMDPolicy(t *testing.T) {
-	l := newLLMD(3, rand.New(rand.NewPCG(1, 1)))
+// Dynamo's default indexer consumes the engines' KV events: the overlap is
+// what a worker stored, not what the router sent it. (The old model ran the
+// approximate indexer, which credits a worker with every routed block for
+// 120 s, evicted or not, and never with blocks it did not route.)
+func TestDynamoUsesKVEvents(t *testing.T) {
+	d := newDynamo(2, 16, true, rand.New(rand.NewPCG(1, 1)))
+	var _ kvConsumer = dynamoEvents{d}
+	v := view(0, 0)
+	warm := flight(userMsg(1, 320))
+	d.Pick(warm, v)
+	observe(d, 0, warm, v) // routed to 0, but no event yet
+	d.Done(warm, 0)
+	again := flight(userMsg(1, 320), userMsg(2, 16))
+	d.Pick(again, v)
+	if d.overlap[0] != 0 || d.overlap[1] != 0 {
+		t.Fatalf("overlaps %v before any event, want none", d.overlap)
+	}
+	ids := (&identities{bs: 16}).get(warm.Req.Tokens())
+	dynamoEvents{d}.applyKV(1, []kvdelta.Op{{Kind: kvdelta.OpStored, IDs: ids}})
+	if got := d.Pick(again, v); got != 1 || d.overlap[1] != 20 {
+		t.Fatalf("picked %d with overlaps %v, want 1 with 20 blocks (stored on 1)", got, d.overlap)
+	}
+	dynamoEvents{d}.applyKV(1, []kvdelta.Op{{Kind: kvdelta.OpRemoved, IDs: ids[10:]}})
+	if d.Pick(again, v); d.overlap[1] != 10 {
+		t.Fatalf("overlap %d after 10 blocks were evicted, want 10", d.overlap[1])
+	}
+}
+
+func llmdEnv(n int) Env { return Env{Replicas: n, BlockSize: 16, CapacityBlocks: 4096} }
+
+// llm-d's shipped profile scores prefix 3, queue 2 and KV-cache utilization
+// 2 over the metrics as last scraped. (The old model ran prefix 2, queue 1,
+// active-request 1 on live queues and never read KV usage.)
+func TestLLMDShippedProfile(t *testing.T) {
+	l := newLLMD(llmdEnv(3), shippedLLMDApproxWeights(), rand.New(rand.NewPCG(1, 1)))
+	if l.blockChars != 64 || l.lrus[0].cap != 4096 {
+		t.Fatalf("block %d chars, LRU %d: want autoTune's 16 tokens x 4 and the engine's 4096 blocks", l.blockChars, l.lrus[0].cap)
+	}
 	v := view(0, 0, 0)
+	v.ScrapedWaiting, v.ScrapedKVUsage = []int{0, 0, 0}, []float64{0, 0, 0}
 	warm := flight(userMsg(1, 300))
 	l.Pick(warm, v)
 	observe(l, 1, warm, v)
 	again := flight(userMsg(1, 300), userMsg(2, 20))
-	// Pod 1: prefix ~0.9*2 + queue 1 + active 0 (it has the only request);
-	// the others: 0 + 1 + 1. The prefix wins.
+	if got := l.Pick(again, v); got != 1 {
+		t.Fatalf("picked %d, want 1 (the prefix); scores %v", got, l.scores)
+	}
+	// A queue formed on pod 1 since the last scrape: not seen yet.
+	v.Waiting[1] = 5
+	if got := l.Pick(again, v); got != 1 {
+		t.Fatalf("picked %d, want 1: the queue is not scraped yet; scores %v", got, l.scores)
+	}
+	// Scraped: a full KV cache costs pod 1 the 2 points of the utilization
+	// scorer and the queue 2 more; ~0.9 x 3 of prefix does not make up 4.
+	v.ScrapedWaiting[1], v.ScrapedKVUsage[1] = 5, 1
+	if got := l.Pick(again, v); got == 1 {
+		t.Fatalf("picked the loaded pod; scores %v", l.scores)
+	}
+	// With only the KV usage high, the prefix still wins (2.7 + 2 > 4).
+	v.ScrapedWaiting[1] = 0
 	if got := l.Pick(again, v); got != 1 {
 		t.Fatalf("picked %d, want 1; scores %v", got, l.scores)
-	}
-	// A queue on pod 1 makes its queue score 0: 1.8 + 0 + 0 < 2.
-	v.Waiting[1] = 3
-	if got := l.Pick(again, v); got == 1 {
-		t.Fatalf("picked the queued pod; scores %v", l.scores)
 	}
 	l.Done(warm, 0)
 	// The LRU forgets the oldest blocks past its capacity.
@@ -143,32 +238,49 @@ func TestLLMDPolicy(t *testing.T) {
 	}
 }
 
-func TestOraclePolicy(t *testing.T) {
-	caches := []*vllmsim.Cache{vllmsim.NewCache(16, 100, nil), vllmsim.NewCache(16, 100, nil), vllmsim.NewCache(16, 100, nil)}
+// The old weighting stays as llmd_approx_bench: its active-request scorer
+// counts the scheduler's own requests in flight.
+func TestLLMDApproxBench(t *testing.T) {
+	l := newLLMD(llmdEnv(3), benchLLMDApproxWeights(), rand.New(rand.NewPCG(1, 1)))
+	v := view(0, 0, 0)
 	warm := flight(userMsg(1, 300))
-	_, lease := caches[2].Admit(warm.Req.Tokens())
-	caches[2].Release(lease)
-	again := flight(userMsg(1, 300), userMsg(2, 40))
-	for _, tc := range []struct {
-		name   string
-		greedy bool
-		loads  []int
-		want   int
-	}{
-		{"longest prefix", false, []int{1, 1, 2}, 2},
-		{"guard: 4 > 1+2 and > 1.5", false, []int{1, 1, 4}, 0},
-		{"greedy ignores load", true, []int{1, 1, 40}, 2},
-	} {
-		o := &oracle{n: 3, rng: rand.New(rand.NewPCG(1, 1)), greedy: tc.greedy, abs: oracleBalanceAbs, rel: oracleBalanceRel}
-		v := &View{Loads: tc.loads, Waiting: make([]int, 3), Caches: caches, BlockSize: 16}
-		if got := o.Pick(again, v); got != tc.want && !(tc.want == 0 && got == 1) {
-			t.Errorf("%s: picked %d, want %d", tc.name, got, tc.want)
-		}
+	l.Pick(warm, v)
+	observe(l, 1, warm, v)
+	again := flight(userMsg(1, 300), userMsg(2, 20))
+	// Pod 1: prefix ~0.9*2 + queue 1 + active 0; the others 0 + 1 + 1.
+	if got := l.Pick(again, v); got != 1 {
+		t.Fatalf("picked %d, want 1; scores %v", got, l.scores)
 	}
-	// Nothing cached anywhere: the least loaded.
-	o := &oracle{n: 3, rng: rand.New(rand.NewPCG(1, 1)), abs: 2, rel: 1.5}
-	v := &View{Loads: []int{3, 0, 2}, Waiting: make([]int, 3), Caches: caches, BlockSize: 16}
-	if got := o.Pick(flight(userMsg(7, 300)), v); got != 1 {
-		t.Errorf("cold: picked %d, want 1", got)
+	v.Waiting[1] = 3 // no scrape in this view: live queues
+	if got := l.Pick(again, v); got == 1 {
+		t.Fatalf("picked the queued pod; scores %v", l.scores)
+	}
+}
+
+// The clairvoyant oracle sees the blocks that requests queued on a replica
+// will write: a request sharing them goes there, not to an idle replica.
+// (The old oracle saw only resident blocks.)
+func TestClairvoyantSeesQueuedBlocks(t *testing.T) {
+	caches := []*vllmsim.Cache{vllmsim.NewCache(16, 100, nil), vllmsim.NewCache(16, 100, nil), vllmsim.NewCache(16, 100, nil)}
+	o := &clairvoyant{n: 3, rng: rand.New(rand.NewPCG(1, 1))}
+	queuedReq := flight(userMsg(1, 300))
+	queued := []map[uint64]int{{}, {}, {}}
+	for _, h := range queuedReq.Req.BlockHashes(16) {
+		queued[2][h]++
+	}
+	v := &View{Loads: []int{0, 1, 3}, Waiting: []int{0, 0, 1}, Caches: caches, Queued: queued, BlockSize: 16}
+	again := flight(userMsg(1, 300), userMsg(2, 40))
+	if got := o.Pick(again, v); got != 2 {
+		t.Fatalf("picked %d, want 2: its queued request writes the prefix", got)
+	}
+	// Resident blocks count the same; the longer prefix wins over load.
+	_, lease := caches[1].Admit(again.Req.Tokens())
+	caches[1].Release(lease)
+	if got := o.Pick(again, v); got != 1 {
+		t.Fatalf("picked %d, want 1: it holds the whole prompt", got)
+	}
+	// Nothing anywhere: the least loaded.
+	if got := o.Pick(flight(userMsg(7, 300)), v); got != 0 {
+		t.Fatalf("cold: picked %d, want 0", got)
 	}
 }

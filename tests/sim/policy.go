@@ -34,9 +34,9 @@ type Flight struct {
 // View is what a policy may look at when it picks. Rolter's balancers get
 // only Loads (precise_cache_aware also its proxy's index of the replicas' KV
 // events); the peers' policies get what their systems read (SGLang,
-// Dynamo, AIBrix: router-tracked in-flight = Loads; llm-d's queue scorer:
-// the replicas' waiting queues; its kv-cache-utilization scorer: KVUsage);
-// the oracle reads the replicas' caches.
+// Dynamo, AIBrix: router-tracked in-flight = Loads; llm-d's queue and
+// kv-cache-utilization scorers: the scraped Waiting and KVUsage); the
+// clairvoyant oracle reads the replicas' caches and queues.
 type View struct {
 	Now time.Duration
 	// Loads is the proxy's own in-flight count per replica (incremented at
@@ -48,8 +48,16 @@ type View struct {
 	// KVUsage is each replica's vllm:kv_cache_usage_perc: cache blocks held
 	// by running requests over capacity, in [0, 1].
 	KVUsage []float64
-	// Caches are the replicas' prefix caches (oracle only).
+	// ScrapedWaiting and ScrapedKVUsage are Waiting and KVUsage as of the
+	// last metrics scrape, when a policy reads scraped metrics
+	// (metricsScraper); nil otherwise.
+	ScrapedWaiting []int
+	ScrapedKVUsage []float64
+	// Caches are the replicas' prefix caches (clairvoyant only).
 	Caches []*vllmsim.Cache
+	// Queued counts, per replica, the block hashes of the requests waiting
+	// in its queue (clairvoyant only: nil unless a policy is a queueReader).
+	Queued []map[uint64]int
 	// BlockSize is the replicas' cache block size.
 	BlockSize int
 }
@@ -62,6 +70,18 @@ type Policy interface {
 	Observe(target int, f *Flight, v *View)
 }
 
+// metricsScraper is a policy that reads the replicas' metrics as a
+// scraper refreshes them: the run copies Waiting and KVUsage into
+// View.ScrapedWaiting/ScrapedKVUsage every scrapeInterval.
+type metricsScraper interface {
+	scrapeInterval() time.Duration
+}
+
+// queueReader is a policy that reads View.Queued.
+type queueReader interface {
+	readsQueues()
+}
+
 // lifecycle is implemented by policies that track requests after dispatch.
 type lifecycle interface {
 	FirstToken(f *Flight, now time.Duration)
@@ -72,6 +92,9 @@ type lifecycle interface {
 type Env struct {
 	Replicas  int
 	BlockSize int
+	// CapacityBlocks is each replica's cache size in blocks, as the engine
+	// reports it in its metrics (llm-d's autoTune reads it).
+	CapacityBlocks int
 	// Seed seeds the policy's own randomness (tie breaks), so the peers'
 	// policies are reproducible.
 	Seed uint64
@@ -100,24 +123,27 @@ type Strategy struct {
 
 // Names of the strategies implemented in the simulator.
 const (
-	SGLang       = "sglang"
-	LLMDApprox   = "llmd_approx"
-	LLMDPrecise  = "llmd_precise"
-	Dynamo       = "dynamo"
-	AIBrix       = "aibrix"
-	Oracle       = "oracle"
-	OracleGreedy = "oracle_greedy"
+	SGLang          = "sglang"
+	LLMDApprox      = "llmd_approx"
+	LLMDApproxBench = "llmd_approx_bench"
+	LLMDPrecise     = "llmd_precise"
+	Dynamo          = "dynamo"
+	DynamoApprox    = "dynamo_approx"
+	AIBrix          = "aibrix"
+	// Clairvoyant is the clairvoyant greedy oracle, a reference line.
+	Clairvoyant = "clairvoyant"
 )
 
 // RolterStrategies are pkg/routing's strategies the simulator runs.
 var RolterStrategies = []string{
 	routing.RoundRobin, routing.Random, routing.Weighted, routing.PowerOfTwo, routing.LeastLoad,
 	routing.ConsistentHash, routing.CacheAware, routing.Pipeline, routing.PredictedLatency,
-	routing.PreciseCacheAware,
+	routing.PreciseCacheAware, routing.PredictedTTFT,
 }
 
-// PeerStrategies are the peers' published policies and the oracle.
-var PeerStrategies = []string{SGLang, LLMDApprox, LLMDPrecise, Dynamo, AIBrix, Oracle, OracleGreedy}
+// PeerStrategies are the peers' shipped policies, their named variants and
+// the clairvoyant oracle.
+var PeerStrategies = []string{SGLang, LLMDApprox, LLMDApproxBench, LLMDPrecise, Dynamo, DynamoApprox, AIBrix, Clairvoyant}
 
 // AllStrategies lists every strategy name.
 func AllStrategies() []string { return append(slices.Clone(RolterStrategies), PeerStrategies...) }
@@ -128,18 +154,15 @@ func AllStrategies() []string { return append(slices.Clone(RolterStrategies), Pe
 // pipeline scorer weights by scorer name (prefix_cache, least_load,
 // session_affinity, static_weight); precise_cache_aware also takes
 // speculate_ms, Spec.SpeculativeTTL in milliseconds (default 5 s; 0 turns
-// speculation off). The peers run with their published defaults and take no
-// parameters, except the oracle (its guard margins) and llmd_precise (its
-// scorer weights prefix, kv_cache, queue, active, and speculate_ms).
+// speculation off). The peers run with their shipped defaults and take no
+// parameters, except the llm-d strategies (their scorer weights prefix,
+// kv_cache, queue, active, and for llmd_precise speculate_ms).
 func ParseStrategy(s string) (Strategy, error) {
 	s = strings.TrimSpace(s)
 	base, params, _ := strings.Cut(s, ":")
 	st := Strategy{Name: s, Base: base}
-	if base == Oracle && params != "" {
-		return parseOracle(st, params)
-	}
-	if base == LLMDPrecise {
-		return parseLLMDPrecise(st, params)
+	if base == LLMDPrecise || base == LLMDApprox || base == LLMDApproxBench {
+		return parseLLMD(st, params)
 	}
 	if slices.Contains(PeerStrategies, base) {
 		if params != "" {
@@ -152,6 +175,7 @@ func ParseStrategy(s string) (Strategy, error) {
 		return st, fmt.Errorf("unknown strategy %q (want one of %s)", base, strings.Join(AllStrategies(), ", "))
 	}
 	spec := routing.Spec{Strategy: base}
+	ttftEvents, ttftEngine := true, true
 	if params != "" {
 		for kv := range strings.SplitSeq(params, ":") {
 			k, v, ok := strings.Cut(kv, "=")
@@ -175,9 +199,18 @@ func ParseStrategy(s string) (Strategy, error) {
 				spec.SignalWeight = f
 			case "load_weight":
 				spec.LoadWeight = f
+			case "kv_events", "engine":
+				if base != routing.PredictedTTFT || (f != 0 && f != 1) {
+					return st, fmt.Errorf("strategy %q: %s: want 0 or 1 on %s", s, k, routing.PredictedTTFT)
+				}
+				if k == "kv_events" {
+					ttftEvents = f == 1
+				} else {
+					ttftEngine = f == 1
+				}
 			case "speculate_ms":
-				if base != routing.PreciseCacheAware || f < 0 {
-					return st, fmt.Errorf("strategy %q: speculate_ms: want a number >= 0 on %s", s, routing.PreciseCacheAware)
+				if (base != routing.PreciseCacheAware && base != routing.PredictedTTFT) || f < 0 {
+					return st, fmt.Errorf("strategy %q: speculate_ms: want a number >= 0 on %s or %s", s, routing.PreciseCacheAware, routing.PredictedTTFT)
 				}
 				spec.SpeculativeTTL = time.Duration(f * float64(time.Millisecond))
 				if f == 0 {
@@ -197,7 +230,7 @@ func ParseStrategy(s string) (Strategy, error) {
 	if _, err := routing.New(probe); err != nil {
 		return st, fmt.Errorf("strategy %q: %w", s, err)
 	}
-	st.TokenIDs = base == routing.PreciseCacheAware
+	st.TokenIDs = base == routing.PreciseCacheAware || (base == routing.PredictedTTFT && ttftEvents)
 	st.New = func(env Env) (Policy, error) {
 		sp := spec
 		sp.Share = env.Share
@@ -211,36 +244,14 @@ func ParseStrategy(s string) (Strategy, error) {
 		if base == routing.PreciseCacheAware {
 			return newPrecise(sp, env)
 		}
+		if base == routing.PredictedTTFT {
+			return newTTFTPolicy(sp, env, ttftEvents, ttftEngine)
+		}
 		b, err := routing.New(sp)
 		if err != nil {
 			return nil, err
 		}
 		return &balancer{b: b, all: routing.All(env.Replicas)}, nil
-	}
-	return st, nil
-}
-
-// parseOracle reads the oracle's guard margins (balance_abs, balance_rel).
-func parseOracle(st Strategy, params string) (Strategy, error) {
-	abs, rel := oracleBalanceAbs, oracleBalanceRel
-	for kv := range strings.SplitSeq(params, ":") {
-		k, v, _ := strings.Cut(kv, "=")
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f < 0 {
-			return st, fmt.Errorf("strategy %q: %s: want a number >= 0", st.Name, kv)
-		}
-		switch k {
-		case "balance_abs":
-			abs = int(f)
-		case "balance_rel":
-			rel = f
-		default:
-			return st, fmt.Errorf("strategy %q: unknown parameter %q (want balance_abs, balance_rel)", st.Name, k)
-		}
-	}
-	st.New = func(env Env) (Policy, error) {
-		rng := rand.New(rand.NewPCG(env.Seed, Key(uint64(len(Oracle)), uint64(Oracle[0]))))
-		return &oracle{n: env.Replicas, rng: rng, abs: abs, rel: rel}, nil
 	}
 	return st, nil
 }
@@ -284,6 +295,9 @@ type balancer struct {
 	b   routing.Balancer
 	all routing.Set
 }
+
+// inner is the balancer a wrapping policy (precise, ttftPolicy) embeds.
+func (p *balancer) inner() *balancer { return p }
 
 func (p *balancer) Pick(f *Flight, v *View) int { return p.b.Pick(&f.Ctx, v.Loads, p.all) }
 

@@ -65,7 +65,7 @@ func TestKVIndexMirrorsCache(t *testing.T) {
 // dropped by any event for the identity.
 func TestLLMDIndexSpeculation(t *testing.T) {
 	ids := []uint64{1, 2, 3}
-	ix := newLLMDIndex(2)
+	ix := newEventIndex(2)
 	ix.speculate(1, ids, 0, time.Second)
 	if got := ix.prefixMatch(1, ids, 500*time.Millisecond); got != 3 {
 		t.Fatalf("speculated match %d, want 3", got)
@@ -159,7 +159,9 @@ func TestPreciseFollowsKVEvents(t *testing.T) {
 			if events.HitRate < 2*rr || events.HitRate < rr+0.25 {
 				t.Errorf("with events and no speculation: hit rate %.3f, round robin %.3f", events.HitRate, rr)
 			}
-			if full.HitRate < events.HitRate-0.02 {
+			// (llm-d's shipped profile pays 2.1 points here: speculated
+			// pods also score on the queue scorer.)
+			if full.HitRate < events.HitRate-0.03 {
 				t.Errorf("speculation costs hits: %.3f with, %.3f without", full.HitRate, events.HitRate)
 			}
 			if blind.HitRate > ll+0.06 || blind.HitRate > rr+0.06 {
@@ -208,8 +210,8 @@ func TestPreciseProxiesShareEvents(t *testing.T) {
 	}
 }
 
-// llm-d's score: 2 × prefix share + 1 × free KV cache + 1 × active-request
-// headroom; the pick goes where the sum is largest.
+// llm-d's score as its precise guide ships it: 2 × prefix share + 1 × free
+// KV cache + 1 × queue headroom; the pick goes where the sum is largest.
 func TestLLMDPrecisePolicy(t *testing.T) {
 	env := Env{Replicas: 3, BlockSize: 16}
 	l := newLLMDPrecise(env, defaultLLMDWeights(), rand.New(rand.NewPCG(1, 1)))
@@ -222,18 +224,15 @@ func TestLLMDPrecisePolicy(t *testing.T) {
 	if got := l.Pick(again, v); got != 2 {
 		t.Fatalf("picked %d, want the replica holding the prefix; scores %v", got, l.scores)
 	}
-	// A full KV cache (−1) and the only active request (−1) outweigh a
-	// prefix share of ~0.88 (1.76).
-	v.KVUsage[2] = 1
-	other := flight(userMsg(9, 10))
-	l.Pick(other, v)
-	observe(l, 2, other, v)
+	// A full KV cache (−1) and the longest queue (−1) outweigh a prefix
+	// share of ~0.88 (1.76).
+	v.KVUsage[2], v.Waiting[2] = 1, 2
 	if got := l.Pick(again, v); got == 2 {
 		t.Fatalf("picked the full, busy replica; scores %v", l.scores)
 	}
 	// Speculation: the request just routed to 0 matches there for 2 s.
 	cold := flight(userMsg(5, 200))
-	v.KVUsage[2] = 0
+	v.KVUsage[2], v.Waiting[2] = 0, 0
 	l.Pick(cold, v)
 	observe(l, 0, cold, v)
 	l.Pick(cold, v)

@@ -182,6 +182,7 @@ const (
 	evShareFlush
 	evShareLoad
 	evShareDeliver
+	evScrape // a metrics scrape of every replica (metricsScraper)
 )
 
 type event struct {
@@ -230,9 +231,16 @@ type run struct {
 	proxies  []*proxy
 	caches   []*vllmsim.Cache
 	waiting  []int
-	usage    []float64    // replicas' KV cache usage (View.KVUsage)
-	watchers []*kvWatcher // per replica, when a policy reads KV events
-	share    *sharing     // nil unless the proxies share state
+	usage    []float64 // replicas' KV cache usage (View.KVUsage)
+	// scraped copies of waiting and usage (View.Scraped*), refreshed every
+	// scrapeEvery when a policy reads scraped metrics
+	scrapedWaiting []int
+	scrapedUsage   []float64
+	scrapeEvery    time.Duration
+	total          int              // turns in the workload
+	queued         []map[uint64]int // View.Queued, when a policy is a queueReader
+	watchers       []*kvWatcher     // per replica, when a policy reads KV events
+	share          *sharing         // nil unless the proxies share state
 
 	closed     bool
 	clients    int
@@ -262,7 +270,8 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 	r.cfg.ShareLoadInterval = cmp.Or(r.cfg.ShareLoadInterval, fleet.DefaultLoadInterval)
 	events := false
 	for p := range cfg.Proxies {
-		env := Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, Seed: Key(cfg.Seed, uint64(p)), Now: func() time.Duration { return r.now }}
+		env := Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, CapacityBlocks: cfg.CapacityBlocks,
+			Seed: Key(cfg.Seed, uint64(p)), Now: func() time.Duration { return r.now }}
 		if r.shareEnabled() {
 			r.newShareNode(p, &env)
 		}
@@ -275,7 +284,19 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 			r.bindShare(p, px)
 		}
 		px.kv, _ = pol.(kvConsumer)
+		if t, ok := pol.(*ttftPolicy); ok && t.src == nil {
+			px.kv = nil // predicted_ttft:kv_events=0 reads no events
+		}
 		events = events || px.kv != nil
+		if m, ok := pol.(metricsScraper); ok {
+			r.scrapeEvery = m.scrapeInterval()
+		}
+		if _, ok := pol.(queueReader); ok && r.queued == nil {
+			r.queued = make([]map[uint64]int, cfg.Replicas)
+			for i := range r.queued {
+				r.queued[i] = map[uint64]int{}
+			}
+		}
 		r.proxies = append(r.proxies, px)
 	}
 	for i := range cfg.Replicas {
@@ -292,9 +313,17 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 	}
 	r.waiting = make([]int, cfg.Replicas)
 	r.usage = make([]float64, cfg.Replicas)
+	if r.scrapeEvery > 0 {
+		r.total = w.Requests()
+		r.scrapedWaiting = make([]int, cfg.Replicas)
+		r.scrapedUsage = make([]float64, cfg.Replicas)
+	}
 	r.start()
 	if r.share != nil {
 		r.startShare()
+	}
+	if r.scrapeEvery > 0 {
+		r.push(0, evScrape, nil, nil)
 	}
 	for r.events.Len() > 0 {
 		e := heap.Pop(&r.events).(event)
@@ -314,6 +343,12 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 			r.done(e.f)
 		case evShareFlush, evShareLoad, evShareDeliver:
 			r.shareEvent(e)
+		case evScrape:
+			copy(r.scrapedWaiting, r.waiting)
+			copy(r.scrapedUsage, r.usage)
+			if r.completed < r.total { // scraping stops once all completed
+				r.push(r.now+r.scrapeEvery, evScrape, nil, nil)
+			}
 		case evKV:
 			for _, px := range r.proxies {
 				if px.kv != nil {
@@ -412,7 +447,9 @@ func (r *run) issue(s *sessionState) {
 		p = r.rng.IntN(len(r.proxies))
 	}
 	px := r.proxies[p]
-	v := &View{Now: r.now, Loads: r.fleetLoads(p, px.loads), Waiting: r.waiting, KVUsage: r.usage, Caches: r.caches, BlockSize: r.cfg.BlockSize}
+	v := &View{Now: r.now, Loads: r.fleetLoads(p, px.loads), Waiting: r.waiting, KVUsage: r.usage,
+		ScrapedWaiting: r.scrapedWaiting, ScrapedKVUsage: r.scrapedUsage, Caches: r.caches, Queued: r.queued,
+		BlockSize: r.cfg.BlockSize}
 	target := px.policy.Pick(f, v)
 	if target < 0 || target >= len(r.replicas) {
 		panic(fmt.Sprintf("sim: strategy %s picked replica %d of %d", r.strategy.Name, target, len(r.replicas)))
@@ -427,6 +464,11 @@ func (r *run) issue(s *sessionState) {
 	rep.inflight++
 	rep.queue = append(rep.queue, f)
 	r.waiting[target]++
+	if r.queued != nil {
+		for _, h := range req.BlockHashes(r.cfg.BlockSize) {
+			r.queued[target][h]++
+		}
+	}
 	r.schedule(target)
 }
 
@@ -453,6 +495,14 @@ func (r *run) schedule(i int) {
 		rep.queue = rep.queue[1:]
 		r.waiting[i]--
 		rep.running++
+		if r.queued != nil {
+			q := r.queued[i]
+			for _, h := range f.Req.BlockHashes(r.cfg.BlockSize) {
+				if q[h]--; q[h] <= 0 {
+					delete(q, h)
+				}
+			}
+		}
 		toks := f.Req.Tokens()
 		f.Cached, f.lease = rep.cache.Admit(toks)
 		r.updateUsage(i)

@@ -66,26 +66,23 @@ func TestDeterminism(t *testing.T) {
 	}
 }
 
-// With caches that hold everything, the oracle hits every cached prefix:
-// no strategy beats it, and the greedy oracle reaches the unbounded rate.
-func TestOracleBoundsEveryStrategy(t *testing.T) {
+// With caches that hold everything, the clairvoyant oracle hits every
+// prefix seen before and reaches the unbounded rate; no strategy beats
+// either.
+func TestClairvoyantBoundsEveryStrategy(t *testing.T) {
 	cfg := smallConfig()
 	for wname, w := range smallWorkloads() {
 		t.Run(wname, func(t *testing.T) {
 			unbounded := UnboundedHitRate(w, cfg.BlockSize)
-			greedy := mustRun(t, cfg, w, OracleGreedy)
-			guarded := mustRun(t, cfg, w, Oracle)
-			if greedy.HitRate != unbounded {
-				t.Fatalf("greedy oracle %.4f, unbounded %.4f", greedy.HitRate, unbounded)
+			oracle := mustRun(t, cfg, w, Clairvoyant)
+			if oracle.HitRate != unbounded {
+				t.Fatalf("clairvoyant oracle %.4f, unbounded %.4f", oracle.HitRate, unbounded)
 			}
 			for _, name := range AllStrategies() {
 				r := mustRun(t, cfg, w, name)
-				if r.HitRate > greedy.HitRate+1e-12 || r.HitRate > unbounded+1e-12 {
-					t.Errorf("%s hits %.4f, above the oracle's %.4f", name, r.HitRate, greedy.HitRate)
+				if r.HitRate > oracle.HitRate+1e-12 || r.HitRate > unbounded+1e-12 {
+					t.Errorf("%s hits %.4f, above the oracle's %.4f", name, r.HitRate, oracle.HitRate)
 				}
-			}
-			if guarded.HitRate > greedy.HitRate+1e-12 {
-				t.Errorf("guarded oracle %.4f above the greedy one %.4f", guarded.HitRate, greedy.HitRate)
 			}
 		})
 	}
@@ -240,8 +237,12 @@ func TestParseStrategy(t *testing.T) {
 		{"cache_aware", ""},
 		{"cache_aware:threshold=0.3:balance_abs=8:balance_rel=2:max_trie_nodes=1000", ""},
 		{"pipeline:prefix_cache=2:least_load=0.5", ""},
-		{"oracle:balance_rel=3", ""},
-		{"oracle_greedy", ""},
+		{"clairvoyant", ""},
+		{"oracle", "unknown strategy"},
+		{"llmd_approx:prefix=2:queue=1:active=1:kv_cache=0", ""},
+		{"llmd_approx_bench", ""},
+		{"llmd_approx:speculate_ms=5", "unknown parameter"},
+		{"dynamo_approx", ""},
 		{"precise_cache_aware:signal_weight=2:load_weight=0.5:speculate_ms=0", ""},
 		{"llmd_precise", ""},
 		{"llmd_precise:prefix=3:kv_cache=2:queue=2:active=0:speculate_ms=500", ""},
@@ -254,7 +255,7 @@ func TestParseStrategy(t *testing.T) {
 		{"cache_aware:threshold=-1", "threshold"},
 		{"pipeline:bogus=1", "unknown scorer"},
 		{"sglang:threshold=0.5", "takes no parameters"},
-		{"oracle:foo=1", "unknown parameter"},
+		{"clairvoyant:foo=1", "takes no parameters"},
 	} {
 		_, err := ParseStrategy(tc.in)
 		if (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
@@ -292,7 +293,7 @@ func TestChart(t *testing.T) {
 	cfg := smallConfig()
 	w := smallWorkloads()["gsp"]
 	var results []Result
-	for _, name := range []string{"round_robin", "cache_aware:threshold=0.3", "sglang", "oracle"} {
+	for _, name := range []string{"round_robin", "cache_aware:threshold=0.3", "sglang", "clairvoyant"} {
 		results = append(results, mustRun(t, cfg, w, name))
 	}
 	var buf bytes.Buffer

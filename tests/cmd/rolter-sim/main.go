@@ -8,7 +8,13 @@
 //
 //	rolter-sim --workload gsp
 //	rolter-sim --workload trace --trace ../shared/traces/mooncake_conversation_trace.jsonl --json
-//	rolter-sim --workload gsp --strategies round_robin,cache_aware,cache_aware:threshold=0.3,oracle --png gsp.png
+//	rolter-sim --workload gsp --strategies round_robin,cache_aware,cache_aware:threshold=0.3,sglang --png gsp.png
+//
+// Every run also reports two reference lines: unbounded_hit_rate (one
+// infinite cache: the workload's physical limit) and the clairvoyant greedy
+// oracle (strategy "clairvoyant", run whether listed or not), and each
+// strategy's hit rate relative to both (hit_vs_unbounded,
+// hit_vs_clairvoyant).
 //
 // See docs/routing.md for the model, the peers' constants and the results.
 package main
@@ -20,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -191,6 +198,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if !slices.ContainsFunc(strategies, func(st sim.Strategy) bool { return st.Name == sim.Clairvoyant }) {
+		ref, err := sim.ParseStrategy(sim.Clairvoyant)
+		if err != nil {
+			return err
+		}
+		strategies = append(strategies, ref)
+	}
 	bar := newProgress(stderr, !o.quiet && isTerminal(stderr), w.Requests()*len(strategies))
 	unbounded := sim.UnboundedHitRate(w, o.cfg.BlockSize)
 	var results []sim.Result
@@ -206,9 +220,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		results = append(results, res)
 	}
 	bar.clear()
-	oracle := -1.0
+	oracle := 0.0
 	for _, r := range results {
-		if r.Strategy == sim.Oracle {
+		if r.Strategy == sim.Clairvoyant {
 			oracle = r.HitRate
 		}
 	}
@@ -276,29 +290,28 @@ func ratio(a, b float64) float64 {
 
 func (o *options) jsonRecord(r sim.Result, unbounded, oracle float64) map[string]any {
 	rec := map[string]any{
-		"strategy":           r.Strategy,
-		"workload":           r.Workload,
-		"token_hit_rate":     r.HitRate,
-		"load_imbalance":     r.LoadImbalance,
-		"ttft_p50_ms":        ms(r.TTFTP50),
-		"ttft_p99_ms":        ms(r.TTFTP99),
-		"throughput_rps":     r.Throughput,
-		"proxies":            r.Proxies,
-		"share":              onOff(r.Shared),
-		"ttft_mean_ms":       ms(r.TTFTMean),
-		"inflight_imbalance": r.InflightImbalance,
-		"unbounded_hit_rate": unbounded,
-		"hit_vs_unbounded":   ratio(r.HitRate, unbounded),
-		"output_tps":         r.OutputTPS,
-		"requests":           r.Requests,
-		"replicas":           o.cfg.Replicas,
-		"capacity_blocks":    o.cfg.CapacityBlocks,
-		"block_size":         o.cfg.BlockSize,
-		"seed":               o.cfg.Seed,
-		"kv_delay_ms":        ms(o.cfg.KVEventDelay),
-	}
-	if oracle >= 0 {
-		rec["hit_vs_oracle"] = ratio(r.HitRate, oracle)
+		"strategy":             r.Strategy,
+		"workload":             r.Workload,
+		"token_hit_rate":       r.HitRate,
+		"load_imbalance":       r.LoadImbalance,
+		"ttft_p50_ms":          ms(r.TTFTP50),
+		"ttft_p99_ms":          ms(r.TTFTP99),
+		"throughput_rps":       r.Throughput,
+		"proxies":              r.Proxies,
+		"share":                onOff(r.Shared),
+		"ttft_mean_ms":         ms(r.TTFTMean),
+		"inflight_imbalance":   r.InflightImbalance,
+		"unbounded_hit_rate":   unbounded,
+		"hit_vs_unbounded":     ratio(r.HitRate, unbounded),
+		"clairvoyant_hit_rate": oracle,
+		"hit_vs_clairvoyant":   ratio(r.HitRate, oracle),
+		"output_tps":           r.OutputTPS,
+		"requests":             r.Requests,
+		"replicas":             o.cfg.Replicas,
+		"capacity_blocks":      o.cfg.CapacityBlocks,
+		"block_size":           o.cfg.BlockSize,
+		"seed":                 o.cfg.Seed,
+		"kv_delay_ms":          ms(o.cfg.KVEventDelay),
 	}
 	if r.Decisions != nil {
 		rec["decisions"] = r.Decisions
@@ -310,17 +323,16 @@ func (o *options) printTable(out io.Writer, w *sim.Workload, results []sim.Resul
 	fmt.Fprintf(out, "workload %s: %d requests; %d replicas x %d blocks of %d tokens; max batch %d; %d prox%s%s; seed %d; KV events after %v\n",
 		w.Name, w.Requests(), o.cfg.Replicas, o.cfg.CapacityBlocks, o.cfg.BlockSize, o.cfg.MaxBatch,
 		o.cfg.Proxies, plural(o.cfg.Proxies, "y", "ies"), shareNote(o.cfg), o.cfg.Seed, kvDelay(o.cfg.KVEventDelay))
-	fmt.Fprintf(out, "unbounded single-cache hit rate: %.1f%%\n\n", 100*unbounded)
+	fmt.Fprintf(out, "reference lines: unbounded single-cache hit rate %.1f%%; clairvoyant greedy oracle %.1f%%\n\n", 100*unbounded, 100*oracle)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "strategy\thit %\t/unbounded\t/oracle\timbalance\tinflight imb\tTTFT mean ms\tp50 ms\tp99 ms\treq/s\t")
+	fmt.Fprintln(tw, "strategy\thit %\t/unbounded\t/clairvoyant\timbalance\tinflight imb\tTTFT mean ms\tp50 ms\tp99 ms\treq/s\t")
 	for _, r := range results {
 		name := r.Strategy
-		vo := "-"
-		if oracle >= 0 {
-			vo = fmt.Sprintf("%.2f", ratio(r.HitRate, oracle))
+		if name == sim.Clairvoyant {
+			name += " (reference)"
 		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%.2f\t%s\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.2f\t\n",
-			name, 100*r.HitRate, ratio(r.HitRate, unbounded), vo, r.LoadImbalance, r.InflightImbalance,
+		fmt.Fprintf(tw, "%s\t%.1f\t%.2f\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.2f\t\n",
+			name, 100*r.HitRate, ratio(r.HitRate, unbounded), ratio(r.HitRate, oracle), r.LoadImbalance, r.InflightImbalance,
 			ms(r.TTFTMean), ms(r.TTFTP50), ms(r.TTFTP99), r.Throughput)
 	}
 	tw.Flush()

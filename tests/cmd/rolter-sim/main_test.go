@@ -17,7 +17,7 @@ var small = []string{"--quiet", "--replicas", "3", "--gsp-groups", "3", "--gsp-p
 func TestJSON(t *testing.T) {
 	var out, errb bytes.Buffer
 	args := append([]string{"--workload", "gsp", "--json", "--proxies", "2", "--kv-delay", "20ms",
-		"--strategies", "round_robin,cache_aware:threshold=0.3,sglang,oracle,precise_cache_aware,llmd_precise"}, small...)
+		"--strategies", "round_robin,cache_aware:threshold=0.3,sglang,dynamo,precise_cache_aware,llmd_precise"}, small...)
 	if err := run(args, &out, &errb); err != nil {
 		t.Fatal(err, errb.String())
 	}
@@ -28,7 +28,8 @@ func TestJSON(t *testing.T) {
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
 			t.Fatalf("line %q: %v", sc.Text(), err)
 		}
-		for _, k := range []string{"strategy", "workload", "token_hit_rate", "load_imbalance", "ttft_p50_ms", "ttft_p99_ms", "throughput_rps", "proxies", "share"} {
+		for _, k := range []string{"strategy", "workload", "token_hit_rate", "load_imbalance", "ttft_p50_ms", "ttft_p99_ms", "throughput_rps", "proxies", "share",
+			"unbounded_hit_rate", "hit_vs_unbounded", "clairvoyant_hit_rate", "hit_vs_clairvoyant"} {
 			if _, ok := rec[k]; !ok {
 				t.Fatalf("record %v has no %q", rec, k)
 			}
@@ -36,9 +37,16 @@ func TestJSON(t *testing.T) {
 		if rec["proxies"] != 2.0 || rec["share"] != "off" || rec["workload"] != "gsp" || rec["kv_delay_ms"] != 20.0 {
 			t.Fatalf("record %v", rec)
 		}
+		if _, old := rec["hit_vs_oracle"]; old {
+			t.Fatalf("record %v has the unnamed hit_vs_oracle", rec)
+		}
+		if got, want := rec["hit_vs_clairvoyant"].(float64), rec["token_hit_rate"].(float64)/rec["clairvoyant_hit_rate"].(float64); got != want {
+			t.Fatalf("hit_vs_clairvoyant %v, want %v", got, want)
+		}
 		names = append(names, rec["strategy"].(string))
 	}
-	if strings.Join(names, ",") != "round_robin,cache_aware:threshold=0.3,sglang,oracle,precise_cache_aware,llmd_precise" {
+	// The clairvoyant oracle is run and reported even when not listed.
+	if strings.Join(names, ",") != "round_robin,cache_aware:threshold=0.3,sglang,dynamo,precise_cache_aware,llmd_precise,clairvoyant" {
 		t.Fatalf("strategies %v", names)
 	}
 	if errb.Len() != 0 {
@@ -55,7 +63,7 @@ func TestShareFlag(t *testing.T) {
 	if err := run(args, &out, &errb); err != nil {
 		t.Fatal(err, errb.String())
 	}
-	want := map[string]string{"cache_aware": "on", "sglang": "off"}
+	want := map[string]string{"cache_aware": "on", "sglang": "off", "clairvoyant": "off"}
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
 		var rec map[string]any
@@ -83,7 +91,8 @@ func TestTableAndChart(t *testing.T) {
 	if err := run(args, &out, &errb); err != nil {
 		t.Fatal(err, errb.String())
 	}
-	for _, want := range []string{"workload multiturn: 8 requests", "unbounded single-cache hit rate", "cache_aware", "oracle_greedy", "hit %",
+	for _, want := range []string{"workload multiturn: 8 requests", "unbounded single-cache hit rate", "clairvoyant greedy oracle", "cache_aware", "clairvoyant (reference)", "hit %",
+		"llmd_approx_bench", "dynamo_approx",
 		"precise_cache_aware", "llmd_precise", "KV events after 50ms", "decisions precise_cache_aware: scored=8"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
@@ -106,7 +115,8 @@ func TestTraceWorkloadFlag(t *testing.T) {
 		t.Fatal(err, errb.String())
 	}
 	var rec map[string]any
-	if err := json.Unmarshal(out.Bytes(), &rec); err != nil || rec["workload"] != "trace" {
+	first, _, _ := bytes.Cut(out.Bytes(), []byte("\n"))
+	if err := json.Unmarshal(first, &rec); err != nil || rec["workload"] != "trace" || rec["strategy"] != "cache_aware" {
 		t.Fatalf("%v: %s", err, out.String())
 	}
 }

@@ -1,0 +1,39 @@
+#!/bin/sh
+# The predicted_ttft judging grid of docs/routing.md (issue 13): every
+# workload and setting, predicted_ttft against the peers, one JSON line per
+# strategy and run. Usage: scripts/sim-ttft-grid.sh synthetic|trace|share OUT
+# (run from the repository root after `make sim`; the three parts can run in
+# parallel). TRACE_LIMIT bounds the trace runs (default 4000 records).
+set -eu
+part=$1
+out=$2
+S=${STRATEGIES:-predicted_ttft,predicted_ttft:kv_events=0,cache_aware,least_load,peers}
+L=${TRACE_LIMIT:-4000}
+run() { echo "# bin/rolter-sim --quiet --json $*" >>"$out"; ${SIM:-bin/rolter-sim} --quiet --json "$@" >>"$out"; }
+: >"$out"
+case $part in
+synthetic)
+	for w in gsp multiturn agent unique; do
+		run --workload $w --strategies $S
+		run --workload $w --replicas 4 --strategies $S
+		run --workload $w --replicas 16 --strategies $S
+		run --workload $w --prefill-us 25 --strategies $S
+		run --workload $w --prefill-us 100 --strategies $S
+	done ;;
+trace)
+	for c in 8192 32768 131072 524288; do
+		run --workload trace --trace-limit $L --capacity $c --strategies $S
+	done
+	for a in "--replicas 4" "--replicas 16" "--prefill-us 25" "--prefill-us 100"; do
+		# shellcheck disable=SC2086
+		run --workload trace --trace-limit $L --capacity 32768 $a --strategies $S
+	done ;;
+share)
+	for w in gsp multiturn agent unique; do
+		run --workload $w --strategies predicted_ttft,predicted_ttft:kv_events=0
+		run --workload $w --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0
+	done
+	run --workload trace --trace-limit $L --capacity 32768 --strategies predicted_ttft,predicted_ttft:kv_events=0
+	run --workload trace --trace-limit $L --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
+*) echo "usage: $0 synthetic|trace|share OUT" >&2; exit 2 ;;
+esac
