@@ -28,6 +28,15 @@ const (
 	DefaultKVDataParallelSize = 1
 	// MaxKVDataParallelSize bounds it (one subscription per rank).
 	MaxKVDataParallelSize = 256
+	// DefaultTokenizeTimeoutMS is [providers.kv_events] tokenize_timeout_ms:
+	// the most a request waits for the engine's /tokenize. vllmsim answers
+	// in well under a millisecond through the proxy (docs/routing.md);
+	// 50 ms leaves a loaded vLLM API server room while staying small
+	// beside the prefill a precise pick saves (thousands of tokens).
+	DefaultTokenizeTimeoutMS = 50
+	// MaxTokenizeTimeoutMS bounds it: past a few seconds routing on the
+	// approximate state is the better trade.
+	MaxTokenizeTimeoutMS = 10_000
 	// DefaultEngineLoadPath, DefaultEngineLoadIntervalMS: [providers.engine_load]
 	// path and interval_ms; stale_ms defaults to
 	// DefaultEngineLoadStaleFactor × interval_ms.
@@ -93,6 +102,13 @@ func applyDefaults(c *Config) {
 			}
 			if kv.DataParallelSize == 0 {
 				kv.DataParallelSize = DefaultKVDataParallelSize
+			}
+			if kv.Tokenize == nil {
+				on := true
+				kv.Tokenize = &on
+			}
+			if kv.TokenizeTimeoutMS == 0 {
+				kv.TokenizeTimeoutMS = DefaultTokenizeTimeoutMS
 			}
 		}
 		if el := p.EngineLoad; el != nil {

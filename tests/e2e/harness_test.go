@@ -26,7 +26,14 @@ type replica struct {
 	addr string
 	sick atomic.Bool
 	srv  *http.Server
+	// tokenize, when set, answers POST /tokenize instead of the simulator
+	// (a failing or hanging tokenizer).
+	tokenize atomic.Pointer[func(http.ResponseWriter)]
 }
+
+func (r *replica) setTokenize(fn func(http.ResponseWriter)) { r.tokenize.Store(&fn) }
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func startReplica(t *testing.T, opts vllmsim.Options) *replica {
 	t.Helper()
@@ -51,6 +58,10 @@ func (r *replica) serve(ln net.Listener) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprint(w, `{"error":{"message":"sick","type":"ServiceUnavailable","code":503}}`)
+			return
+		}
+		if fn := r.tokenize.Load(); fn != nil && req.URL.Path == "/tokenize" {
+			(*fn)(w)
 			return
 		}
 		r.sim.ServeHTTP(w, req)

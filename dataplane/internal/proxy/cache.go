@@ -202,6 +202,7 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 	_, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
 	x.ttft = time.Since(x.start)
 	p.metrics.TTFT.WithLabelValues(x.route.cfg.Model).Observe(x.ttft.Seconds())
+	p.firstToken(x, resp.StatusCode)
 	x.status = resp.StatusCode
 	ctype := resp.Header.Get("Content-Type")
 	if err != nil {
