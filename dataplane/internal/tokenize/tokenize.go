@@ -266,4 +266,3 @@ func Endpoint(base string) string {
 	}
 	return base + "/tokenize"
 }
-
