@@ -21,7 +21,7 @@ import (
 // made sick (every answer 503, health included), killed (port closed) and
 // revived on the same port.
 type replica struct {
-	t    *testing.T
+	t    testing.TB
 	sim  *vllmsim.Server
 	addr string
 	sick atomic.Bool
@@ -35,7 +35,7 @@ func (r *replica) setTokenize(fn func(http.ResponseWriter)) { r.tokenize.Store(&
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-func startReplica(t *testing.T, opts vllmsim.Options) *replica {
+func startReplica(t testing.TB, opts vllmsim.Options) *replica {
 	t.Helper()
 	sim, err := vllmsim.New(opts)
 	if err != nil {
@@ -103,7 +103,7 @@ func startProxy(t *testing.T, cfg string) (*app.App, string) {
 
 // startProxyWith is startProxy with further options (NATS, sharing); the
 // config path, listener, logger and drain timeout are set here.
-func startProxyWith(t *testing.T, cfg string, opts app.Options) (*app.App, string) {
+func startProxyWith(t testing.TB, cfg string, opts app.Options) (*app.App, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "rolter.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
@@ -138,7 +138,7 @@ func fleetConfig(extra, strategy string, rs ...*replica) string {
 	return b.String()
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for !cond() {

@@ -3,8 +3,11 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -32,7 +35,7 @@ type kvFleet struct {
 
 // storedEvents is how many BlockStored events the watcher applied for
 // provider.
-func (f *kvFleet) storedEvents(t *testing.T, provider string) float64 {
+func (f *kvFleet) storedEvents(t testing.TB, provider string) float64 {
 	t.Helper()
 	mfs, err := f.watcher.Gather()
 	if err != nil {
@@ -60,7 +63,7 @@ func (f *kvFleet) storedEvents(t *testing.T, provider string) float64 {
 // (predicted_ttft: waiting requests, KV capacity); precise_cache_aware's
 // load term would otherwise see a request that ended within the last
 // scrape and, at load_weight 1, outvote the cache hit this test is about.
-func startKVFleet(t *testing.T, n int, strategy, extra, routeExtra string, opts vllmsim.Options) *kvFleet {
+func startKVFleet(t testing.TB, n int, strategy, extra, routeExtra string, opts vllmsim.Options) *kvFleet {
 	t.Helper()
 	s := natstest.Start(t)
 	f := &kvFleet{}
@@ -116,7 +119,7 @@ func startKVFleet(t *testing.T, n int, strategy, extra, routeExtra string, opts 
 
 // chat sends one chat completion through the proxy with the official SDK
 // (no token-ids header) and returns the provider that served it.
-func (f *kvFleet) chat(t *testing.T, system, user string) string {
+func (f *kvFleet) chat(t testing.TB, system, user string) string {
 	t.Helper()
 	client := openai.NewClient(option.WithBaseURL(f.base+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	var raw *http.Response
@@ -241,7 +244,7 @@ func TestPrefillTokensByStrategy(t *testing.T) {
 		t.Skip("a measurement: set ROLTER_MEASURE_PREFILL=1")
 	}
 	const replicas, groups, perGroup, clients = 4, 12, 8, 4
-	opts := vllmsim.Options{CapacityBlocks: 512, PrefillTokensPerSecond: 200_000, TTFT: time.Millisecond}
+	opts := vllmsim.Options{CapacityBlocks: 512, PrefillTokensPerSecond: 5000, TTFT: time.Millisecond}
 	computed := map[string]float64{}
 	for _, strategy := range []string{"least_load", "cache_aware", "precise_cache_aware", "predicted_ttft"} {
 		f := startKVFleet(t, replicas, strategy, "[accounting]\nsink = \"none\"\n", "", opts)
@@ -280,5 +283,65 @@ func TestPrefillTokensByStrategy(t *testing.T) {
 		if computed["predicted_ttft"] >= computed[s] {
 			t.Errorf("predicted_ttft computed %v prefill tokens, %s %v", computed["predicted_ttft"], s, computed[s])
 		}
+	}
+}
+
+// BenchmarkTokenizeThroughProxy measures what the proxy's /tokenize call
+// adds to a request's latency: the same chat (a ~4,000-token system prompt,
+// a different question each time) to a precise_cache_aware route over two
+// vllmsim replicas, sent with the token-ids header (no call), without it
+// (the replica's /tokenize answers each), and without it for a body seen
+// before (the proxy's cache answers). It reports each variant's latency
+// p50 and p99 in µs.
+func BenchmarkTokenizeThroughProxy(b *testing.B) {
+	f := startKVFleet(b, 2, "precise_cache_aware", "[accounting]\nsink = \"none\"\n", "", vllmsim.Options{})
+	system := longSystem("bench", 2000)
+	client := &http.Client{}
+	send := func(b *testing.B, q int, header bool) time.Duration {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, system, q)
+		req, _ := http.NewRequest(http.MethodPost, f.base+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if header {
+			ids := vllmsim.Tokenize(vllmsim.ChatPrompt([]vllmsim.Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprintf("question %d", q)}}))
+			s := make([]string, len(ids))
+			for i, id := range ids {
+				s[i] = strconv.FormatUint(uint64(id), 10)
+			}
+			req.Header.Set("X-Rolter-Vllm-Token-Ids", strings.Join(s, ","))
+		}
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		d := time.Since(start)
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+		return d
+	}
+	q := 0
+	for _, tc := range []struct {
+		name           string
+		header, repeat bool
+	}{{"header", true, false}, {"tokenize", false, false}, {"tokenize_cached", false, true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			send(b, -1, tc.header) // connections warm; -1 is the repeated body
+			var lat []time.Duration
+			for b.Loop() {
+				n := q
+				if tc.repeat {
+					n = -1
+				} else {
+					q++
+				}
+				lat = append(lat, send(b, n, tc.header))
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+		})
 	}
 }
