@@ -527,29 +527,37 @@ func (t *predictedTTFT) pendLocked(target int, dn, dtok int, now time.Duration) 
 	}
 }
 
-// externality is the delay that adding own ms of prefill to target i,
-// whose queue would then take ttft ms to clear, imposes on the requests
-// that arrive there meanwhile (M/G/1: own × λ × ttft / (1 − ρ), with λ the
-// target's arrival rate and ρ the share of time its prefill queue was
-// busy, both since the first request).
+// externality is the delay that adding own ms of prefill to a target whose
+// queue would then take ttft ms to clear imposes on the requests that
+// arrive there meanwhile: own × λ × ttft / (1 − ρ) (an M/G/1 queue: the
+// busy period the work extends lasts ttft / (1 − ρ), and every arrival in
+// it waits own longer). λ is the fleet's mean arrival rate per target and ρ
+// the mean share of time a target's prefill queue was busy, both since the
+// first request; pooled over the targets because a target's own rate
+// mostly reflects how routing treated it so far (an avoided replica looks
+// idle), and the pooled figures routed better (docs/routing.md). When every
+// request so far arrived in one instant (a burst), the arrivals at the
+// target so far stand in for λ × ttft.
 func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, now time.Duration) float64 {
 	start := t.start.Load()
-	elapsed := float64(int64(now)-start) / float64(time.Millisecond)
 	if start < 0 || ownMS <= 0 {
 		return 0
 	}
+	elapsed := float64(int64(now)-start) / float64(time.Millisecond)
 	if elapsed <= 0 {
-		// Every request so far arrived in this instant: a burst, whose
-		// later members queue behind what this one adds; as many as
-		// arrived at the target so far.
 		return ownMS * float64(t.arrivals[i].Load())
 	}
-	busy := float64(t.busyTotal[i].Load())
-	if since := t.busySince[i].Load(); since >= 0 {
-		busy += float64(int64(now) - since)
+	var busy, arrivals float64
+	for j := range t.n {
+		busy += float64(t.busyTotal[j].Load())
+		if since := t.busySince[j].Load(); since >= 0 {
+			busy += float64(int64(now) - since)
+		}
+		arrivals += float64(t.arrivals[j].Load())
 	}
-	rho := min(busy/float64(time.Millisecond)/elapsed, maxUtilisation)
-	lambda := float64(t.arrivals[i].Load()) / elapsed
+	k := float64(t.n)
+	rho := min(busy/k/float64(time.Millisecond)/elapsed, maxUtilisation)
+	lambda := arrivals / k / elapsed
 	return ownMS * lambda * ttftMS / (1 - rho)
 }
 
