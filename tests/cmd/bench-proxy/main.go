@@ -447,6 +447,7 @@ func startRolter(upstream, strategy string, opts app.Options) (string, func(), e
 	cfg := fmt.Sprintf(`
 [server]
 listen = "127.0.0.1:0"
+require_auth = false
 [accounting]
 sink = "none"
 [[providers]]
