@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|share OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|share OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # TRACE_LIMIT bounds the trace runs (default 1500 records, for a 2-core
 # machine shared by 8 agents). Judge and chart with
@@ -33,6 +33,14 @@ trace-settings)
 		# shellcheck disable=SC2086
 		run --workload trace --trace-limit $L --capacity 32768 $a --strategies $T
 	done ;;
+variations)
+	# The workloads' own parameters moved, so that nothing is judged only on
+	# the defaults it was developed on.
+	run --workload gsp --gsp-groups 32 --gsp-system-len 4096 --gsp-question-len 256 --strategies $S
+	run --workload gsp --rate 20 --strategies $S
+	run --workload multiturn --mt-request-len 1024 --mt-rounds 8 --mt-clients 64 --strategies $S
+	run --workload agent --agent-agents 32 --agent-tool-len 4096 --strategies $S
+	run --workload unique --unique-len 4096 --rate 8 --strategies $S ;;
 share)
 	for w in gsp multiturn agent unique; do
 		run --workload $w --strategies predicted_ttft,predicted_ttft:kv_events=0
@@ -40,5 +48,5 @@ share)
 	done
 	run --workload trace --trace-limit $L --capacity 32768 --strategies predicted_ttft,predicted_ttft:kv_events=0
 	run --workload trace --trace-limit $L --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|share OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|share OUT" >&2; exit 2 ;;
 esac
