@@ -52,8 +52,12 @@ bench: ## Run the Go benchmarks of every module (numbers, not pass/fail)
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) test -run '^$$' -bench . -benchmem ./...); done
 
 .PHONY: bench-proxy
-bench-proxy: ## Proxy overhead: direct vs httputil.ReverseProxy vs rolter-proxy
+bench-proxy: ## Proxy overhead: direct vs a tuned httputil.ReverseProxy vs rolter-proxy vs Portkey (npm ci in tests/tools/portkey), wrk at 8/32/64
 	cd tests && $(GO) run ./cmd/bench-proxy
+
+.PHONY: slow-clients
+slow-clients: ## 1,000 trickling connections against a proxy: ordinary requests still served (docs/operations.md)
+	cd tests && $(GO) run ./cmd/slow-clients
 
 .PHONY: sim
 sim: ## Build the routing simulator and compare the strategies on gsp (see docs/routing.md)

@@ -37,13 +37,23 @@ type Server struct {
 	Listen string `toml:"listen"`
 	// MaxBodyBytes caps a request body; larger bodies get 413.
 	MaxBodyBytes int64 `toml:"max_body_bytes"`
+	// BodyReadTimeoutSecs bounds reading a request body, from the end of
+	// its headers: a body that stops arriving is cut off (408) and its
+	// connection closed, so slow or stalled clients cannot hold the proxy.
+	BodyReadTimeoutSecs int `toml:"body_read_timeout_secs"`
+	// MaxDiscardBytes is how much of a body the proxy refuses (413, 401,
+	// …) it still reads and throws away after answering, so that a client
+	// that writes its whole body before reading gets the answer instead of
+	// a connection reset. 0 closes at once.
+	MaxDiscardBytes int64 `toml:"max_discard_bytes"`
 	// KeyPepper is the secret mixed into virtual-key digests. The
 	// ROLTER_KEY_PEPPER environment variable takes precedence. When neither
 	// is set, a random per-process pepper is used (fine for file mode, where
 	// keys are hashed at load; the control plane needs a fixed one).
 	KeyPepper string `toml:"key_pepper"`
 	// RequireAuth refuses requests without a valid virtual key even when no
-	// key is configured.
+	// key is configured. It defaults to true: removing the last key never
+	// opens the gateway; only an explicit false does (dev setups).
 	RequireAuth bool `toml:"require_auth"`
 	// MetricsPath is where Prometheus metrics are served.
 	MetricsPath string `toml:"metrics_path"`

@@ -52,15 +52,28 @@ const (
 	MaxKVCapacityTokens = 1 << 36
 )
 
+// server.body_read_timeout_secs and server.max_discard_bytes.
+const (
+	// DefaultBodyReadTimeoutSecs gives a client 30 s to send its body: a
+	// full 32 MiB body then needs about 1.1 MB/s.
+	DefaultBodyReadTimeoutSecs = 30
+	// DefaultMaxDiscardBytes is twice DefaultMaxBodyBytes: a client over
+	// the limit is usually not far over it.
+	DefaultMaxDiscardBytes = 64 << 20
+)
+
 // Default returns a Config holding every section default. [Parse] decodes
 // the file on top of it, so a key the file leaves out keeps its default and a
 // key it sets to zero stays zero.
 func Default() Config {
 	return Config{
 		Server: Server{
-			Listen:       DefaultListen,
-			MaxBodyBytes: DefaultMaxBodyBytes,
-			MetricsPath:  DefaultMetricsPath,
+			Listen:              DefaultListen,
+			MaxBodyBytes:        DefaultMaxBodyBytes,
+			BodyReadTimeoutSecs: DefaultBodyReadTimeoutSecs,
+			MaxDiscardBytes:     DefaultMaxDiscardBytes,
+			RequireAuth:         true,
+			MetricsPath:         DefaultMetricsPath,
 		},
 		Retry:    Retry{MaxRetries: 2, BaseBackoffMS: 100, MaxBackoffMS: 2000},
 		Cooldown: Cooldown{BaseSecs: 5, MaxSecs: 300},

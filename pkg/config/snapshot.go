@@ -363,8 +363,11 @@ func (s *Snapshot) Provider(name string) *CompiledProvider { return s.providers[
 func (s *Snapshot) Route(model string) *CompiledRoute { return s.routes[model] }
 
 // Open reports whether requests need no virtual key: no key is configured
-// and server.require_auth is off.
+// and server.require_auth is explicitly false (it defaults to true).
 func (s *Snapshot) Open() bool { return len(s.keys) == 0 && !s.Server.RequireAuth }
+
+// KeyCount is the number of virtual keys configured.
+func (s *Snapshot) KeyCount() int { return len(s.keys) }
 
 // Auth errors returned by [Snapshot.Authenticate]. They deliberately say the
 // same for unknown, disabled and expired keys to the client.

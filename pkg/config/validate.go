@@ -81,10 +81,12 @@ func (c *Config) validateSections(v *validator) {
 	v.errs = append(v.errs, usage.ValidatePrices("model_prices", c.ModelPrices)...)
 	v.errs = append(v.errs, c.Accounting.Validate("accounting")...)
 	s := c.Server
-	if s.Listen == "" {
-		v.add("server.listen", "must not be empty")
-	}
+	validateListen(v, "server.listen", s.Listen)
 	v.positive64("server.max_body_bytes", s.MaxBodyBytes)
+	v.between("server.body_read_timeout_secs", s.BodyReadTimeoutSecs, 1, 3600)
+	if s.MaxDiscardBytes < 0 {
+		v.add("server.max_discard_bytes", "must be >= 0, got %d", s.MaxDiscardBytes)
+	}
 	if !strings.HasPrefix(s.MetricsPath, "/") {
 		v.add("server.metrics_path", "must start with /, got %q", s.MetricsPath)
 	}
@@ -124,6 +126,35 @@ func (c *Config) validateSections(v *validator) {
 			v.add("cache.redis_url", "must be a redis://, rediss:// or unix:// URL, got %q", redact(u))
 		}
 	}
+}
+
+// validateListen checks a TCP listen address as net.Listen takes it: host
+// (possibly empty) and a numeric port.
+func validateListen(v *validator, path, addr string) {
+	if addr == "" {
+		v.add(path, "must not be empty")
+		return
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		v.add(path, "must be host:port (e.g. \":8080\" or \"127.0.0.1:8080\"), got %q", addr)
+		return
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		v.add(path, "port must be a number in 0..65535, got %q", port)
+	}
+}
+
+// CheckRoutes refuses a config that routes nothing: every request would get
+// 404. It is separate from [Config.Validate] because the control plane
+// stores configs built object by object, which have no route at first; data
+// planes run it before applying a config, and the control plane runs it on
+// whole documents and on edits that would remove the last route.
+func (c *Config) CheckRoutes() error {
+	if len(c.Routes) == 0 {
+		return &FieldError{Path: "routes", Msg: "no routes: every request would get 404; add at least one [[routes]] table"}
+	}
+	return nil
 }
 
 func validateProvider(v *validator, path string, p *Provider) {

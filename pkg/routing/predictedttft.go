@@ -134,7 +134,11 @@ type predictedTTFT struct {
 	// a pending prefill (ns, up to busySince), when the current busy spell
 	// began (-1: idle), arrivals; since the first Observe (start, ns).
 	busyTotal, busySince, arrivals []atomic.Int64
-	start                          atomic.Int64
+	// inflight counts this balancer's attempts per target from Observe to
+	// Learn (success) or Abandon; against the route's loads (every proxy's
+	// in-flight) it gives the share of the traffic this proxy sees.
+	inflight []atomic.Int64
+	start    atomic.Int64
 
 	mu        sync.Mutex
 	pending   []map[*Context]pendingPrefill
@@ -177,6 +181,7 @@ const maxUnsent = 4096
 var (
 	_ Balancer        = (*predictedTTFT)(nil)
 	_ TTFTObserver    = (*predictedTTFT)(nil)
+	_ Learner         = (*predictedTTFT)(nil)
 	_ DecisionCounter = (*predictedTTFT)(nil)
 	_ SharedAffinity  = (*predictedTTFT)(nil)
 )
@@ -193,6 +198,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		busyTotal:  make([]atomic.Int64, n),
 		busySince:  make([]atomic.Int64, n),
 		arrivals:   make([]atomic.Int64, n),
+		inflight:   make([]atomic.Int64, n),
 		pending:    make([]map[*Context]pendingPrefill, n),
 		unsent:     map[unsentKey][]uint64{},
 		unitLaw:    latencyModel{w: [3]float64{0, 0, 1}, samples: PredictorMinSamples},
@@ -390,6 +396,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	m := t.law()
 	fitted := m != t.unitLaw
 	burst := t.start.Load() == int64(now)
+	scale := t.fleetScale(loads)
 	best := math.Inf(1)
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
@@ -398,7 +405,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			x := t.features(i, own, tokens)
 			pred[i] = max(0, m.w[0]*x[0]+m.w[1]*x[1]+m.w[2]*x[2])
 			if fitted || burst {
-				pred[i] += t.externality(i, max(0, m.w[2])*own/1000, pred[i], now)
+				pred[i] += t.externality(i, max(0, m.w[2])*own/1000, pred[i], now, scale)
 			}
 			best = min(best, pred[i])
 		}
@@ -449,6 +456,7 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	t.mu.Lock()
 	t.start.CompareAndSwap(-1, int64(now))
 	t.arrivals[target].Add(1)
+	t.inflight[target].Add(1)
 	if old, ok := t.pending[target][ctx]; ok {
 		t.pendLocked(target, -1, -old.tokens, now)
 	}
@@ -527,30 +535,60 @@ func (t *predictedTTFT) pendLocked(target int, dn, dtok int, now time.Duration) 
 	}
 }
 
-// externality is the delay that adding own ms of prefill to target i,
-// whose queue would then take ttft ms to clear, imposes on the requests
-// that arrive there meanwhile (M/G/1: own × λ × ttft / (1 − ρ), with λ the
-// target's arrival rate and ρ the share of time its prefill queue was
-// busy, both since the first request).
-func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, now time.Duration) float64 {
+// externality is the delay that adding own ms of prefill to a target whose
+// queue would then take ttft ms to clear imposes on the requests that
+// arrive there meanwhile: own × λ × ttft / (1 − ρ) (an M/G/1 queue: the
+// busy period the work extends lasts ttft / (1 − ρ), and every arrival in
+// it waits own longer). λ is the fleet's mean arrival rate per target and ρ
+// the mean share of time a target's prefill queue was busy, both since the
+// first request; pooled over the targets because a target's own rate
+// mostly reflects how routing treated it so far (an avoided replica looks
+// idle), and the pooled figures routed better (docs/routing.md). When every
+// request so far arrived in one instant (a burst), the arrivals at the
+// target so far stand in for λ × ttft.
+func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, now time.Duration, scale float64) float64 {
 	start := t.start.Load()
-	elapsed := float64(int64(now)-start) / float64(time.Millisecond)
 	if start < 0 || ownMS <= 0 {
 		return 0
 	}
+	elapsed := float64(int64(now)-start) / float64(time.Millisecond)
 	if elapsed <= 0 {
-		// Every request so far arrived in this instant: a burst, whose
-		// later members queue behind what this one adds; as many as
-		// arrived at the target so far.
 		return ownMS * float64(t.arrivals[i].Load())
 	}
-	busy := float64(t.busyTotal[i].Load())
-	if since := t.busySince[i].Load(); since >= 0 {
-		busy += float64(int64(now) - since)
+	var busy, arrivals float64
+	for j := range t.n {
+		busy += float64(t.busyTotal[j].Load())
+		if since := t.busySince[j].Load(); since >= 0 {
+			busy += float64(int64(now) - since)
+		}
+		arrivals += float64(t.arrivals[j].Load())
 	}
-	rho := min(busy/float64(time.Millisecond)/elapsed, maxUtilisation)
-	lambda := float64(t.arrivals[i].Load()) / elapsed
+	k := float64(t.n)
+	rho := min(scale*busy/k/float64(time.Millisecond)/elapsed, maxUtilisation)
+	lambda := scale * arrivals / k / elapsed
 	return ownMS * lambda * ttftMS / (1 - rho)
+}
+
+// fleetScale is how much more traffic the targets carry than this balancer
+// sent them: Σ loads / Σ own in-flight (each target's own count capped at
+// its load), 1 when loads are unknown or nothing is in flight. With one
+// proxy the loads are its own counts and the scale is 1; behind an L4
+// spread over P sharing proxies it is about P, so the arrival rate and
+// utilisation this proxy measured stand for the fleet's.
+func (t *predictedTTFT) fleetScale(loads []int) float64 {
+	if len(loads) != t.n {
+		return 1
+	}
+	var all, own int64
+	for i, l := range loads {
+		l := int64(max(l, 0))
+		all += l
+		own += min(max(t.inflight[i].Load(), 0), l)
+	}
+	if own == 0 || all <= own {
+		return 1
+	}
+	return float64(all) / float64(own)
 }
 
 // FirstToken implements [TTFTObserver]: the attempt leaves the pending
@@ -600,7 +638,20 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 }
 
 // Abandon implements [TTFTObserver].
-func (t *predictedTTFT) Abandon(target int, ctx *Context) { t.take(target, ctx) }
+func (t *predictedTTFT) Abandon(target int, ctx *Context) {
+	if _, ok := t.take(target, ctx); ok {
+		t.inflight[target].Add(-1)
+	}
+}
+
+// Learn implements [Learner]: the attempt completed, so it leaves this
+// balancer's in-flight count. (Its latency teaches nothing here: the law
+// learns from first tokens.)
+func (t *predictedTTFT) Learn(target int, _ *Context, _ int, _ time.Duration) {
+	if target >= 0 && target < t.n {
+		t.inflight[target].Add(-1)
+	}
+}
 
 // capacityTokens is target i's KV capacity in tokens, 0 when unknown.
 func (t *predictedTTFT) capacityTokens(i int) int {

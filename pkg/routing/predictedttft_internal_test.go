@@ -75,3 +75,34 @@ func TestPredictedTTFTLearnsFleetLaw(t *testing.T) {
 		t.Fatalf("bytes per token %v, want 4 (400 bytes per 100 tokens)", got)
 	}
 }
+
+// Behind sharing proxies the loads count every proxy's requests: the
+// measured rate and utilisation are scaled by loads over own in-flight.
+func TestPredictedTTFTFleetScale(t *testing.T) {
+	b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := b.(*predictedTTFT)
+	if got := p.fleetScale([]int{3, 5}); got != 1 {
+		t.Fatalf("nothing of its own in flight: scale %v, want 1", got)
+	}
+	a, c := &Context{Prompt: "a"}, &Context{Prompt: "b"}
+	b.Observe(0, a)
+	b.Observe(1, c)
+	if got := p.fleetScale([]int{1, 1}); got != 1 {
+		t.Fatalf("one proxy: scale %v, want 1", got)
+	}
+	if got := p.fleetScale([]int{4, 4}); got != 4 {
+		t.Fatalf("loads 4× its own: scale %v, want 4", got)
+	}
+	if got := p.fleetScale(nil); got != 1 {
+		t.Fatalf("loads unknown: scale %v, want 1", got)
+	}
+	p.FirstToken(0, a, time.Millisecond, 0)
+	p.Learn(0, a, 0, time.Second) // completed
+	p.Abandon(1, c)               // failed before its first token
+	if p.inflight[0].Load() != 0 || p.inflight[1].Load() != 0 {
+		t.Fatalf("in flight after completion and abandon: %d %d", p.inflight[0].Load(), p.inflight[1].Load())
+	}
+}

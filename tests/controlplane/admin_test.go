@@ -73,13 +73,18 @@ func TestBadConfigRefused(t *testing.T) {
 			want: []string{`routes[0].targets[0].wieght: unknown key (did you mean "weight"?)`},
 		},
 		{
+			name: "error: a config without routes (an empty file)",
+			doc:  "",
+			want: []string{"routes: no routes"},
+		},
+		{
 			name: "error: malformed TOML",
 			doc:  "[[routes]\nmodel = \n",
 			want: []string{"line 1"},
 		},
 		{
 			name: "error: server.key_pepper is the control plane's secret",
-			doc:  good + "[server]\nkey_pepper = \"0123456789abcdef\"\n",
+			doc:  strings.Replace(good, openAuth, openAuth+"key_pepper = \"0123456789abcdef\"\n", 1),
 			want: []string{"server.key_pepper: not accepted by the control plane"},
 		},
 	}
@@ -223,7 +228,7 @@ func TestAdminNeedsToken(t *testing.T) {
 			if status.Code(err) != tc.want {
 				t.Errorf("list routes: %v, want %v", err, tc.want)
 			}
-			_, err = admin.Apply(ctx(t), &pb.ApplyRequest{ConfigToml: ""})
+			_, err = admin.Apply(ctx(t), &pb.ApplyRequest{ConfigToml: routeTo("http://127.0.0.1:9", "http://127.0.0.1:9", "m1", "a")})
 			if status.Code(err) != tc.want {
 				t.Errorf("apply: %v, want %v", err, tc.want)
 			}

@@ -8,8 +8,13 @@ import (
 	pb "rolter.dev/proto/rolter/controlplane/v1"
 )
 
+// openAuth opens a config that has no keys (server.require_auth defaults
+// to true); the tests that send no key rely on it.
+const openAuth = "[server]\nrequire_auth = false\n"
+
+// twoProviders opens with openAuth: append no [server] table to it.
 func twoProviders(a, b string) string {
-	return fmt.Sprintf(`
+	return openAuth + fmt.Sprintf(`
 [[providers]]
 name = "a"
 kind = "openai_compatible"
@@ -35,16 +40,21 @@ func TestConvergence(t *testing.T) {
 	p2 := startProxy(t, filepath.Join(dir, "p2.json"), pepper, cp2)
 	ua, ub := upstream(t, "a"), upstream(t, "b")
 
+	// m2 stays when m1 is deleted below: the last route cannot be.
 	doc := twoProviders(ua, ub) + `
 [[routes]]
 model = "m1"
+targets = [{ provider = "a" }]
+[[routes]]
+model = "m2"
 targets = [{ provider = "a" }]
 `
 	resp, err := cp1.admin(t).Apply(ctx(t), &pb.ApplyRequest{ConfigToml: doc})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !resp.GetApplied() || len(resp.GetChanges()) != 3 {
+	// Two providers, two routes, and the settings (require_auth = false).
+	if !resp.GetApplied() || len(resp.GetChanges()) != 5 {
 		t.Fatalf("apply: %v", resp)
 	}
 	for _, p := range []*proxy{p1, p2} {

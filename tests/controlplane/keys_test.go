@@ -25,7 +25,10 @@ func TestKeys(t *testing.T) {
 	proxies := []*proxy{p1, p2}
 	ua, ub := upstream(t, "a"), upstream(t, "b")
 	admin := cp1.admin(t)
-	if _, err := admin.Apply(ctx(t), &pb.ApplyRequest{ConfigToml: routeTo(ua, ub, "m1", "a") + "[server]\nrequire_auth = true\n"}); err != nil {
+	// No require_auth in the document: true, so a config that never had a
+	// key is closed.
+	closed := strings.Replace(routeTo(ua, ub, "m1", "a"), openAuth, "", 1)
+	if _, err := admin.Apply(ctx(t), &pb.ApplyRequest{ConfigToml: closed}); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range proxies {
@@ -106,7 +109,7 @@ func TestKeys(t *testing.T) {
 	assertNoSecret(rotated.GetSecret())
 
 	// A key restricted to m1 may not call another route.
-	if _, err := admin.Apply(ctx(t), &pb.ApplyRequest{ConfigToml: routeTo(ua, ub, "m1", "a") + "[server]\nrequire_auth = true\n" +
+	if _, err := admin.Apply(ctx(t), &pb.ApplyRequest{ConfigToml: closed +
 		"[[routes]]\nmodel = \"m2\"\ntargets = [{ provider = \"b\" }]\n"}); err != nil {
 		t.Fatal(err)
 	}
@@ -114,11 +117,14 @@ func TestKeys(t *testing.T) {
 		eventually(t, converge, "m2 exists", serves(p, "m2", rotated.GetSecret(), "403"))
 	}
 	// The apply kept the key it did not mention; prune_keys removes it.
-	if _, err := admin.Apply(ctx(t), &pb.ApplyRequest{PruneKeys: true, ConfigToml: routeTo(ua, ub, "m1", "a") + "[server]\nrequire_auth = true\n"}); err != nil {
+	if _, err := admin.Apply(ctx(t), &pb.ApplyRequest{PruneKeys: true, ConfigToml: closed}); err != nil {
 		t.Fatal(err)
 	}
+	// Removing the last key leaves the gateway closed, to the revoked key
+	// and to requests without one.
 	for _, p := range proxies {
 		eventually(t, converge, "pruned key refused", serves(p, "m1", rotated.GetSecret(), "401"))
+		eventually(t, converge, "no key refused", serves(p, "m1", "", "401"))
 	}
 }
 

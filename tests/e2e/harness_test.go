@@ -125,9 +125,15 @@ func startProxyWith(t testing.TB, cfg string, opts app.Options) (*app.App, strin
 	return a, path
 }
 
-// fleetConfig routes model "m" (upstream "sim") over the replicas.
+// openAuth opens a config that has no keys (server.require_auth defaults
+// to true). With keys, as in sdkFleet, the keys apply all the same.
+const openAuth = "[server]\nrequire_auth = false\n"
+
+// fleetConfig routes model "m" (upstream "sim") over the replicas, open to
+// clients without a key; extra must not hold a [server] table.
 func fleetConfig(extra, strategy string, rs ...*replica) string {
 	var b strings.Builder
+	b.WriteString(openAuth)
 	b.WriteString(extra)
 	var targets []string
 	for i, r := range rs {

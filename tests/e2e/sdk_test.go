@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
@@ -224,4 +225,54 @@ func equal(a, b []float64) bool {
 		}
 	}
 	return true
+}
+
+// The OpenAI SDK's models.retrieve and the Anthropic SDK's
+// messages.countTokens work through the proxy: the model from the route
+// table, the count from the engine's /tokenize (vllmsim, as vLLM) on the
+// templated messages.
+func TestModelRetrieveAndCountTokensThroughProxy(t *testing.T) {
+	base, rs := sdkFleet(t)
+	oc := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey(virtualKey), option.WithMaxRetries(0))
+	m, err := oc.Models.Get(t.Context(), "m")
+	if err != nil || m.ID != "m" {
+		t.Fatalf("models.retrieve m: %+v, %v", m, err)
+	}
+	_, err = oc.Models.Get(t.Context(), "no-such-model")
+	var oErr *openai.Error
+	if !errors.As(err, &oErr) || oErr.StatusCode != http.StatusNotFound || oErr.Code != "model_not_found" {
+		t.Fatalf("models.retrieve of an unknown model: %v", err)
+	}
+
+	ac := anthropic.NewClient(aoption.WithBaseURL(base), aoption.WithAPIKey(virtualKey), aoption.WithMaxRetries(0))
+	params := anthropic.MessageCountTokensParams{
+		Model:    "m",
+		System:   anthropic.MessageCountTokensParamsSystemUnion{OfString: anthropic.String("you are terse")},
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("how many tokens is this?"))},
+	}
+	got, err := ac.Messages.CountTokens(t.Context(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The engine's own count of the same conversation.
+	resp, err := http.Post(rs[0].url()+"/tokenize", "application/json", strings.NewReader(
+		`{"model":"sim","messages":[{"role":"system","content":"you are terse"},{"role":"user","content":"how many tokens is this?"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var want struct{ Count int64 }
+	if err := json.NewDecoder(resp.Body).Decode(&want); err != nil || want.Count == 0 {
+		t.Fatalf("engine count: %+v, %v", want, err)
+	}
+	if got.InputTokens != want.Count {
+		t.Fatalf("count_tokens = %d, the engine counts %d", got.InputTokens, want.Count)
+	}
+
+	params.Model = "no-such-model"
+	_, err = ac.Messages.CountTokens(t.Context(), params)
+	var aErr *anthropic.Error
+	if !errors.As(err, &aErr) || aErr.StatusCode != http.StatusNotFound || !strings.Contains(aErr.RawJSON(), `"not_found_error"`) {
+		t.Fatalf("count_tokens of an unknown model: %v", err)
+	}
 }

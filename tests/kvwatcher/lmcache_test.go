@@ -38,6 +38,8 @@ func TestLMCacheOccupancyMovesTraffic(t *testing.T) {
 	a, b := newReplica(t, replicaOpts{}), newReplica(t, replicaOpts{})
 	urls := serveHTTP(t, a, b)
 	cfg := fmt.Sprintf(`
+[server]
+require_auth = false
 [accounting]
 sink = "none"
 [[providers]]

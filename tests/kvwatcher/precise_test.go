@@ -35,6 +35,8 @@ func TestPreciseRoutingThroughTwoProxies(t *testing.T) {
 	urls := serveHTTP(t, a, b)
 
 	cfg := fmt.Sprintf(`
+[server]
+require_auth = false
 [accounting]
 sink = "none"
 [[providers]]

@@ -37,6 +37,8 @@ func TestSpeculativeTTLFromConfig(t *testing.T) {
 			b.waitSubscribers(t, 1)
 			urls := serveHTTP(t, a, b)
 			cfg := fmt.Sprintf(`
+[server]
+require_auth = false
 [accounting]
 sink = "none"
 [[providers]]

@@ -93,6 +93,13 @@ func (s *Server) update(ctx context.Context, method string, opts store.UpdateOpt
 		if err := next.Check(); err != nil {
 			return nil, nil, err
 		}
+		if len(cur.Routes) > 0 {
+			// A fresh store is built object by object and has no route at
+			// first; a store that routes something never goes back to none.
+			if err := next.Config().CheckRoutes(); err != nil {
+				return nil, nil, err
+			}
+		}
 		return next, expect, nil
 	})
 	if err != nil {
@@ -135,6 +142,9 @@ func parseDoc(doc string) (*config.Config, error) {
 	}
 	if err := state.CheckConfig(cfg); err != nil {
 		errs = append(errs, state.Unjoin(err)...)
+	}
+	if err := cfg.CheckRoutes(); err != nil {
+		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"rolter.dev/pkg/config"
 	pb "rolter.dev/proto/rolter/controlplane/v1"
 )
 
@@ -383,7 +384,41 @@ func (c *cmd) delete(ctx context.Context, args []string) error {
 		return c.printJSON(out)
 	}
 	fmt.Fprintf(c.out, "deleted %s %q: revision %d\n", kind(pos[0]), pos[1], newRev)
+	if kind(pos[0]) == "key" {
+		c.keysLeft(ctx)
+	}
 	return nil
+}
+
+// keysLeft says what a key delete leaves behind: how many keys remain and,
+// when none, whether the gateway now refuses everything or is open. It is
+// informational: the delete is done whatever it prints.
+func (c *cmd) keysLeft(ctx context.Context) {
+	resp, err := c.client.GetConfig(ctx, &pb.GetConfigRequest{})
+	var cfg *config.Config
+	if err == nil {
+		cfg, err = config.Parse([]byte(resp.GetConfigToml()))
+	}
+	if err != nil {
+		fmt.Fprintf(c.out, "could not read what is left: %v\n", err)
+		return
+	}
+	n := len(cfg.VirtualKeys)
+	switch {
+	case n > 0:
+		fmt.Fprintf(c.out, "%d %s left; requests need one of them\n", n, plural(n, "key", "keys"))
+	case cfg.Server.RequireAuth:
+		fmt.Fprintln(c.out, "0 keys left; the gateway refuses every request (server.require_auth = true)")
+	default:
+		fmt.Fprintln(c.out, "0 keys left; the gateway is OPEN to every client (server.require_auth = false)")
+	}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // entrySpec reads one [[providers]]/[[routes]] entry from a TOML file.

@@ -86,6 +86,7 @@ func TestCommands(t *testing.T) {
 	cfg := write(t, "rolter.toml", doc)
 	bad := write(t, "bad.toml", doc+"[[routes]]\nmodel = \"m2\"\nstrategy = \"nope\"\ntargets = [{ provider = \"ghost\" }]\n")
 	route := write(t, "route.toml", "[[routes]]\nmodel = \"m2\"\ntargets = [{ provider = \"a\", weight = 2 }]\n")
+	empty := write(t, "empty.toml", "")
 
 	steps := []struct {
 		name     string
@@ -109,11 +110,18 @@ func TestCommands(t *testing.T) {
 		{name: "get missing exits 4", args: []string{"get", "route", "m2"}, code: ctl.ExitNotFound},
 		{name: "delete a referenced provider is refused", args: []string{"delete", "provider", "a"}, code: ctl.ExitInvalid,
 			contains: []string{`routes["m1"].targets[0].provider: unknown provider "a"`}},
+		{name: "deleting the last route is refused", args: []string{"delete", "route", "m1"}, code: ctl.ExitInvalid, contains: []string{"routes: no routes"}},
 		{name: "create key", args: []string{"keys", "create", "team-a", "--models", "m1"}, code: ctl.ExitOK, contains: []string{"sk-rolter-"}},
 		{name: "disable key", args: []string{"keys", "disable", "team-a"}, code: ctl.ExitOK, contains: []string{"disabled"}},
 		{name: "list keys", args: []string{"keys", "list"}, code: ctl.ExitOK, contains: []string{"team-a", "m1", "true", "digest"}},
 		{name: "status", args: []string{"status"}, code: ctl.ExitOK, contains: []string{"config revision", "CONTROLPLANE", "NODE"}},
 		{name: "get config", args: []string{"get", "config"}, code: ctl.ExitOK, contains: []string{"key_digest", "[[routes]]"}},
+		{name: "an empty config is refused", args: []string{"apply", "-f", empty}, code: ctl.ExitInvalid, contains: []string{"routes: no routes"}},
+		{name: "create a second key", args: []string{"keys", "create", "team-b"}, code: ctl.ExitOK, contains: []string{"sk-rolter-"}},
+		{name: "delete says what is left", args: []string{"keys", "delete", "team-b"}, code: ctl.ExitOK,
+			contains: []string{`deleted key "team-b"`, "1 key left"}},
+		{name: "deleting the last key leaves the gateway closed", args: []string{"keys", "delete", "team-a"}, code: ctl.ExitOK,
+			contains: []string{"0 keys left; the gateway refuses every request (server.require_auth = true)"}},
 		{name: "unknown command", args: []string{"frobnicate"}, code: ctl.ExitUsage},
 		{name: "wrong token", args: []string{"--token", "not-the-token-000000", "list", "routes"}, code: ctl.ExitAuth},
 		{name: "no control plane", args: []string{"--controlplane", "127.0.0.1:1", "--timeout", "1s", "status"}, code: ctl.ExitUnavailable},

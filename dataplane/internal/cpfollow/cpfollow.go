@@ -253,7 +253,7 @@ func (f *Follower) compile(resp *pb.WatchResponse) (*config.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := errors.Join(cfg.Validate(), cfg.CheckRoutes()); err != nil {
 		return nil, err
 	}
 	if len(cfg.VirtualKeys) > 0 && resp.GetPepperCheck() != "" && resp.GetPepperCheck() != f.pepper {

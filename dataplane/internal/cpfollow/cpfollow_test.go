@@ -211,6 +211,16 @@ func TestAckNackAndOrdering(t *testing.T) {
 		t.Fatal("a refused snapshot replaced the running one")
 	}
 
+	// A config without routes (the last one deleted behind the control
+	// plane's back, a truncated push) is refused like any bad config.
+	empty := snap(12, "none")
+	empty.ConfigToml = "[[providers]]\nname = \"a\"\nkind = \"openai_compatible\"\napi_base = \"http://127.0.0.1:9\"\n"
+	cp.send <- empty
+	if nack := cp.answer(t); nack.GetVersionInfo() != "11" || len(nack.GetErrorDetail().GetViolations()) != 1 ||
+		nack.GetErrorDetail().GetViolations()[0].GetField() != "routes" || a.last().Route("m1") == nil {
+		t.Fatalf("no routes: %v", nack)
+	}
+
 	keyed := snap(13, "m3")
 	keyed.ConfigToml += "[[virtual_keys]]\nname = \"k\"\nkey_digest = \"" + strings.Repeat("ab", 32) + "\"\n"
 	keyed.PepperCheck = config.PepperCheck([]byte("the-control-planes-pepper"))

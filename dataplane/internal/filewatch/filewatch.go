@@ -68,7 +68,7 @@ func (w *Watcher) applyData(data []byte, st os.FileInfo) error {
 	}
 	cfg, err := config.Parse(data)
 	if err == nil {
-		err = cfg.Validate()
+		err = errors.Join(cfg.Validate(), cfg.CheckRoutes())
 	}
 	var snap *config.Snapshot
 	if err == nil {

@@ -29,7 +29,7 @@ func BenchmarkCacheHitPath(b *testing.B) {
 		{"exact_hit", "[routes.cache]\nttl_secs = 600\n"},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			doc := fmt.Sprintf("[cache]\nenabled = true\n[accounting]\nsink = \"none\"\n[[providers]]\nname = \"up\"\nkind = \"openai_compatible\"\napi_base = %q\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"up\" }]\n%s", up.URL, tc.cache)
+			doc := fmt.Sprintf(openAuth+"[cache]\nenabled = true\n[accounting]\nsink = \"none\"\n[[providers]]\nname = \"up\"\nkind = \"openai_compatible\"\napi_base = %q\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"up\" }]\n%s", up.URL, tc.cache)
 			cfg, err := config.Parse([]byte(doc))
 			if err != nil {
 				b.Fatal(err)

@@ -46,7 +46,7 @@ func pluginServer(t *testing.T) *httptest.Server {
 }
 
 func deliveryConfig(up, embed, plugin, mode string, cache bool) string {
-	doc := fmt.Sprintf(`
+	doc := openAuth + fmt.Sprintf(`
 [cache]
 enabled = true
 [[providers]]
@@ -231,7 +231,7 @@ func TestPIIRestorationIsNeverStored(t *testing.T) {
 		}
 	}))
 	t.Cleanup(pii.Close)
-	doc := fmt.Sprintf(`
+	doc := openAuth + fmt.Sprintf(`
 [cache]
 enabled = true
 [pii_sanitizer]

@@ -6,7 +6,8 @@
 //
 // A request loads the current runtime (one config snapshot with its
 // balancers) exactly once and uses it to the end, so a reload never changes
-// a request midway. The flow is: request id → credentials → body (413, 400)
+// a request midway. The flow is: request id → credentials → body (413, 408,
+// 400; a refusal of an unread body is answered at once, see clientbody.go)
 // → route (404) → key allow-lists (403) → attempts. Each attempt computes the
 // eligible targets once (untried, allowed to the key, able to serve the
 // endpoint, not parked, healthy, breaker closed) from atomic reads, asks the

@@ -11,7 +11,7 @@ import (
 // engineLoadDoc routes m over p0 and p1 with least_load; el is appended to
 // each provider (e.g. an engine_load table).
 func engineLoadDoc(a, b *upstream, el string) string {
-	doc := strings.ReplaceAll(providers(a, b), "\n\n", "\n"+el+"\n")
+	doc := openAuth + strings.ReplaceAll(providers(a, b), "\n\n", "\n"+el+"\n")
 	return doc + "[accounting]\nsink = \"none\"\n[[routes]]\nmodel = \"m\"\nstrategy = \"least_load\"\ntargets = [{ provider = \"p0\" }, { provider = \"p1\" }]\n"
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 )
 
 // dialect is the API family of an endpoint, which decides the error shape.
@@ -27,6 +28,7 @@ var (
 	errInvalidJSON      = apiError{http.StatusBadRequest, "invalid_json", "invalid_request_error", "invalid_request_error"}
 	errInvalidRequest   = apiError{http.StatusBadRequest, "invalid_request", "invalid_request_error", "invalid_request_error"}
 	errUnsupported      = apiError{http.StatusBadRequest, "unsupported_endpoint", "invalid_request_error", "invalid_request_error"}
+	errBodyTimeout      = apiError{http.StatusRequestTimeout, "request_timeout", "invalid_request_error", "invalid_request_error"}
 	errTooLarge         = apiError{http.StatusRequestEntityTooLarge, "request_too_large", "invalid_request_error", "request_too_large"}
 	errMissingKey       = apiError{http.StatusUnauthorized, "missing_api_key", "authentication_error", "authentication_error"}
 	errInvalidKey       = apiError{http.StatusUnauthorized, "invalid_api_key", "authentication_error", "authentication_error"}
@@ -73,6 +75,8 @@ func writeError(w http.ResponseWriter, d dialect, e apiError, msg string) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Rolter-Error", e.code)
+	// A length, not chunks: refuse flushes this before the handler ends.
+	h.Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(e.status)
 	_, _ = w.Write(b)
 }

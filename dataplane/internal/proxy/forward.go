@@ -90,13 +90,18 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 			slog.Float64("duration_ms", float64(time.Since(x.start).Microseconds())/1000),
 			slog.Float64("ttft_ms", float64(x.ttft.Microseconds())/1000))
 	}()
+	rt := p.rt.Load()
+	var snap *config.Snapshot
+	if rt != nil {
+		snap = rt.snap
+	}
+	cb := watchBody(r, snap, x.start)
 	fail := func(e apiError, msg string) {
 		x.status = e.status
 		x.errCode = e.code
-		writeError(w, ep.dialect, e, msg)
+		refuse(w, r, cb, ep.dialect, e, msg)
 	}
 
-	rt := p.rt.Load()
 	if rt == nil {
 		fail(errNoTarget, "no configuration loaded yet")
 		return
@@ -120,13 +125,9 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		fail(errTooLarge, fmt.Sprintf("request body is larger than %d bytes", limit))
 		return
 	}
-	raw, err := request.Read(r.Body, limit)
-	switch {
-	case errors.Is(err, request.ErrTooLarge):
-		fail(errTooLarge, fmt.Sprintf("request body is larger than %d bytes", limit))
-		return
-	case err != nil:
-		fail(errInvalidRequest, "could not read the request body")
+	raw, berr, msg := readBody(w, cb, limit)
+	if berr != nil {
+		fail(*berr, msg)
 		return
 	}
 	body, err := request.Parse(raw)

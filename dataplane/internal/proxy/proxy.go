@@ -70,6 +70,7 @@ type Proxy struct {
 	applyMu        sync.Mutex // serializes Apply; never held by requests
 	draining       atomic.Bool
 	openWarned     atomic.Bool
+	closedWarned   atomic.Bool
 	connectTimeout atomic.Int64 // nanoseconds, from the current snapshot
 	cacheTotals    cacheTotals
 	deliveryStats  delivery.Stats
@@ -277,6 +278,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		p.serveModels(w, r)
 		return
+	case countTokensPath:
+		w.Header().Set("X-Request-Id", requestID(r))
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			writeError(w, dialectAnthropic, errMethodNotAllowed, "use POST "+countTokensPath)
+			return
+		}
+		p.serveCountTokens(w, r)
+		return
+	}
+	if id, ok := strings.CutPrefix(r.URL.Path, "/v1/models/"); ok && id != "" {
+		w.Header().Set("X-Request-Id", requestID(r))
+		if r.Method != http.MethodGet {
+			w.Header().Set("Allow", http.MethodGet)
+			writeError(w, dialectOpenAI, errMethodNotAllowed, "use GET /v1/models/{model}")
+			return
+		}
+		p.serveModel(w, r, id)
+		return
 	}
 	rt := p.rt.Load()
 	if rt != nil && r.URL.Path == rt.snap.Server.MetricsPath || rt == nil && r.URL.Path == config.DefaultMetricsPath {
@@ -332,9 +352,12 @@ func credentials(r *http.Request) string {
 func (p *Proxy) authenticate(rt *runtime, r *http.Request) (*config.Key, *apiError, string) {
 	if rt.snap.Open() {
 		if p.openWarned.CompareAndSwap(false, true) {
-			p.log.Warn("no virtual keys configured: the proxy is open to every client; add [[virtual_keys]] or set server.require_auth")
+			p.log.Warn("no virtual keys configured and server.require_auth = false: the proxy is open to every client")
 		}
 		return nil, nil, ""
+	}
+	if rt.snap.KeyCount() == 0 && p.closedWarned.CompareAndSwap(false, true) {
+		p.log.Warn("no virtual keys configured and server.require_auth is true (the default): every request is refused; add [[virtual_keys]], or set server.require_auth = false to run open")
 	}
 	secret := credentials(r)
 	key, err := rt.snap.Authenticate(secret, time.Now())

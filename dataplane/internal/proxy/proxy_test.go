@@ -61,6 +61,10 @@ func (u *upstream) last() (map[string]any, http.Header) {
 	return u.bodies[len(u.bodies)-1], u.headers[len(u.headers)-1]
 }
 
+// openAuth opens a config without keys (server.require_auth defaults to
+// true): the tests that send no key say so.
+const openAuth = "[server]\nrequire_auth = false\n"
+
 func newTestProxy(t *testing.T, doc string) (*Proxy, *httptest.Server) {
 	t.Helper()
 	cfg, err := config.Parse([]byte(doc))
@@ -255,7 +259,7 @@ targets = [{ provider = "claude", model = "claude-3" }]
 func TestFailoverRetryAndCooldown(t *testing.T) {
 	a, b, c := newUpstream(t, "a"), newUpstream(t, "b"), newUpstream(t, "c")
 	a.status.Store(503)
-	doc := "[retry]\nbase_backoff_ms = 1\nmax_backoff_ms = 2\n[cooldown]\nbase_secs = 300\nmax_secs = 600\n" + providers(a, b, c) + `
+	doc := openAuth + "[retry]\nbase_backoff_ms = 1\nmax_backoff_ms = 2\n[cooldown]\nbase_secs = 300\nmax_secs = 600\n" + providers(a, b, c) + `
 [[routes]]
 model = "m"
 strategy = "round_robin"
@@ -284,7 +288,7 @@ func TestAllTargetsFailingReturnsLastAnswer(t *testing.T) {
 	a, b := newUpstream(t, "a"), newUpstream(t, "b")
 	a.status.Store(503)
 	b.status.Store(429)
-	doc := "[retry]\nmax_retries = 5\nbase_backoff_ms = 1\nmax_backoff_ms = 1\n" + providers(a, b) + `
+	doc := openAuth + "[retry]\nmax_retries = 5\nbase_backoff_ms = 1\nmax_backoff_ms = 1\n" + providers(a, b) + `
 [[routes]]
 model = "m"
 targets = [{ provider = "p0" }, { provider = "p1" }]
@@ -311,7 +315,7 @@ func TestDeadTargetTransportError(t *testing.T) {
 	b := newUpstream(t, "b")
 	dead := newUpstream(t, "dead")
 	dead.Close()
-	doc := "[retry]\nbase_backoff_ms = 1\nmax_backoff_ms = 1\n" + providers(dead, b) + `
+	doc := openAuth + "[retry]\nbase_backoff_ms = 1\nmax_backoff_ms = 1\n" + providers(dead, b) + `
 [[routes]]
 model = "m"
 targets = [{ provider = "p0" }, { provider = "p1" }]
@@ -327,7 +331,7 @@ targets = [{ provider = "p0" }, { provider = "p1" }]
 func TestKeyAllowListIsNeverFailedOpen(t *testing.T) {
 	a, b := newUpstream(t, "a"), newUpstream(t, "b")
 	b.status.Store(503)
-	doc := "[retry]\nbase_backoff_ms = 1\nmax_backoff_ms = 1\n" + providers(a, b) + `
+	doc := openAuth + "[retry]\nbase_backoff_ms = 1\nmax_backoff_ms = 1\n" + providers(a, b) + `
 [[routes]]
 model = "m"
 targets = [{ provider = "p0" }, { provider = "p1" }]
@@ -364,7 +368,7 @@ func TestStreamingPassesThroughEventByEvent(t *testing.T) {
 		fmt.Fprint(w, "data: {\"n\":2}\n\ndata: [DONE]\n\n")
 		return true
 	}
-	doc := providers(a) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
+	doc := openAuth + providers(a) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
 	p, srv := newTestProxy(t, doc)
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
 	resp, err := http.DefaultClient.Do(req)
@@ -400,7 +404,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 		close(cancelled)
 		return true
 	}
-	doc := providers(a) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
+	doc := openAuth + providers(a) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
 	p, srv := newTestProxy(t, doc)
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
 	resp, err := http.DefaultClient.Do(req)

@@ -13,7 +13,7 @@ import (
 
 func TestTracingSpanTreeAndPropagation(t *testing.T) {
 	a := newUpstream(t, "a")
-	doc := providers(a) + "[[routes]]\nmodel = \"m\"\nstrategy = \"least_load\"\ntargets = [{ provider = \"p0\" }]\n"
+	doc := openAuth + providers(a) + "[[routes]]\nmodel = \"m\"\nstrategy = \"least_load\"\ntargets = [{ provider = \"p0\" }]\n"
 	cfg, err := config.Parse([]byte(doc))
 	if err != nil {
 		t.Fatal(err)

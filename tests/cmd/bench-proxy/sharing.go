@@ -61,8 +61,8 @@ func benchSharing(upstream string, moderate, high int, warmup, duration time.Dur
 		fmt.Println("|---|---:|---:|---:|---:|")
 		var res []result
 		for _, t := range []struct{ name, url string }{{"one proxy, no sharing", alone}, {"one sharing proxy, no peers", lone}, {"one of three sharing proxies", shared}} {
-			runBodies(t.url, conc, warmup, bodyOf)
-			r := runBodies(t.url, conc, duration, bodyOf)
+			runBodies(target{url: t.url}, conc, warmup, bodyOf)
+			r := runBodies(target{url: t.url}, conc, duration, bodyOf)
 			r.name = t.name
 			res = append(res, r)
 			fmt.Printf("| %s | %.0f | %.3f | %.3f | %d |\n", r.name, r.rps, ms(r.p50), ms(r.p99), r.errors)

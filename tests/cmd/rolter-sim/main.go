@@ -73,7 +73,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("rolter-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: rolter-sim [flags]\n\nStrategies: %s\n(\"all\", \"rolter\" and \"peers\" name groups; a rolter strategy takes Spec fields as name:key=value:key=value,\ne.g. cache_aware:threshold=0.3:balance_abs=8, precise_cache_aware:load_weight=0.5:speculate_ms=0;\nllmd_precise takes prefix, kv_cache, queue, active, speculate_ms)\n\nFlags:\n",
+		fmt.Fprintf(stderr, "usage: rolter-sim [flags]\n\nStrategies: %s\n(\"all\", \"rolter\" and \"peers\" name groups; a rolter strategy takes Spec fields as name:key=value:key=value,\ne.g. cache_aware:threshold=0.3:balance_abs=8, precise_cache_aware:load_weight=0.5:speculate_ms=0;\nllmd_approx, llmd_approx_bench and llmd_precise take the scorer weights prefix, kv_cache, queue, active; llmd_precise also speculate_ms;\nevery run also reports the clairvoyant oracle and the unbounded single-cache hit rate)\n\nFlags:\n",
 			strings.Join(sim.AllStrategies(), ", "))
 		fs.PrintDefaults()
 	}

@@ -1,0 +1,137 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// rawConn dials the proxy's listener: these tests play clients that
+// misbehave at the HTTP/1.1 framing level, which http.Client never does.
+func rawConn(t *testing.T, url string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	// Generous: a missing answer fails the test instead of hanging it.
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	return c
+}
+
+func readAnswer(t *testing.T, c net.Conn) (*http.Response, map[string]any) {
+	t.Helper()
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	defer resp.Body.Close()
+	var body map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("answer body: %v", err)
+	}
+	// Then the proxy closes the connection (it never got the whole body).
+	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+		t.Errorf("after the answer: %v, want the connection closed", err)
+	}
+	return resp, body
+}
+
+func bodyDoc(t *testing.T, server string) string {
+	a := newUpstream(t, "a")
+	return "[server]\n" + server + "[accounting]\nsink = \"none\"\n" + providers(a) + `
+[[routes]]
+model = "m"
+targets = [{ provider = "p0" }]
+[[virtual_keys]]
+name = "k"
+key = "sk-rolter-body-000000000"
+`
+}
+
+// A request without a key is answered at once, whatever its body does:
+// here the body never comes. Go's server would drain it before the answer.
+func TestAuthFailureIsAnsweredWithoutWaitingForTheBody(t *testing.T) {
+	_, srv := newTestProxy(t, bodyDoc(t, "body_read_timeout_secs = 1\n"))
+	c := rawConn(t, srv.URL)
+	fmt.Fprint(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n")
+	resp, body := readAnswer(t, c)
+	if resp.StatusCode != 401 || !resp.Close {
+		t.Fatalf("status %d, close %v: %v", resp.StatusCode, resp.Close, body)
+	}
+}
+
+// A body that stops arriving is cut off after server.body_read_timeout_secs
+// with 408 and a closed connection.
+func TestStalledBodyGets408(t *testing.T) {
+	_, srv := newTestProxy(t, bodyDoc(t, "body_read_timeout_secs = 1\n"))
+	c := rawConn(t, srv.URL)
+	fmt.Fprint(c, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: sk-rolter-body-000000000\r\nContent-Length: 100\r\n\r\n{\"mod")
+	resp, body := readAnswer(t, c)
+	if resp.StatusCode != http.StatusRequestTimeout || body["type"] != "error" {
+		t.Fatalf("status %d: %v, want 408 in Anthropic's shape", resp.StatusCode, body)
+	}
+	// The next request on a fresh connection is served as usual.
+	r, b := post(t, srv.URL+"/v1/chat/completions", "sk-rolter-body-000000000", `{"model":"m"}`)
+	if r.StatusCode != 200 {
+		t.Fatalf("ordinary request after a stalled one: %d %s", r.StatusCode, b)
+	}
+}
+
+// A client that writes its whole oversized body before it reads gets the
+// 413, in the endpoint's dialect, not a connection reset: with a declared
+// length and chunked.
+func TestOversizedBodyWrittenBeforeReadingGets413(t *testing.T) {
+	_, srv := newTestProxy(t, bodyDoc(t, "max_body_bytes = 1048576\n"))
+	big := bytes.Repeat([]byte("x"), 4<<20)
+	for _, tc := range []struct {
+		name, path string
+		chunked    bool
+	}{
+		{"openai length", "/v1/chat/completions", false},
+		{"anthropic length", "/v1/messages", false},
+		{"openai chunked", "/v1/chat/completions", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := rawConn(t, srv.URL)
+			var req bytes.Buffer
+			fmt.Fprintf(&req, "POST %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-rolter-body-000000000\r\n", tc.path)
+			if tc.chunked {
+				req.WriteString("Transfer-Encoding: chunked\r\n\r\n")
+				for off := 0; off < len(big); off += 64 << 10 {
+					fmt.Fprintf(&req, "%x\r\n", 64<<10)
+					req.Write(big[off : off+64<<10])
+					req.WriteString("\r\n")
+				}
+				req.WriteString("0\r\n\r\n")
+			} else {
+				fmt.Fprintf(&req, "Content-Length: %d\r\n\r\n", len(big))
+				req.Write(big)
+			}
+			if _, err := c.Write(req.Bytes()); err != nil {
+				t.Fatalf("writing the whole request: %v (the proxy reset the connection)", err)
+			}
+			resp, body := readAnswer(t, c)
+			if resp.StatusCode != http.StatusRequestEntityTooLarge {
+				t.Fatalf("status %d: %v", resp.StatusCode, body)
+			}
+			if tc.path == "/v1/messages" {
+				if e, _ := body["error"].(map[string]any); body["type"] != "error" || e["type"] != "request_too_large" {
+					t.Errorf("not Anthropic's shape: %v", body)
+				}
+			} else if e, _ := body["error"].(map[string]any); e["code"] != "request_too_large" {
+				t.Errorf("not OpenAI's shape: %v", body)
+			}
+		})
+	}
+}

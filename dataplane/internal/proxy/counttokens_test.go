@@ -1,0 +1,121 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+func TestModelRetrieveIsFilteredByTheKey(t *testing.T) {
+	a := newUpstream(t, "a")
+	doc := providers(a, newUpstream(t, "b")) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n[[routes]]\nmodel = \"m2\"\ntargets = [{ provider = \"p0\" }]\n" + keys
+	_, srv := newTestProxy(t, doc)
+	get := func(path, key string) (int, map[string]any) {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body
+	}
+	if s, b := get("/v1/models/m", "sk-rolter-full-000000000"); s != 200 || b["id"] != "m" || b["object"] != "model" {
+		t.Errorf("full key, m: %d %v", s, b)
+	}
+	for _, tc := range []struct{ path, key string }{
+		{"/v1/models/m", "sk-rolter-m2-00000000000"}, // not this key's
+		{"/v1/models/nope", "sk-rolter-full-000000000"},
+	} {
+		s, b := get(tc.path, tc.key)
+		if e, _ := b["error"].(map[string]any); s != 404 || e["code"] != "model_not_found" {
+			t.Errorf("%s: %d %v, want 404 model_not_found in OpenAI's shape", tc.path, s, b)
+		}
+	}
+	if s, _ := get("/v1/models/m", "sk-rolter-wrong-00000000"); s != 401 {
+		t.Errorf("wrong key: %d", s)
+	}
+}
+
+// Without an anthropic target, count_tokens is counted by the engine's
+// /tokenize on the messages, rendered as chat messages.
+func TestCountTokensOnTheEngine(t *testing.T) {
+	a := newUpstream(t, "a")
+	var got map[string]any
+	a.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/tokenize" {
+			return false
+		}
+		a.mu.Lock()
+		got = a.bodies[len(a.bodies)-1]
+		a.mu.Unlock()
+		fmt.Fprint(w, `{"count":42,"max_model_len":4096,"tokens":[]}`)
+		return true
+	}
+	_, srv := newTestProxy(t, openAuth+providers(a)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\", model = \"engine-m\" }]\n")
+	resp, b := post(t, srv.URL+countTokensPath, "", `{"model":"m","system":"be brief","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}`)
+	if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != `{"input_tokens":42}` {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	msgs, _ := got["messages"].([]any)
+	if got["model"] != "engine-m" || len(msgs) != 2 || got["add_generation_prompt"] != true {
+		t.Errorf("engine got %v", got)
+	}
+	// An image cannot be counted by a text tokenizer: a clear error, in
+	// Anthropic's shape.
+	resp, b = post(t, srv.URL+countTokensPath, "", `{"model":"m","messages":[{"role":"user","content":[{"type":"image","source":{}}]}]}`)
+	var e anthropicErrorBody
+	_ = json.Unmarshal(b, &e)
+	if resp.StatusCode != 400 || e.Type != "error" || !strings.Contains(e.Error.Message, "image") {
+		t.Errorf("image: %d %s", resp.StatusCode, b)
+	}
+	resp, b = post(t, srv.URL+countTokensPath, "", `{"model":"nope","messages":[]}`)
+	_ = json.Unmarshal(b, &e)
+	if resp.StatusCode != 404 || e.Type != "error" || e.Error.Type != "not_found_error" {
+		t.Errorf("unknown model: %d %s", resp.StatusCode, b)
+	}
+}
+
+// With an anthropic target, the request goes there, with the provider's
+// key and the target's model.
+func TestCountTokensForwardsToAnthropic(t *testing.T) {
+	up := newUpstream(t, "anthropic")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != countTokensPath || r.Header.Get("X-Api-Key") != "upstream-secret-0" || r.Header.Get("Anthropic-Version") == "" {
+			w.WriteHeader(400)
+			return true
+		}
+		fmt.Fprint(w, `{"input_tokens":7}`)
+		return true
+	}
+	doc := openAuth + strings.Replace(providers(up), "openai_compatible", "anthropic", 1) +
+		"[[routes]]\nmodel = \"claude\"\ntargets = [{ provider = \"p0\", model = \"claude-x\" }]\n"
+	_, srv := newTestProxy(t, doc)
+	resp, b := post(t, srv.URL+countTokensPath, "", `{"model":"claude","messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 200 || string(b) != `{"input_tokens":7}` {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if body, _ := up.last(); body["model"] != "claude-x" {
+		t.Errorf("upstream got model %v", body["model"])
+	}
+}
+
+func FuzzCountTokensMessages(f *testing.F) {
+	f.Add([]byte(`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]}]}`))
+	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"image"}]}]}`))
+	f.Add([]byte(`{"messages":[{"role":"x","content":3}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var req countTokensRequest
+		if json.Unmarshal(b, &req) != nil {
+			return
+		}
+		msgs, err := req.chatMessages()
+		if err == nil && len(msgs) == 0 {
+			t.Fatal("no error and no messages")
+		}
+	})
+}
