@@ -29,10 +29,11 @@ const (
 	// MaxKVDataParallelSize bounds it (one subscription per rank).
 	MaxKVDataParallelSize = 256
 	// DefaultTokenizeTimeoutMS is [providers.kv_events] tokenize_timeout_ms:
-	// the most a request waits for the engine's /tokenize. vllmsim answers
-	// in well under a millisecond through the proxy (docs/routing.md);
-	// 50 ms leaves a loaded vLLM API server room while staying small
-	// beside the prefill a precise pick saves (thousands of tokens).
+	// the most a request waits for the engine's /tokenize. The call adds
+	// about 3 ms (p50) for a 4,000-token prompt with vllmsim through the
+	// proxy (docs/routing.md, BenchmarkTokenizeThroughProxy); 50 ms leaves
+	// a loaded vLLM API server room while staying small beside the prefill
+	// a precise pick saves (thousands of tokens).
 	DefaultTokenizeTimeoutMS = 50
 	// MaxTokenizeTimeoutMS bounds it: past a few seconds routing on the
 	// approximate state is the better trade.
