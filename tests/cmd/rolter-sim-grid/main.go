@@ -278,7 +278,11 @@ func chart(w io.Writer, runs []*run) error {
 		for ri, r := range runs {
 			y := y0 + rowH*(ri+1)
 			rect(pad, y, width-pad, y+1, grid)
-			text(pad, y+12, r.label)
+			lbl := r.label
+			if max := labelW/7 - 1; len(lbl) > max {
+				lbl = lbl[:max-1] + "~"
+			}
+			text(pad, y+12, lbl)
 			var bestV float64
 			hasBest := false
 			if pn.best != nil {
