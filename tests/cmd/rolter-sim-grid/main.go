@@ -279,8 +279,8 @@ func chart(w io.Writer, runs []*run) error {
 			y := y0 + rowH*(ri+1)
 			rect(pad, y, width-pad, y+1, grid)
 			lbl := r.label
-			if max := labelW/7 - 1; len(lbl) > max {
-				lbl = lbl[:max-1] + "~"
+			if limit := labelW/7 - 1; len(lbl) > limit {
+				lbl = lbl[:limit-1] + "~"
 			}
 			text(pad, y+12, lbl)
 			var bestV float64
