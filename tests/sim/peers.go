@@ -198,6 +198,7 @@ const (
 type llmdWeights struct {
 	prefix, kvCache, queue, active float64
 	specTTL                        time.Duration
+	lruBlocks                      int // approximate: LRU entries per server; 0: autoTune
 }
 
 // shippedLLMDApproxWeights is the default profile of GIE's inferencepool
@@ -307,8 +308,12 @@ func newLLMD(env Env, w llmdWeights, rng *rand.Rand) *llmd {
 	n := env.Replicas
 	l := &llmd{llmdLoad: newLLMDLoad(n, w), n: n, rng: rng, blockChars: env.BlockSize * llmdCharsPerToken,
 		owners: map[uint64]routing.Set{}, scores: make([]float64, n), matched: make([]int, n)}
+	lru := env.CapacityBlocks // autoTune: the engine's cache in blocks
+	if w.lruBlocks > 0 {
+		lru = w.lruBlocks
+	}
 	for range n {
-		l.lrus = append(l.lrus, newLRUSet(max(env.CapacityBlocks, 1)))
+		l.lrus = append(l.lrus, newLRUSet(max(lru, 1)))
 	}
 	return l
 }

@@ -202,6 +202,11 @@ func TestLLMDShippedProfile(t *testing.T) {
 	if l.blockChars != 64 || l.lrus[0].cap != 4096 {
 		t.Fatalf("block %d chars, LRU %d: want autoTune's 16 tokens x 4 and the engine's 4096 blocks", l.blockChars, l.lrus[0].cap)
 	}
+	w := shippedLLMDApproxWeights()
+	w.lruBlocks = 31250
+	if c := newLLMD(llmdEnv(3), w, rand.New(rand.NewPCG(1, 1))).lrus[0].cap; c != 31250 {
+		t.Fatalf("lru_blocks 31250 gives an LRU of %d", c)
+	}
 	v := view(0, 0, 0)
 	v.ScrapedWaiting, v.ScrapedKVUsage = []int{0, 0, 0}, []float64{0, 0, 0}
 	warm := flight(userMsg(1, 300))

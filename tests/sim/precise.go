@@ -152,8 +152,10 @@ func (l *llmdPrecise) Observe(target int, f *Flight, v *View) {
 func (l *llmdPrecise) applyKV(replica int, ops []kvdelta.Op) { l.ix.apply(replica, ops) }
 
 // parseLLMD reads the llm-d strategies' parameters: the scorer weights
-// prefix, kv_cache, queue, active over the strategy's defaults, and for
-// llmd_precise speculate_ms (0 turns speculative indexing off).
+// prefix, kv_cache, queue, active over the strategy's defaults; for
+// llmd_precise speculate_ms (0 turns speculative indexing off); for the
+// approximate ones lru_blocks, the LRU capacity per server instead of
+// autoTune's engine block count (31250 is the plugin's fallback).
 func parseLLMD(st Strategy, params string) (Strategy, error) {
 	var w llmdWeights
 	switch st.Base {
@@ -182,10 +184,12 @@ func parseLLMD(st Strategy, params string) (Strategy, error) {
 				w.active = f
 			case k == "speculate_ms" && st.Base == LLMDPrecise:
 				w.specTTL = time.Duration(f * float64(time.Millisecond))
+			case k == "lru_blocks" && st.Base != LLMDPrecise && f >= 1:
+				w.lruBlocks = int(f)
 			default:
-				want := "prefix, kv_cache, queue, active"
+				want := "prefix, kv_cache, queue, active, lru_blocks >= 1"
 				if st.Base == LLMDPrecise {
-					want += ", speculate_ms"
+					want = "prefix, kv_cache, queue, active, speculate_ms"
 				}
 				return st, fmt.Errorf("strategy %q: unknown parameter %q (want %s)", st.Name, k, want)
 			}
