@@ -123,9 +123,14 @@ func label(cmd string) string {
 		case "--workload":
 			parts = append([]string{f[i+1]}, parts...)
 			i++
-		case "--capacity", "--replicas", "--prefill-us", "--proxies", "--trace-limit":
-			parts = append(parts, strings.TrimPrefix(f[i], "--")+" "+f[i+1])
+		case "--quiet", "--json":
+		case "--strategies":
 			i++
+		default:
+			if strings.HasPrefix(f[i], "--") && i+1 < len(f) && f[i] != "--share" {
+				parts = append(parts, strings.TrimPrefix(f[i], "--")+" "+f[i+1])
+				i++
+			}
 		case "--share":
 			if f[i+1] == "on" {
 				parts = append(parts, "shared")
@@ -203,8 +208,8 @@ func report(w io.Writer, runs []*run) {
 
 // Chart geometry.
 const (
-	cellW   = 64
-	labelW  = 250
+	cellW   = 70
+	labelW  = 330
 	rowH    = 16
 	headH   = 120
 	panelGp = 24
@@ -273,7 +278,11 @@ func chart(w io.Writer, runs []*run) error {
 		for ri, r := range runs {
 			y := y0 + rowH*(ri+1)
 			rect(pad, y, width-pad, y+1, grid)
-			text(pad, y+12, r.label)
+			lbl := r.label
+			if limit := labelW/7 - 1; len(lbl) > limit {
+				lbl = lbl[:limit-1] + "~"
+			}
+			text(pad, y+12, lbl)
 			var bestV float64
 			hasBest := false
 			if pn.best != nil {
