@@ -66,6 +66,7 @@ type target struct {
 	lru       lrulist.List[entry]
 	inserts   uint64 // hashes added over the index's life: the age clock
 	evictions uint64
+	capacity  int // this target's ceiling in hashes (0 = unbounded)
 }
 
 type entry struct {
@@ -80,15 +81,43 @@ func New(targets, capacity int) *Index {
 	targets = min(max(targets, 0), MaxTargets)
 	x := &Index{holders: make(map[uint64]set), targets: make([]target, targets), capacity: max(capacity, 0)}
 	for i := range x.targets {
-		x.targets[i] = target{slots: make(map[uint64]int32)}
+		x.targets[i] = target{slots: make(map[uint64]int32), capacity: x.capacity}
 	}
 	return x
+}
+
+// SetCapacity sets target tgt's ceiling in hashes (<= 0: unbounded),
+// evicting its oldest hashes at once when it holds more. A caller that
+// learns a target's real cache size (a replica's KV capacity) makes the
+// index forget what that replica has evicted. A target out of range is
+// ignored.
+func (x *Index) SetCapacity(tgt, capacity int) {
+	if tgt < 0 || tgt >= len(x.targets) {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	t := &x.targets[tgt]
+	t.capacity = max(capacity, 0)
+	x.evict(tgt, t)
+}
+
+// TargetCapacity returns target tgt's ceiling in hashes (0 = unbounded or
+// out of range).
+func (x *Index) TargetCapacity(tgt int) int {
+	if tgt < 0 || tgt >= len(x.targets) {
+		return 0
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.targets[tgt].capacity
 }
 
 // Targets returns the number of targets.
 func (x *Index) Targets() int { return len(x.targets) }
 
-// Capacity returns the per-target ceiling in hashes (0 = unbounded).
+// Capacity returns the per-target ceiling New was given, in hashes (0 =
+// unbounded); SetCapacity changes one target's.
 func (x *Index) Capacity() int { return x.capacity }
 
 // Match sets lens[i], for every target i < len(lens), to the number of
@@ -172,7 +201,7 @@ func (x *Index) Observe(tgt int, prompt string, publish []uint64) []uint64 {
 func (x *Index) observeOne(tgt int, t *target, h uint64, publish []uint64) []uint64 {
 	if e, ok := t.slots[h]; ok {
 		t.lru.Touch(e)
-		if en := t.lru.At(e); x.capacity > 0 && t.inserts-en.published > uint64(x.capacity/2) {
+		if en := t.lru.At(e); t.capacity > 0 && t.inserts-en.published > uint64(t.capacity/2) {
 			en.published = t.inserts
 			publish = append(publish, h)
 		}
@@ -246,7 +275,13 @@ func (x *Index) insert(tgt int, h uint64) {
 	hs := x.holders[h]
 	hs.add(tgt)
 	x.holders[h] = hs
-	for x.capacity > 0 && len(t.slots) > x.capacity {
+	x.evict(tgt, t)
+}
+
+// evict drops target t's (index tgt) oldest hashes while it is above its
+// capacity. The write lock must be held.
+func (x *Index) evict(tgt int, t *target) {
+	for t.capacity > 0 && len(t.slots) > t.capacity {
 		old, _ := t.lru.Oldest()
 		oh := t.lru.At(old).hash
 		t.lru.Remove(old)

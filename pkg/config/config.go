@@ -140,6 +140,11 @@ type Provider struct {
 	// Prometheus metrics for its real queue (vLLM's running + waiting
 	// requests) and route on it; absent: off.
 	EngineLoad *EngineLoad `toml:"engine_load"`
+	// KVCapacityTokens is the replica's KV cache capacity in tokens
+	// (vLLM's num_gpu_blocks × block_size). predicted_ttft bounds its
+	// approximate index of the replica with it when [providers.engine_load]
+	// has not scraped vllm:cache_config_info; 0: not set.
+	KVCapacityTokens int `toml:"kv_capacity_tokens"`
 }
 
 // EngineLoad configures scraping a replica's own load from its Prometheus
@@ -184,6 +189,14 @@ type KVEvents struct {
 	// mode every rank connects to the watcher. Empty: every rank on
 	// Endpoint's host.
 	DataParallelHosts []string `toml:"data_parallel_hosts"`
+	// Tokenize lets the proxies ask this replica's POST /tokenize for the
+	// token ids of a request that carries no x-rolter-vllm-token-ids, when
+	// its route's strategy routes on the KV events (precise_cache_aware,
+	// predicted_ttft); nil: true.
+	Tokenize *bool `toml:"tokenize"`
+	// TokenizeTimeoutMS bounds that call; a slower or failed one routes the
+	// request on the approximate state. Default DefaultTokenizeTimeoutMS.
+	TokenizeTimeoutMS int `toml:"tokenize_timeout_ms"`
 }
 
 // LMCache configures polling of the provider's LMCache occupancy signal.

@@ -60,6 +60,8 @@ type CompiledProvider struct {
 	LMCache          *LMCache
 	// EngineLoad is nil unless [providers.engine_load] is present.
 	EngineLoad *CompiledEngineLoad
+	// KVCapacityTokens is kv_capacity_tokens (0: not set).
+	KVCapacityTokens int
 }
 
 // CompiledEngineLoad is a provider's engine-load scraping, defaults applied.
@@ -198,6 +200,7 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 		cp := &CompiledProvider{
 			Name: p.Name, Kind: p.Kind, APIBase: strings.TrimRight(p.APIBase, "/"),
 			AnthropicVersion: p.AnthropicVersion,
+			KVCapacityTokens: p.KVCapacityTokens,
 		}
 		if p.KVEvents != nil {
 			kv := *p.KVEvents

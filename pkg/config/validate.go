@@ -17,7 +17,7 @@ import (
 var Strategies = []string{
 	"round_robin", "random", "weighted", "power_of_two", "least_load",
 	"consistent_hash", "cache_aware", "pipeline", "precise_cache_aware",
-	"lmcache_aware", "predicted_latency",
+	"lmcache_aware", "predicted_latency", "predicted_ttft",
 }
 
 // Scorers lists the pipeline scorers [routes.balancer] scorers may weigh.
@@ -190,6 +190,9 @@ func validateProvider(v *validator, path string, p *Provider) {
 		}
 		v.positive(kp+".max_blocks", kv.MaxBlocks)
 		v.positive(kp+".stale_secs", kv.StaleSecs)
+		if n := kv.TokenizeTimeoutMS; n < 1 || n > MaxTokenizeTimeoutMS {
+			v.add(kp+".tokenize_timeout_ms", "must be in [1, %d], got %d", MaxTokenizeTimeoutMS, n)
+		}
 		if kv.Mode != "" && kv.Mode != "connect" && kv.Mode != "bind" {
 			v.add(kp+".mode", "must be \"connect\" or \"bind\", got %q", kv.Mode)
 		}
@@ -222,6 +225,9 @@ func validateProvider(v *validator, path string, p *Provider) {
 				}
 			}
 		}
+	}
+	if p.KVCapacityTokens < 0 || p.KVCapacityTokens > MaxKVCapacityTokens {
+		v.add(path+".kv_capacity_tokens", "must be in [0, %d], got %d", MaxKVCapacityTokens, p.KVCapacityTokens)
 	}
 	if el := p.EngineLoad; el != nil {
 		ep := path + ".engine_load"

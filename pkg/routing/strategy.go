@@ -25,6 +25,7 @@ const (
 	PreciseCacheAware = "precise_cache_aware"
 	LMCacheAware      = "lmcache_aware"
 	PredictedLatency  = "predicted_latency"
+	PredictedTTFT     = "predicted_ttft"
 )
 
 // ErrUnknownStrategy is returned by [New] for a name it does not know.
@@ -83,8 +84,17 @@ type Spec struct {
 	// locks.
 	Share func(target int, prompt string)
 
-	// KV feeds precise_cache_aware; nil leaves it neutral (least load).
+	// KV feeds precise_cache_aware (nil leaves it neutral: least load) and
+	// predicted_ttft's matched prefixes (nil: the approximate index only).
 	KV KVSource
+	// Engine is what the replicas report (num_requests_waiting, KV
+	// capacity), for predicted_ttft; nil: nothing scraped.
+	Engine EngineState
+	// KVCapacityTokens has, per target, its KV cache capacity in tokens
+	// as configured (a provider's kv_capacity_tokens), 0 or missing when
+	// not set; predicted_ttft bounds its approximate index with it when
+	// Engine has no scraped capacity.
+	KVCapacityTokens []int
 	// LMCache feeds lmcache_aware; nil leaves it neutral (least load).
 	LMCache LMCacheSource
 	// SignalWeight and LoadWeight weigh the cache signal and least load in
@@ -92,7 +102,7 @@ type Spec struct {
 	// (DefaultSignalWeight; DefaultPreciseLoadWeight or
 	// DefaultSignalLoadWeight).
 	SignalWeight, LoadWeight float64
-	// SpeculativeTTL is how long precise_cache_aware has the KV source
+	// SpeculativeTTL is how long precise_cache_aware (and predicted_ttft) has the KV source
 	// count a routed request's blocks as resident on its target; 0 means
 	// [DefaultSpeculativeTTL], [NoSpeculation] (or any negative) turns it
 	// off.
@@ -198,6 +208,13 @@ func New(spec Spec) (Balancer, error) {
 		return newPipeline(spec.Weights, p, newSharing(n, p.maxNodes, spec.Share)), nil
 	case PredictedLatency:
 		return newPredictedLatency(n, p.intn), nil
+	case PredictedTTFT:
+		for i, c := range spec.KVCapacityTokens {
+			if c < 0 {
+				return nil, fmt.Errorf("routing: kv_capacity_tokens[%d]: must be >= 0, got %d", i, c)
+			}
+		}
+		return newPredictedTTFT(&spec, p), nil
 	case PreciseCacheAware, LMCacheAware:
 		if spec.SignalWeight < 0 || spec.LoadWeight < 0 {
 			return nil, fmt.Errorf("routing: negative signal or load weight")

@@ -138,7 +138,7 @@ const (
 var RolterStrategies = []string{
 	routing.RoundRobin, routing.Random, routing.Weighted, routing.PowerOfTwo, routing.LeastLoad,
 	routing.ConsistentHash, routing.CacheAware, routing.Pipeline, routing.PredictedLatency,
-	routing.PreciseCacheAware,
+	routing.PreciseCacheAware, routing.PredictedTTFT,
 }
 
 // PeerStrategies are the peers' shipped policies, their named variants and
@@ -175,6 +175,7 @@ func ParseStrategy(s string) (Strategy, error) {
 		return st, fmt.Errorf("unknown strategy %q (want one of %s)", base, strings.Join(AllStrategies(), ", "))
 	}
 	spec := routing.Spec{Strategy: base}
+	ttftEvents, ttftEngine := true, true
 	if params != "" {
 		for kv := range strings.SplitSeq(params, ":") {
 			k, v, ok := strings.Cut(kv, "=")
@@ -198,9 +199,18 @@ func ParseStrategy(s string) (Strategy, error) {
 				spec.SignalWeight = f
 			case "load_weight":
 				spec.LoadWeight = f
+			case "kv_events", "engine":
+				if base != routing.PredictedTTFT || (f != 0 && f != 1) {
+					return st, fmt.Errorf("strategy %q: %s: want 0 or 1 on %s", s, k, routing.PredictedTTFT)
+				}
+				if k == "kv_events" {
+					ttftEvents = f == 1
+				} else {
+					ttftEngine = f == 1
+				}
 			case "speculate_ms":
-				if base != routing.PreciseCacheAware || f < 0 {
-					return st, fmt.Errorf("strategy %q: speculate_ms: want a number >= 0 on %s", s, routing.PreciseCacheAware)
+				if (base != routing.PreciseCacheAware && base != routing.PredictedTTFT) || f < 0 {
+					return st, fmt.Errorf("strategy %q: speculate_ms: want a number >= 0 on %s or %s", s, routing.PreciseCacheAware, routing.PredictedTTFT)
 				}
 				spec.SpeculativeTTL = time.Duration(f * float64(time.Millisecond))
 				if f == 0 {
@@ -220,7 +230,7 @@ func ParseStrategy(s string) (Strategy, error) {
 	if _, err := routing.New(probe); err != nil {
 		return st, fmt.Errorf("strategy %q: %w", s, err)
 	}
-	st.TokenIDs = base == routing.PreciseCacheAware
+	st.TokenIDs = base == routing.PreciseCacheAware || (base == routing.PredictedTTFT && ttftEvents)
 	st.New = func(env Env) (Policy, error) {
 		sp := spec
 		sp.Share = env.Share
@@ -233,6 +243,9 @@ func ParseStrategy(s string) (Strategy, error) {
 		}
 		if base == routing.PreciseCacheAware {
 			return newPrecise(sp, env)
+		}
+		if base == routing.PredictedTTFT {
+			return newTTFTPolicy(sp, env, ttftEvents, ttftEngine)
 		}
 		b, err := routing.New(sp)
 		if err != nil {
@@ -282,6 +295,9 @@ type balancer struct {
 	b   routing.Balancer
 	all routing.Set
 }
+
+// inner is the balancer a wrapping policy (precise, ttftPolicy) embeds.
+func (p *balancer) inner() *balancer { return p }
 
 func (p *balancer) Pick(f *Flight, v *View) int { return p.b.Pick(&f.Ctx, v.Loads, p.all) }
 

@@ -66,8 +66,8 @@ func (r *run) newShareNode(p int, env *Env) {
 // bindShare connects proxy p's policy to its route once built.
 func (r *run) bindShare(p int, px *proxy) {
 	rt := r.share.routes[p]
-	if b, ok := px.policy.(*balancer); ok {
-		if sa, ok := b.b.(routing.SharedAffinity); ok {
+	if b, ok := px.policy.(interface{ inner() *balancer }); ok {
+		if sa, ok := b.inner().b.(routing.SharedAffinity); ok {
 			rt.SetAffinity(sa)
 		}
 	}

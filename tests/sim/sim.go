@@ -284,6 +284,9 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 			r.bindShare(p, px)
 		}
 		px.kv, _ = pol.(kvConsumer)
+		if t, ok := pol.(*ttftPolicy); ok && t.src == nil {
+			px.kv = nil // predicted_ttft:kv_events=0 reads no events
+		}
 		events = events || px.kv != nil
 		if m, ok := pol.(metricsScraper); ok {
 			r.scrapeEvery = m.scrapeInterval()

@@ -220,6 +220,7 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 	}
 	x.ttft = time.Since(x.start)
 	p.metrics.TTFT.WithLabelValues(x.route.cfg.Model, x.variant).Observe(x.ttft.Seconds())
+	p.firstToken(x, resp.StatusCode)
 	x.status = resp.StatusCode
 	ctype := resp.Header.Get("Content-Type")
 	startResponse(w, x, t, resp)

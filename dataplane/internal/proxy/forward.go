@@ -60,6 +60,12 @@ type exchange struct {
 	provider string
 	ttft     time.Duration
 	abort    bool // the response started and then broke off: abort the connection
+	// observed is the target of the attempt the balancer observed and has
+	// not yet been told the first token or the end of (-1: none), with the
+	// attempt's dispatch time, for routing.TTFTObserver. It is in the
+	// current pool (x.pool()).
+	observed int
+	sent     time.Time
 }
 
 // poolState is one pool's share of an exchange.
@@ -73,7 +79,7 @@ type poolState struct {
 func (x *exchange) pool() *pool { return x.pools[x.cur].pool }
 
 func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
-	x := &exchange{start: time.Now(), id: w.Header().Get("X-Request-Id"), ep: ep, extraHeader: http.Header{}}
+	x := &exchange{start: time.Now(), id: w.Header().Get("X-Request-Id"), ep: ep, extraHeader: http.Header{}, observed: -1}
 	p.metrics.InFlight.Inc()
 	defer p.metrics.InFlight.Dec()
 	ctx, span := p.tracer.Start(p.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header)), "rolter.request",
@@ -245,6 +251,7 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 			w.Header().Set("X-Rolter-Cache", "MISS")
 		}
 	}
+	p.tokenIDs(ctx, x, raw)
 	p.forward(w, r, x)
 	if x.abort {
 		// The response started and the upstream broke it off: end it so
@@ -331,6 +338,31 @@ func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
 	return idx
 }
 
+// firstToken tells a TTFTObserver balancer the observed attempt's time to
+// first token (from dispatch), once; an error answer's first byte is no
+// first token (attemptEnded abandons it).
+func (p *Proxy) firstToken(x *exchange, status int) {
+	if x.observed < 0 || x.route == nil || status >= 300 {
+		return
+	}
+	if o, ok := x.pool().balancer.(routing.TTFTObserver); ok {
+		o.FirstToken(x.observed, &x.rctx, time.Since(x.sent), len(x.rctx.TokenIDs))
+	}
+	x.observed = -1
+}
+
+// attemptEnded tells a TTFTObserver balancer that the observed attempt
+// ended without a first token, if it did.
+func (p *Proxy) attemptEnded(x *exchange) {
+	if x.observed < 0 || x.route == nil {
+		return
+	}
+	if o, ok := x.pool().balancer.(routing.TTFTObserver); ok {
+		o.Abandon(x.observed, &x.rctx)
+	}
+	x.observed = -1
+}
+
 // retryable reports whether a status may succeed on another target.
 func retryable(status int) bool {
 	return status == http.StatusRequestTimeout || status == http.StatusTooManyRequests || status >= 500
@@ -346,7 +378,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	loads := make([]int, n)
 	var lastErr error
 	timedOut, bodyFailed := false, false
+	defer p.attemptEnded(x)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
+		p.attemptEnded(x)
 		if attempt > 0 {
 			if !p.hasUntried(x) {
 				break
@@ -383,6 +417,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		t := &pl.targets[idx]
 		queueDepth := loads[idx]
 		pl.balancer.Observe(idx, &x.rctx)
+		x.observed = idx
 		x.pools[x.cur].tried.Add(idx)
 		x.attempts++
 		x.variant = pl.variant
@@ -392,6 +427,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		release := t.state.Acquire()
 
 		sent := time.Now()
+		x.sent = sent
 		uctx, upSpan := p.tracer.Start(r.Context(), "upstream.request", trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(attribute.String("rolter.provider", t.cfg.Provider.Name), attribute.String("gen_ai.request.model", t.cfg.Model)))
 		resp, cancel, err := p.send(r.WithContext(uctx), x, t)
@@ -725,6 +761,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 			x.status = resp.StatusCode
 			x.ttft = time.Since(x.start)
 			p.metrics.TTFT.WithLabelValues(x.route.cfg.Model, x.variant).Observe(x.ttft.Seconds())
+			p.firstToken(x, resp.StatusCode)
 			w.WriteHeader(resp.StatusCode)
 		}
 		if n > 0 && started {

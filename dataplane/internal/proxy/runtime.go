@@ -183,6 +183,10 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 			src := newKVSource(p.kv, pl.targets)
 			spec.KV, spec.LMCache = src, src
 		}
+		spec.Engine = engineState{targets: pl.targets}
+		for _, tc := range targets {
+			spec.KVCapacityTokens = append(spec.KVCapacityTokens, tc.Provider.KVCapacityTokens)
+		}
 		if pl.fleet != nil {
 			spec.Share = pl.fleet.Record
 		}

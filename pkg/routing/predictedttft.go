@@ -1,0 +1,719 @@
+package routing
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"rolter.dev/pkg/chunkindex"
+)
+
+// EngineState is what the replicas report about themselves, read by
+// predicted_ttft. The data plane implements it over [providers.engine_load]
+// scrapes; nil means nothing is scraped.
+type EngineState interface {
+	// Waiting returns target's vllm:num_requests_waiting and whether the
+	// value is fresh.
+	Waiting(target int) (n int, ok bool)
+	// KVCapacityTokens returns target's KV cache capacity in tokens
+	// (num_gpu_blocks × block_size of vllm:cache_config_info), 0 when not
+	// known.
+	KVCapacityTokens(target int) int
+}
+
+// TTFTObserver is implemented by balancers that learn from first tokens
+// (predicted_ttft). For every attempt the balancer observed (Observe), the
+// proxy calls exactly one of them, with the same target and the same
+// *Context it passed to Observe: FirstToken when the first token arrives,
+// Abandon when the attempt ends without one (error, retry, client gone).
+type TTFTObserver interface {
+	// FirstToken reports the attempt's time to first token, measured from
+	// dispatch, and the engine's prompt token count (usage.prompt_tokens),
+	// or 0 when not known.
+	FirstToken(target int, ctx *Context, ttft time.Duration, promptTokens int)
+	// Abandon reports that the attempt ended without a first token.
+	Abandon(target int, ctx *Context)
+}
+
+// Constants of predicted_ttft. None is a weight between objectives: each is
+// a unit conversion used until the real value is learned, or a safety net.
+const (
+	// DefaultBytesPerToken converts prompt bytes to tokens until an engine's
+	// prompt token count has been seen (OpenAI's rule of thumb for English
+	// text; predicted_latency's estimate too). Learned afterwards as
+	// Σ prompt bytes / Σ prompt tokens.
+	DefaultBytesPerToken = 4
+	// TTFTPendingTimeout drops a pending prefill whose end the proxy never
+	// reported (a safety net; the proxy reports every attempt's end): far
+	// longer than any first token a client waits for.
+	TTFTPendingTimeout = 10 * time.Minute
+)
+
+// Decision outcomes of predicted_ttft.
+const (
+	// DecisionPrecise: the matched prefixes came from the engines' KV
+	// events (token ids known, state fresh).
+	DecisionPrecise = "precise"
+	// DecisionApproximate: they came from the approximate index of what
+	// the proxies sent to each target.
+	DecisionApproximate = "approximate"
+)
+
+// predictedTTFT picks the target with the lowest predicted time to first
+// token for this request.
+//
+// Prediction for target i, over the eligible set E:
+//
+//	ahead_n(i)   = pending(i) + max(0, waiting(i) - pending(i))
+//	ahead_tok(i) = pending_tokens(i) + that excess × mean pending tokens
+//	own(i)       = prompt_tokens - matched(i)
+//	ttft(i)      = w0(i) + w1(i)·ahead_n(i) + w2(i)·(ahead_tok(i) + own(i))/1000
+//
+// pending(i) and pending_tokens(i) are the requests this balancer sent to i
+// (Observe) that have no first token yet and their uncached prefill tokens,
+// as estimated when they were sent; waiting(i) is the engine's
+// num_requests_waiting when Spec.Engine has it fresh (it counts every
+// proxy's requests, so it covers what a peer sent); the excess is valued at
+// the mean uncached prefill of the requests this balancer has sent (the
+// request's whole prompt before any). matched(i) is the prefix target i holds, in
+// tokens: from Spec.KV (the engines' KV events, speculated for
+// Spec.SpeculativeTTL after each pick) when the request has token ids and
+// the state is fresh, else from the approximate index: the chained 64-byte
+// chunk hashes (rolter.dev/pkg/chunkindex) of the prompts sent to i,
+// matched bytes scaled to tokens. prompt_tokens is len(TokenIDs), else the
+// prompt's bytes / the learned bytes per token.
+//
+// w(i) is target i's latency law, fitted online by the NLMS of
+// predicted_latency (step 0.15, ≥ 8 samples) on every FirstToken: x =
+// (1, ahead_n, work/1000) as predicted at Observe, y = TTFT in ms. Until i
+// has 8 samples it uses the mean of the fitted targets' laws, and before any
+// target is fitted the unit law ttft = work/1000 (Dynamo's cost with overlap
+// weight 1 and no decode term), under which homogeneous replicas already
+// rank correctly: the law only scales. The pick is the argmin; predictions
+// within 1e-6 of the minimum tie (a cold start: nothing cached, nothing
+// pending), and among the tied the least-loaded (loads, when known), then a
+// uniform draw, wins.
+//
+// Capacity: the approximate index holds, per target, at most
+// capacity_tokens(i) × indexed bytes per token / 64 chunks, where
+// capacity_tokens is Spec.Engine's scraped KV capacity, else
+// Spec.KVCapacityTokens[i], else unknown ([DefaultMaxTrieNodes] bytes of
+// chunks, the seed's ceiling), and indexed bytes per token (the share of a
+// prompt's KV the bounded text represents) is learned from FirstToken's
+// prompt token counts. So the index forgets, oldest first, at the rate the
+// replica's LRU does.
+//
+// State keyed by the *Context pointer: Observe records the attempt under
+// (target, ctx) until FirstToken or Abandon; the pointer is only a key and
+// is never read after Observe returns.
+//
+// Sharing (Spec.Share): the approximate index is the shared one; peers'
+// observations fold into it (SharedAffinity). Pending prefill stays per
+// proxy; the engines' waiting counts cover the peers' queues.
+type predictedTTFT struct {
+	n       int
+	kv      KVSource
+	engine  EngineState
+	capCfg  []int
+	specTTL time.Duration
+	intn    func(int) int
+	now     func() time.Duration
+
+	index   *chunkindex.Index
+	publish func(int, string)
+
+	fitMu      sync.Mutex
+	fits       []lawFit                     // per target, under fitMu
+	fleet      atomic.Pointer[latencyModel] // the pooled fit; nil until fitted
+	pendTokens []atomic.Int64
+	pendCount  []atomic.Int64
+	// Per target, for its queue's utilisation and arrival rate: time with
+	// a pending prefill (ns, up to busySince), when the current busy spell
+	// began (-1: idle), arrivals; since the first Observe (start, ns).
+	busyTotal, busySince, arrivals []atomic.Int64
+	// inflight counts this balancer's attempts per target from Observe to
+	// Learn (success) or Abandon; against the route's loads (every proxy's
+	// in-flight) it gives the share of the traffic this proxy sees.
+	inflight []atomic.Int64
+	start    atomic.Int64
+
+	mu        sync.Mutex
+	pending   []map[*Context]pendingPrefill
+	lastSweep time.Duration
+	unsent    map[unsentKey][]uint64 // hashes Observe inserted, until RecordLocal publishes them
+
+	// Learned text/token ratios: Σ whole-prompt bytes, Σ bounded (indexed)
+	// bytes and Σ engine prompt tokens of the attempts that reported them.
+	ratioMu                            sync.Mutex
+	bytesSeen, indexedSeen, tokensSeen float64
+	bytesPerToken, indexedPerToken     atomic.Uint64 // float64 bits
+	observes                           atomic.Uint64
+	uncachedSum                        atomic.Int64     // Σ uncached prefill tokens of every Observe
+	decisions                          [2]atomic.Uint64 // precise, approximate
+	unitLaw                            latencyModel
+}
+
+type pendingPrefill struct {
+	tokens   int
+	x        [3]float64
+	at       time.Duration
+	bytes    int // whole prompt bytes
+	indexed  int // bounded prompt bytes
+	knownTok int // len(TokenIDs), 0 when unknown
+}
+
+type unsentKey struct {
+	target int
+	digest uint64
+}
+
+// maxUtilisation caps the measured utilisation in the queueing delay
+// factor 1/(1-ρ), which is unbounded at saturation.
+const maxUtilisation = 0.99
+
+// maxUnsent bounds the hashes kept for RecordLocal; past it RecordLocal
+// republishes a prompt's whole fingerprint.
+const maxUnsent = 4096
+
+var (
+	_ Balancer        = (*predictedTTFT)(nil)
+	_ TTFTObserver    = (*predictedTTFT)(nil)
+	_ Learner         = (*predictedTTFT)(nil)
+	_ DecisionCounter = (*predictedTTFT)(nil)
+	_ SharedAffinity  = (*predictedTTFT)(nil)
+)
+
+func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
+	n := len(spec.Weights)
+	t := &predictedTTFT{
+		n: n, kv: spec.KV, engine: spec.Engine, capCfg: spec.KVCapacityTokens,
+		specTTL: spec.SpeculativeTTL, intn: p.intn, now: p.now, publish: spec.Share,
+		index:      chunkindex.New(n, max(DefaultMaxTrieNodes/chunkindex.ChunkBytes, 1)),
+		fits:       make([]lawFit, n),
+		pendTokens: make([]atomic.Int64, n),
+		pendCount:  make([]atomic.Int64, n),
+		busyTotal:  make([]atomic.Int64, n),
+		busySince:  make([]atomic.Int64, n),
+		arrivals:   make([]atomic.Int64, n),
+		inflight:   make([]atomic.Int64, n),
+		pending:    make([]map[*Context]pendingPrefill, n),
+		unsent:     map[unsentKey][]uint64{},
+		unitLaw:    latencyModel{w: [3]float64{0, 0, 1}, samples: PredictorMinSamples},
+	}
+	if t.specTTL == 0 {
+		t.specTTL = DefaultSpeculativeTTL
+	}
+	if t.now == nil {
+		start := time.Now()
+		t.now = func() time.Duration { return time.Since(start) }
+	}
+	for i := range t.pending {
+		t.pending[i] = map[*Context]pendingPrefill{}
+		t.busySince[i].Store(-1)
+	}
+	t.start.Store(-1)
+	t.bytesPerToken.Store(math.Float64bits(DefaultBytesPerToken))
+	t.indexedPerToken.Store(math.Float64bits(DefaultBytesPerToken))
+	t.refreshCapacity()
+	return t
+}
+
+// Name implements Balancer.
+func (*predictedTTFT) Name() string { return PredictedTTFT }
+
+func loadFloat(a *atomic.Uint64) float64 { return math.Float64frombits(a.Load()) }
+
+// promptBytes is the whole prompt's length in bytes.
+func promptBytes(ctx *Context) int {
+	if ctx.PromptLen > 0 {
+		return ctx.PromptLen
+	}
+	return len(ctx.Prompt)
+}
+
+// tokens estimates the request's prompt tokens.
+func (t *predictedTTFT) tokens(ctx *Context) int {
+	if len(ctx.TokenIDs) > 0 {
+		return len(ctx.TokenIDs)
+	}
+	return int(math.Ceil(float64(promptBytes(ctx)) / loadFloat(&t.bytesPerToken)))
+}
+
+// matched sets match[i] to the prefix tokens target i holds and reports
+// whether they came from the KV events.
+func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool {
+	clear(match)
+	if t.kv != nil && len(ctx.TokenIDs) > 0 {
+		sigp := signalBufs.Get().(*[MaxTargets]float64)
+		sig := sigp[:t.n]
+		clear(sig)
+		ok := t.kv.KVScores(ctx.TokenIDs, sig)
+		if ok {
+			for i := range match {
+				match[i] = min(max(sig[i], 0), 1) * float64(tokens)
+			}
+		}
+		signalBufs.Put(sigp)
+		if ok {
+			return true
+		}
+	}
+	if ctx.Prompt == "" {
+		return false
+	}
+	var lbuf [MaxTargets]int
+	lens := lbuf[:t.n]
+	t.index.Match(ctx.Prompt, lens)
+	scale := float64(tokens) / float64(promptBytes(ctx))
+	for i, l := range lens {
+		match[i] = min(float64(l)*scale, float64(tokens))
+	}
+	return false
+}
+
+// law returns the fleet's latency law (the least-squares fit over every
+// target's first tokens), or the unit law before it has
+// PredictorMinSamples of them. Per-target fits are kept (lawFit) but the
+// pick uses the pooled one: on a homogeneous fleet the per-target fits
+// differ by noise alone, and that noise steered traffic (rolter-sim unique:
+// imbalance 1.64 with per-target laws, 1.03 pooled; docs/routing.md).
+func (t *predictedTTFT) law() latencyModel {
+	if m := t.fleet.Load(); m != nil {
+		return *m
+	}
+	return t.unitLaw
+}
+
+// lawFit accumulates the normal equations of the least-squares fit of
+// y = w·x.
+type lawFit struct {
+	xx [3][3]float64
+	xy [3]float64
+	n  int
+}
+
+func (f *lawFit) add(x [3]float64, y float64) {
+	for r := range x {
+		for c := range x {
+			f.xx[r][c] += x[r] * x[c]
+		}
+		f.xy[r] += x[r] * y
+	}
+	f.n++
+}
+
+// solve returns the least-squares weights, with a ridge of 1e-9 of the
+// mean diagonal so that a feature that never varied (no queue yet) gets
+// weight 0 instead of a singular system; false when there is nothing to
+// fit.
+func (f *lawFit) solve() ([3]float64, bool) {
+	a, b := f.xx, f.xy
+	ridge := 1e-9 * (a[0][0] + a[1][1] + a[2][2]) / 3
+	if ridge <= 0 {
+		return [3]float64{}, false
+	}
+	for i := range a {
+		a[i][i] += ridge
+	}
+	for c := range 3 { // Gaussian elimination with partial pivoting
+		p := c
+		for r := c + 1; r < 3; r++ {
+			if math.Abs(a[r][c]) > math.Abs(a[p][c]) {
+				p = r
+			}
+		}
+		a[c], a[p] = a[p], a[c]
+		b[c], b[p] = b[p], b[c]
+		if a[c][c] == 0 {
+			return [3]float64{}, false
+		}
+		for r := c + 1; r < 3; r++ {
+			k := a[r][c] / a[c][c]
+			for j := c; j < 3; j++ {
+				a[r][j] -= k * a[c][j]
+			}
+			b[r] -= k * b[c]
+		}
+	}
+	var w [3]float64
+	for r := 2; r >= 0; r-- {
+		v := b[r]
+		for j := r + 1; j < 3; j++ {
+			v -= a[r][j] * w[j]
+		}
+		w[r] = v / a[r][r]
+	}
+	for _, v := range w {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return [3]float64{}, false
+		}
+	}
+	return w, true
+}
+
+// features returns target i's prediction inputs for a request whose own
+// uncached prefill is own tokens.
+func (t *predictedTTFT) features(i int, own float64, tokens int) [3]float64 {
+	aheadN := float64(t.pendCount[i].Load())
+	aheadTok := float64(t.pendTokens[i].Load())
+	if t.engine != nil {
+		if w, ok := t.engine.Waiting(i); ok && float64(w) > aheadN {
+			mean := float64(tokens)
+			if n := t.observes.Load(); n > 0 {
+				mean = float64(t.uncachedSum.Load()) / float64(n)
+			}
+			aheadTok += (float64(w) - aheadN) * mean
+			aheadN = float64(w)
+		}
+	}
+	return [3]float64{1, aheadN, (aheadTok + max(own, 0)) / 1000}
+}
+
+// Pick implements Balancer.
+func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
+	if t.n <= 0 {
+		return -1
+	}
+	el := eligible.OrAll(t.n)
+	if el.Len() == 1 {
+		return el.Nth(0, t.n)
+	}
+	var mbuf, pbuf [MaxTargets]float64
+	match, pred := mbuf[:t.n], pbuf[:t.n]
+	tokens := 0
+	if ctx != nil {
+		tokens = t.tokens(ctx)
+		if t.matched(ctx, tokens, match) {
+			t.decisions[0].Add(1)
+		} else {
+			t.decisions[1].Add(1)
+		}
+	}
+	now := t.now()
+	m := t.law()
+	fitted := m != t.unitLaw
+	burst := t.start.Load() == int64(now)
+	scale := t.fleetScale(loads)
+	best := math.Inf(1)
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			i := wi*64 + bitIndex(w)
+			own := max(float64(tokens)-match[i], 0)
+			x := t.features(i, own, tokens)
+			pred[i] = max(0, m.w[0]*x[0]+m.w[1]*x[1]+m.w[2]*x[2])
+			if fitted || burst {
+				pred[i] += t.externality(i, max(0, m.w[2])*own/1000, pred[i], now, scale)
+			}
+			best = min(best, pred[i])
+		}
+	}
+	// Among the tied minimum: the least loaded, then uniform.
+	eps := tieEpsilon * max(1, best)
+	known := len(loads) == t.n
+	pick, minLoad, ties := -1, 0, 0
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			i := wi*64 + bitIndex(w)
+			if pred[i] > best+eps {
+				continue
+			}
+			l := 0
+			if known {
+				l = loads[i]
+			}
+			switch {
+			case pick < 0 || l < minLoad:
+				pick, minLoad, ties = i, l, 1
+			case l == minLoad:
+				ties++
+				if t.intn(ties) == 0 {
+					pick = i
+				}
+			}
+		}
+	}
+	return pick
+}
+
+// Observe implements Balancer: the request joins target's pending prefill
+// and its prompt the target's approximate index.
+func (t *predictedTTFT) Observe(target int, ctx *Context) {
+	if target < 0 || target >= t.n || ctx == nil {
+		return
+	}
+	tokens := t.tokens(ctx)
+	var mbuf [MaxTargets]float64
+	match := mbuf[:t.n]
+	t.matched(ctx, tokens, match)
+	own := max(float64(tokens)-match[target], 0)
+	now := t.now()
+	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens), at: now,
+		bytes: promptBytes(ctx), indexed: len(ctx.Prompt), knownTok: len(ctx.TokenIDs)}
+
+	t.mu.Lock()
+	t.start.CompareAndSwap(-1, int64(now))
+	t.arrivals[target].Add(1)
+	t.inflight[target].Add(1)
+	if old, ok := t.pending[target][ctx]; ok {
+		t.pendLocked(target, -1, -old.tokens, now)
+	}
+	t.pending[target][ctx] = e
+	t.pendLocked(target, 1, e.tokens, now)
+	if now-t.lastSweep > time.Second {
+		t.lastSweep = now
+		t.sweepLocked(now)
+	}
+	t.mu.Unlock()
+
+	if ctx.Prompt != "" {
+		if t.publish == nil {
+			t.index.Observe(target, ctx.Prompt, nil)
+		} else {
+			hashes := t.index.Observe(target, ctx.Prompt, nil)
+			t.mu.Lock()
+			if len(t.unsent) < maxUnsent {
+				k := unsentKey{target, xxh3.HashString(ctx.Prompt)}
+				t.unsent[k] = append(t.unsent[k], hashes...)
+			}
+			t.mu.Unlock()
+			t.publish(target, ctx.Prompt)
+		}
+	}
+	if t.kv != nil && t.specTTL > 0 && len(ctx.TokenIDs) > 0 {
+		t.kv.Speculate(target, ctx.TokenIDs, t.specTTL)
+	}
+	t.uncachedSum.Add(int64(e.tokens))
+	if t.observes.Add(1)%64 == 0 {
+		t.refreshCapacity()
+	}
+}
+
+// sweepLocked drops pending prefills older than TTFTPendingTimeout; t.mu
+// must be held.
+func (t *predictedTTFT) sweepLocked(now time.Duration) {
+	for i, m := range t.pending {
+		for k, e := range m {
+			if now-e.at > TTFTPendingTimeout {
+				delete(m, k)
+				t.pendLocked(i, -1, -e.tokens, now)
+			}
+		}
+	}
+}
+
+// take removes and returns the pending prefill of (target, ctx).
+func (t *predictedTTFT) take(target int, ctx *Context) (pendingPrefill, bool) {
+	if target < 0 || target >= t.n || ctx == nil {
+		return pendingPrefill{}, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.pending[target][ctx]
+	if ok {
+		delete(t.pending[target], ctx)
+		t.pendLocked(target, -1, -e.tokens, t.now())
+	}
+	return e, ok
+}
+
+// pendLocked changes target's pending count and tokens and keeps its busy
+// time; t.mu must be held.
+func (t *predictedTTFT) pendLocked(target int, dn, dtok int, now time.Duration) {
+	t.pendTokens[target].Add(int64(dtok))
+	after := t.pendCount[target].Add(int64(dn))
+	switch {
+	case after > 0 && t.busySince[target].Load() < 0:
+		t.busySince[target].Store(int64(now))
+	case after <= 0:
+		if since := t.busySince[target].Load(); since >= 0 {
+			t.busyTotal[target].Add(int64(now) - since)
+			t.busySince[target].Store(-1)
+		}
+	}
+}
+
+// externality is the delay that adding own ms of prefill to a target whose
+// queue would then take ttft ms to clear imposes on the requests that
+// arrive there meanwhile: own × λ × ttft / (1 − ρ) (an M/G/1 queue: the
+// busy period the work extends lasts ttft / (1 − ρ), and every arrival in
+// it waits own longer). λ is the fleet's mean arrival rate per target and ρ
+// the mean share of time a target's prefill queue was busy, both since the
+// first request; pooled over the targets because a target's own rate
+// mostly reflects how routing treated it so far (an avoided replica looks
+// idle), and the pooled figures routed better (docs/routing.md). When every
+// request so far arrived in one instant (a burst), the arrivals at the
+// target so far stand in for λ × ttft.
+func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, now time.Duration, scale float64) float64 {
+	start := t.start.Load()
+	if start < 0 || ownMS <= 0 {
+		return 0
+	}
+	elapsed := float64(int64(now)-start) / float64(time.Millisecond)
+	if elapsed <= 0 {
+		return ownMS * float64(t.arrivals[i].Load())
+	}
+	var busy, arrivals float64
+	for j := range t.n {
+		busy += float64(t.busyTotal[j].Load())
+		if since := t.busySince[j].Load(); since >= 0 {
+			busy += float64(int64(now) - since)
+		}
+		arrivals += float64(t.arrivals[j].Load())
+	}
+	k := float64(t.n)
+	rho := min(scale*busy/k/float64(time.Millisecond)/elapsed, maxUtilisation)
+	lambda := scale * arrivals / k / elapsed
+	return ownMS * lambda * ttftMS / (1 - rho)
+}
+
+// fleetScale is how much more traffic the targets carry than this balancer
+// sent them: Σ loads / Σ own in-flight (each target's own count capped at
+// its load), 1 when loads are unknown or nothing is in flight. With one
+// proxy the loads are its own counts and the scale is 1; behind an L4
+// spread over P sharing proxies it is about P, so the arrival rate and
+// utilisation this proxy measured stand for the fleet's.
+func (t *predictedTTFT) fleetScale(loads []int) float64 {
+	if len(loads) != t.n {
+		return 1
+	}
+	var all, own int64
+	for i, l := range loads {
+		l := int64(max(l, 0))
+		all += l
+		own += min(max(t.inflight[i].Load(), 0), l)
+	}
+	if own == 0 || all <= own {
+		return 1
+	}
+	return float64(all) / float64(own)
+}
+
+// FirstToken implements [TTFTObserver]: the attempt leaves the pending
+// prefill, target's law learns its TTFT, and the prompt's token count
+// teaches the bytes-per-token ratios.
+func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration, promptTokens int) {
+	e, ok := t.take(target, ctx)
+	if !ok || ttft < 0 {
+		return
+	}
+	y := float64(ttft) / float64(time.Millisecond)
+	t.fitMu.Lock()
+	t.fits[target].add(e.x, y)
+	var pooled lawFit
+	for i := range t.fits {
+		f := &t.fits[i]
+		for r := range f.xx {
+			for c := range f.xx[r] {
+				pooled.xx[r][c] += f.xx[r][c]
+			}
+			pooled.xy[r] += f.xy[r]
+		}
+		pooled.n += f.n
+	}
+	if pooled.n >= PredictorMinSamples {
+		if w, ok := pooled.solve(); ok {
+			t.fleet.Store(&latencyModel{w: w, samples: pooled.n})
+		}
+	}
+	t.fitMu.Unlock()
+	toks := promptTokens
+	if toks <= 0 {
+		toks = e.knownTok
+	}
+	if toks <= 0 || e.bytes <= 0 {
+		return
+	}
+	t.ratioMu.Lock()
+	t.bytesSeen += float64(e.bytes)
+	t.indexedSeen += float64(e.indexed)
+	t.tokensSeen += float64(toks)
+	t.bytesPerToken.Store(math.Float64bits(t.bytesSeen / t.tokensSeen))
+	if t.indexedSeen > 0 {
+		t.indexedPerToken.Store(math.Float64bits(t.indexedSeen / t.tokensSeen))
+	}
+	t.ratioMu.Unlock()
+}
+
+// Abandon implements [TTFTObserver].
+func (t *predictedTTFT) Abandon(target int, ctx *Context) {
+	if _, ok := t.take(target, ctx); ok {
+		t.inflight[target].Add(-1)
+	}
+}
+
+// Learn implements [Learner]: the attempt completed, so it leaves this
+// balancer's in-flight count. (Its latency teaches nothing here: the law
+// learns from first tokens.)
+func (t *predictedTTFT) Learn(target int, _ *Context, _ int, _ time.Duration) {
+	if target >= 0 && target < t.n {
+		t.inflight[target].Add(-1)
+	}
+}
+
+// capacityTokens is target i's KV capacity in tokens, 0 when unknown.
+func (t *predictedTTFT) capacityTokens(i int) int {
+	if t.engine != nil {
+		if c := t.engine.KVCapacityTokens(i); c > 0 {
+			return c
+		}
+	}
+	if i < len(t.capCfg) && t.capCfg[i] > 0 {
+		return t.capCfg[i]
+	}
+	return 0
+}
+
+// refreshCapacity sizes each target's approximate index to its KV capacity
+// in chunks of indexed text.
+func (t *predictedTTFT) refreshCapacity() {
+	ratio := loadFloat(&t.indexedPerToken)
+	for i := range t.n {
+		chunks := max(DefaultMaxTrieNodes/chunkindex.ChunkBytes, 1)
+		if c := t.capacityTokens(i); c > 0 {
+			chunks = max(int(float64(c)*ratio/chunkindex.ChunkBytes), 1)
+		}
+		if t.index.TargetCapacity(i) != chunks {
+			t.index.SetCapacity(i, chunks)
+		}
+	}
+}
+
+// Decisions implements [DecisionCounter].
+func (t *predictedTTFT) Decisions() map[string]uint64 {
+	return map[string]uint64{DecisionPrecise: t.decisions[0].Load(), DecisionApproximate: t.decisions[1].Load()}
+}
+
+// RecordLocal implements [SharedAffinity]: the hashes Observe inserted for
+// the prompt (the index already holds them), or its whole fingerprint when
+// they were not kept.
+func (t *predictedTTFT) RecordLocal(target int, prompt string, dst []uint64) []uint64 {
+	k := unsentKey{target, xxh3.HashString(prompt)}
+	t.mu.Lock()
+	hashes, ok := t.unsent[k]
+	delete(t.unsent, k)
+	t.mu.Unlock()
+	if ok {
+		return append(dst, hashes...)
+	}
+	return chunkindex.Hashes(dst, prompt)
+}
+
+// FoldPeer implements [SharedAffinity].
+func (t *predictedTTFT) FoldPeer(target int, chunks []uint64) { t.index.Fold(target, chunks) }
+
+// ExportShared implements [SharedAffinity].
+func (t *predictedTTFT) ExportShared(target int, dst []uint64, limit int) []uint64 {
+	return t.index.Export(target, dst, limit)
+}
+
+// SharedStats implements [SharedAffinity].
+func (t *predictedTTFT) SharedStats() []chunkindex.Stats {
+	out := make([]chunkindex.Stats, t.n)
+	for i := range out {
+		out[i] = t.index.Stats(i)
+	}
+	return out
+}

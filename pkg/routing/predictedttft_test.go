@@ -1,0 +1,269 @@
+package routing_test
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"rolter.dev/pkg/routing"
+)
+
+// ttftClock is a virtual clock for Spec.Now; tick advances it.
+type ttftClock struct{ now time.Duration }
+
+func (c *ttftClock) read() time.Duration { return c.now }
+func (c *ttftClock) tick()               { c.now += time.Millisecond }
+
+// words returns n bytes of distinct text seeded by seed (no shared prefix
+// between seeds).
+func words(seed uint64, n int) string {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	var b strings.Builder
+	for b.Len() < n {
+		b.WriteByte(byte('a' + rng.IntN(26)))
+		if rng.IntN(5) == 0 {
+			b.WriteByte(' ')
+		}
+	}
+	return b.String()[:n]
+}
+
+func newTTFT(tb testing.TB, n int, seed uint64, clock *ttftClock, mod func(*routing.Spec)) routing.Balancer {
+	tb.Helper()
+	spec := routing.Spec{Strategy: routing.PredictedTTFT, IntN: rand.New(rand.NewPCG(seed, 1)).IntN, Now: clock.read}
+	if mod != nil {
+		mod(&spec)
+	}
+	return newBalancer(tb, spec, n)
+}
+
+// served sends ctx to target and reports its first token: the target now
+// holds the prompt and has nothing pending.
+func served(b routing.Balancer, target int, ctx *routing.Context, clock *ttftClock) {
+	b.Observe(target, ctx)
+	clock.tick()
+	b.(routing.TTFTObserver).FirstToken(target, ctx, 20*time.Millisecond, 0)
+	clock.tick()
+}
+
+func TestPredictedTTFTPrefersHolderWhenQueuesEqual(t *testing.T) {
+	sys := words(1, 4000)
+	for seed := range uint64(20) {
+		clock := &ttftClock{now: time.Second}
+		b := newTTFT(t, 4, seed, clock, nil)
+		served(b, 2, &routing.Context{Prompt: sys + words(2, 400)}, clock)
+		got := b.Pick(&routing.Context{Prompt: sys + words(3, 400)}, []int{0, 0, 0, 0}, routing.All(4))
+		if got != 2 {
+			t.Fatalf("seed %d: picked %d, want the holder 2", seed, got)
+		}
+	}
+}
+
+func TestPredictedTTFTLeavesHotHolder(t *testing.T) {
+	sys := words(1, 2000)
+	clock := &ttftClock{now: time.Second}
+	b := newTTFT(t, 2, 1, clock, nil)
+	served(b, 0, &routing.Context{Prompt: sys + words(2, 400)}, clock)
+	req := &routing.Context{Prompt: sys + words(3, 2000)}
+	if got := b.Pick(req, nil, routing.All(2)); got != 0 {
+		t.Fatalf("idle holder: picked %d, want 0", got)
+	}
+	// Queue 4 long unrelated prefills on the holder: 4 × 2,000 tokens
+	// ahead outweigh the 500 tokens its cache saves.
+	var queued []*routing.Context
+	for i := range 4 {
+		c := &routing.Context{Prompt: words(uint64(10+i), 8000)}
+		b.Observe(0, c)
+		queued = append(queued, c)
+		clock.tick()
+	}
+	if got := b.Pick(req, nil, routing.All(2)); got != 1 {
+		t.Fatalf("holder with 8,000 tokens queued: picked %d, want 1", got)
+	}
+	// Once their first tokens arrive (or they are abandoned), the holder
+	// is worth its cache again.
+	obs := b.(routing.TTFTObserver)
+	for i, c := range queued {
+		if i%2 == 0 {
+			obs.FirstToken(0, c, 400*time.Millisecond, 2000)
+		} else {
+			obs.Abandon(0, c)
+		}
+	}
+	if got := b.Pick(req, nil, routing.All(2)); got != 0 {
+		t.Fatalf("queue drained: picked %d, want 0", got)
+	}
+}
+
+func TestPredictedTTFTColdStartSpreads(t *testing.T) {
+	// A burst: every request in the same instant, nothing cached, loads
+	// unknown. Each pick queues its prefill, so the next goes elsewhere.
+	clock := &ttftClock{now: time.Second}
+	b := newTTFT(t, 8, 3, clock, nil)
+	counts := make([]int, 8)
+	for i := range 64 {
+		ctx := &routing.Context{Prompt: words(uint64(100+i), 4000)}
+		target := b.Pick(ctx, nil, routing.All(8))
+		b.Observe(target, ctx)
+		counts[target]++
+	}
+	for i, c := range counts {
+		if c != 8 {
+			t.Fatalf("target %d got %d of 64 cold requests, want 8 each: %v", i, c, counts)
+		}
+	}
+}
+
+func TestPredictedTTFTTiesSpread(t *testing.T) {
+	clock := &ttftClock{now: time.Second}
+	b := newTTFT(t, 4, 4, clock, nil)
+	ctx := &routing.Context{Prompt: words(5, 1000)}
+	// Equal predictions and loads: uniform.
+	counts := make([]int, 4)
+	for range 800 {
+		counts[b.Pick(ctx, []int{1, 1, 1, 1}, routing.All(4))]++
+	}
+	for i, c := range counts {
+		if c < 150 || c > 250 {
+			t.Fatalf("target %d got %d of 800 tied picks: %v", i, c, counts)
+		}
+	}
+	// Equal predictions, unequal loads: the least loaded of the tied.
+	counts = make([]int, 4)
+	for range 200 {
+		counts[b.Pick(ctx, []int{3, 1, 2, 1}, routing.All(4))]++
+	}
+	if counts[0] != 0 || counts[2] != 0 || counts[1] == 0 || counts[3] == 0 {
+		t.Fatalf("loads [3 1 2 1]: picks %v, want only 1 and 3, both", counts)
+	}
+	// Eligibility is honoured.
+	for range 50 {
+		if got := b.Pick(ctx, []int{0, 0, 0, 0}, eligibleOf(2)); got != 2 {
+			t.Fatalf("eligible {2}: picked %d", got)
+		}
+		if got := b.Pick(ctx, []int{0, 5, 0, 5}, eligibleOf(1, 3)); got != 1 && got != 3 {
+			t.Fatalf("eligible {1,3}: picked %d", got)
+		}
+	}
+}
+
+func TestPredictedTTFTForgetsPastCapacity(t *testing.T) {
+	sys := words(1, 4000)
+	for _, tc := range []struct {
+		capacity   int
+		wantHolder bool
+	}{
+		{capacity: 0, wantHolder: true},         // unknown: the seed's ceiling
+		{capacity: 1_000_000, wantHolder: true}, // a large replica keeps it
+		{capacity: 2_000, wantHolder: false},    // 2,000 tokens: gone after 4 other prompts
+		{capacity: 20_000, wantHolder: true},    // 20,000 tokens hold all five
+	} {
+		holder := 0
+		for seed := range uint64(10) {
+			clock := &ttftClock{now: time.Second}
+			b := newTTFT(t, 2, seed, clock, func(s *routing.Spec) { s.KVCapacityTokens = []int{tc.capacity, tc.capacity} })
+			served(b, 0, &routing.Context{Prompt: sys + words(2, 100)}, clock)
+			for i := range 4 {
+				served(b, 0, &routing.Context{Prompt: words(uint64(20+i), 4000)}, clock)
+			}
+			if b.Pick(&routing.Context{Prompt: sys + words(3, 100)}, []int{0, 0}, routing.All(2)) == 0 {
+				holder++
+			}
+		}
+		if tc.wantHolder && holder != 10 {
+			t.Errorf("capacity %d tokens: the holder won %d of 10, want all", tc.capacity, holder)
+		}
+		if !tc.wantHolder && (holder == 0 || holder == 10) {
+			t.Errorf("capacity %d tokens: the holder won %d of 10, want a spread (forgotten)", tc.capacity, holder)
+		}
+	}
+}
+
+// fixedKV is a routing.KVSource with fixed scores.
+type fixedKV struct {
+	scores     []float64
+	fresh      bool
+	speculated []int
+}
+
+func (f *fixedKV) KVScores(_ []uint32, s []float64) bool { copy(s, f.scores); return f.fresh }
+func (f *fixedKV) Speculate(target int, _ []uint32, _ time.Duration) {
+	f.speculated = append(f.speculated, target)
+}
+
+func TestPredictedTTFTPreciseOverApproximate(t *testing.T) {
+	sys := words(1, 4000)
+	ids := make([]uint32, 1100)
+	for _, fresh := range []bool{true, false} {
+		kv := &fixedKV{scores: []float64{0, 1}, fresh: fresh}
+		clock := &ttftClock{now: time.Second}
+		b := newTTFT(t, 2, 1, clock, func(s *routing.Spec) { s.KV = kv })
+		served(b, 0, &routing.Context{Prompt: sys}, clock) // the approximate index: target 0
+		got := b.Pick(&routing.Context{Prompt: sys + words(3, 400), TokenIDs: ids}, []int{0, 0}, routing.All(2))
+		want, decision := 1, routing.DecisionPrecise
+		if !fresh {
+			want, decision = 0, routing.DecisionApproximate
+		}
+		if got != want {
+			t.Fatalf("KV state fresh=%v: picked %d, want %d", fresh, got, want)
+		}
+		if d := b.(routing.DecisionCounter).Decisions(); d[decision] != 1 {
+			t.Fatalf("fresh=%v: decisions %v, want one %s", fresh, d, decision)
+		}
+	}
+	kv := &fixedKV{scores: []float64{0, 0}, fresh: true}
+	clock := &ttftClock{}
+	b := newTTFT(t, 2, 1, clock, func(s *routing.Spec) { s.KV = kv })
+	b.Observe(1, &routing.Context{Prompt: sys, TokenIDs: ids})
+	b.Observe(0, &routing.Context{Prompt: sys})
+	if len(kv.speculated) != 1 || kv.speculated[0] != 1 {
+		t.Fatalf("speculated %v, want [1] (only requests with token ids)", kv.speculated)
+	}
+}
+
+// fixedEngine is a routing.EngineState.
+type fixedEngine struct {
+	waiting  []int
+	capacity int
+}
+
+func (e *fixedEngine) Waiting(i int) (int, bool) { return e.waiting[i], e.waiting[i] >= 0 }
+func (e *fixedEngine) KVCapacityTokens(int) int  { return e.capacity }
+
+func TestPredictedTTFTEngineWaiting(t *testing.T) {
+	sys := words(1, 4000)
+	clock := &ttftClock{now: time.Second}
+	eng := &fixedEngine{waiting: []int{0, 0}}
+	b := newTTFT(t, 2, 1, clock, func(s *routing.Spec) { s.Engine = eng })
+	served(b, 0, &routing.Context{Prompt: sys}, clock)
+	req := &routing.Context{Prompt: sys + words(3, 400)}
+	if got := b.Pick(req, nil, routing.All(2)); got != 0 {
+		t.Fatalf("nothing waiting: picked %d, want the holder 0", got)
+	}
+	// Another proxy's requests wait on the holder: each is valued at this
+	// request's own prefill when this proxy has none pending.
+	eng.waiting[0] = 3
+	if got := b.Pick(req, nil, routing.All(2)); got != 1 {
+		t.Fatalf("3 waiting on the holder: picked %d, want 1", got)
+	}
+	eng.waiting[0] = -1 // stale
+	if got := b.Pick(req, nil, routing.All(2)); got != 0 {
+		t.Fatalf("stale waiting count: picked %d, want 0", got)
+	}
+	// A scraped capacity bounds the index like a configured one.
+	eng.capacity = 1000
+	for i := range 64 { // the capacity refresh runs every 64 observes
+		served(b, 0, &routing.Context{Prompt: words(uint64(50+i), 400)}, clock)
+	}
+	if got := b.(routing.SharedAffinity).SharedStats()[0].Chunks; got > 1000*routing.DefaultBytesPerToken/64 {
+		t.Fatalf("target 0 holds %d chunks, more than 1,000 tokens' worth", got)
+	}
+}
+
+func TestPredictedTTFTRejectsNegativeCapacity(t *testing.T) {
+	_, err := routing.New(routing.Spec{Strategy: routing.PredictedTTFT, Weights: []int{1, 1}, KVCapacityTokens: []int{10, -1}})
+	if err == nil || !strings.Contains(err.Error(), "kv_capacity_tokens[1]") {
+		t.Fatalf("New with a negative capacity: %v, want an error naming kv_capacity_tokens[1]", err)
+	}
+}

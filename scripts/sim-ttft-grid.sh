@@ -1,0 +1,52 @@
+#!/bin/sh
+# The predicted_ttft judging grid of docs/routing.md (issue 13): every
+# workload and setting, predicted_ttft against the peers, one JSON line per
+# strategy and run. Usage:
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|share OUT
+# from the repository root after `make sim`; the parts can run in parallel.
+# TRACE_LIMIT bounds the trace runs (default 1500 records, for a 2-core
+# machine shared by 8 agents). Judge and chart with
+#   (cd tests && go run ./cmd/rolter-sim-grid --png ../docs/routing-ttft.png OUT...)
+set -eu
+part=$1
+out=$2
+S=${STRATEGIES:-predicted_ttft,predicted_ttft:kv_events=0,cache_aware,least_load,peers}
+L=${TRACE_LIMIT:-1500}
+T=${TRACE_STRATEGIES:-predicted_ttft,predicted_ttft:kv_events=0,sglang,llmd_approx,llmd_approx_bench,llmd_precise,dynamo,dynamo_approx,aibrix}
+run() { echo "# bin/rolter-sim --quiet --json $*" >>"$out"; ${SIM:-bin/rolter-sim} --quiet --json "$@" >>"$out"; }
+: >"$out"
+case $part in
+synthetic)
+	for w in gsp multiturn agent unique; do
+		run --workload $w --strategies $S
+		run --workload $w --replicas 4 --strategies $S
+		run --workload $w --replicas 16 --strategies $S
+		run --workload $w --prefill-us 25 --strategies $S
+		run --workload $w --prefill-us 100 --strategies $S
+	done ;;
+trace)
+	for c in 8192 32768 131072 524288; do
+		run --workload trace --trace-limit $L --capacity $c --strategies $T
+	done ;;
+trace-settings)
+	for a in "--replicas 4" "--replicas 16" "--prefill-us 25" "--prefill-us 100"; do
+		# shellcheck disable=SC2086
+		run --workload trace --trace-limit $L --capacity 32768 $a --strategies $T
+	done ;;
+variations)
+	# The workloads' own parameters moved, so that nothing is judged only on
+	# the defaults it was developed on.
+	run --workload gsp --gsp-groups 32 --gsp-system-len 4096 --gsp-question-len 256 --strategies $S
+	run --workload gsp --rate 20 --strategies $S
+	run --workload multiturn --mt-request-len 1024 --mt-rounds 8 --mt-clients 64 --strategies $S
+	run --workload agent --agent-agents 32 --agent-tool-len 4096 --strategies $S
+	run --workload unique --unique-len 4096 --rate 8 --strategies $S ;;
+share)
+	for w in gsp multiturn agent unique; do
+		run --workload $w --strategies predicted_ttft,predicted_ttft:kv_events=0
+		run --workload $w --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0
+	done
+	run --workload trace --trace-limit $L --capacity 32768 --strategies predicted_ttft,predicted_ttft:kv_events=0
+	run --workload trace --trace-limit $L --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|share OUT" >&2; exit 2 ;;
+esac

@@ -1,0 +1,91 @@
+package sim
+
+import (
+	"time"
+
+	"rolter.dev/pkg/kvdelta"
+	"rolter.dev/pkg/kvindex"
+	"rolter.dev/pkg/routing"
+)
+
+// ttftPolicy runs pkg/routing's predicted_ttft as the proxy does: Pick and
+// Observe as for every balancer, FirstToken with the request's TTFT and its
+// prompt token count (the engine's usage.prompt_tokens), and, unless
+// turned off, the engines' state (routing.EngineState: each replica's
+// num_requests_waiting and its KV capacity, read without scrape lag, as for
+// llm-d's queue scorer) and the proxy's index of the replicas' KV events
+// (routing.KVSource, the token ids the proxy obtains from the engine's
+// /tokenize). Options: predicted_ttft:kv_events=0 has neither token ids
+// nor KV events (the approximate index only); :engine=0 scrapes nothing
+// (no waiting counts; the approximate index falls back to the seed's
+// ceiling).
+type ttftPolicy struct {
+	*balancer
+	src    *kvSource // nil without KV events
+	engine *simEngine
+}
+
+// simEngine is routing.EngineState over the View of the current pick.
+type simEngine struct {
+	waiting  []int
+	capacity int
+}
+
+func (e *simEngine) Waiting(i int) (int, bool) {
+	if i < 0 || i >= len(e.waiting) {
+		return 0, false
+	}
+	return e.waiting[i], true
+}
+
+func (e *simEngine) KVCapacityTokens(int) int { return e.capacity }
+
+func newTTFTPolicy(spec routing.Spec, env Env, events, engine bool) (Policy, error) {
+	p := &ttftPolicy{}
+	if events {
+		p.src = &kvSource{reps: make([]kvindex.Residency, env.Replicas), memo: identities{bs: env.BlockSize}}
+		spec.KV = p.src
+	}
+	if engine {
+		p.engine = &simEngine{capacity: env.CapacityBlocks * env.BlockSize}
+		spec.Engine = p.engine
+	}
+	b, err := routing.New(spec)
+	if err != nil {
+		return nil, err
+	}
+	p.balancer = &balancer{b: b, all: routing.All(env.Replicas)}
+	return p, nil
+}
+
+func (p *ttftPolicy) sync(v *View) {
+	if p.src != nil {
+		p.src.now = v.Now
+		p.src.memo.forget()
+	}
+	if p.engine != nil {
+		p.engine.waiting = v.Waiting
+	}
+}
+
+func (p *ttftPolicy) Pick(f *Flight, v *View) int {
+	p.sync(v)
+	return p.balancer.Pick(f, v)
+}
+
+func (p *ttftPolicy) Observe(target int, f *Flight, v *View) {
+	p.sync(v)
+	p.balancer.Observe(target, f, v)
+}
+
+func (p *ttftPolicy) FirstToken(f *Flight, now time.Duration) {
+	if o, ok := p.b.(routing.TTFTObserver); ok {
+		o.FirstToken(f.Target, &f.Ctx, now-f.Issued, len(f.Req.Tokens()))
+	}
+}
+
+func (p *ttftPolicy) applyKV(replica int, ops []kvdelta.Op) {
+	if p.src != nil {
+		p.src.reps[replica].Apply(ops)
+	}
+}
