@@ -213,7 +213,11 @@ func (s StaticSource) Run(ctx context.Context, update func([]Provider)) error {
 func FromConfig(c *config.Config) (providers []Provider, warnings []string) {
 	models := map[string][]string{}
 	for _, r := range c.Routes {
-		for _, t := range r.Targets {
+		targets := slices.Clone(r.Targets)
+		for _, v := range r.Variants {
+			targets = append(targets, v.Targets...)
+		}
+		for _, t := range targets {
 			m := t.Model
 			if m == "" {
 				m = r.Model

@@ -214,6 +214,13 @@ type Route struct {
 	Cache    *RouteCache `toml:"cache"`
 	// Balancer tunes the strategy; absent keys take the strategy's defaults.
 	Balancer *Balancer `toml:"balancer"`
+	// Variants split the route's traffic by weight (A/B tests, canaries);
+	// with variants, Targets, Strategy and Balancer are only the defaults
+	// of the variants that leave theirs out. See variant.go.
+	Variants []Variant `toml:"variants"`
+	// AllowVariantPin lets a caller choose a variant with the
+	// x-rolter-variant request header; off, the header is ignored.
+	AllowVariantPin bool `toml:"allow_variant_pin"`
 }
 
 // Balancer holds per-route strategy parameters. Zero or absent values take

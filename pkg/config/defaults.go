@@ -157,6 +157,7 @@ func applyDefaults(c *Config) {
 				r.Targets[j].Weight = ptr(1)
 			}
 		}
+		applyVariantDefaults(r)
 		if rc := r.Cache; rc != nil {
 			if rc.Enabled == nil {
 				rc.Enabled = ptr(true)

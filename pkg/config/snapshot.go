@@ -92,6 +92,11 @@ type CompiledRoute struct {
 	// SpeculativeTTL is balancer.speculative_ttl_ms with its default
 	// applied; 0 turns speculation off.
 	SpeculativeTTL time.Duration
+	// Variants, when present, split the route's traffic; each has its own
+	// targets (Targets is then only their default, and may be empty).
+	Variants []CompiledVariant
+	// AllowVariantPin honours the x-rolter-variant request header.
+	AllowVariantPin bool
 }
 
 // CompiledTarget is one upstream of a route.
@@ -236,21 +241,10 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 	for _, r := range cfg.Routes {
 		cr := &CompiledRoute{Model: r.Model, Strategy: r.Strategy, SpeculativeTTL: DefaultSpeculativeTTLMS * time.Millisecond}
 		if r.Balancer != nil {
-			cr.Balancer = *r.Balancer
-			if t := cr.Balancer.SpeculativeTTLMS; t != nil {
-				cr.SpeculativeTTL = time.Duration(*t) * time.Millisecond
-			}
-			// Compiled values hold no pointers, so that two compiles of one
-			// config print (and fingerprint) the same.
-			cr.Balancer.SpeculativeTTLMS = nil
+			cr.Balancer, cr.SpeculativeTTL = compileBalancer(*r.Balancer)
 		}
-		for _, t := range r.Targets {
-			m := t.Model
-			if m == "" {
-				m = r.Model
-			}
-			cr.Targets = append(cr.Targets, CompiledTarget{Provider: s.providers[t.Provider], Model: m, Weight: *t.Weight})
-		}
+		cr.Targets = s.compileTargets(r.Model, r.Targets)
+		s.compileVariants(&r, cr)
 		if rc := r.Cache; rc != nil {
 			ttl := cfg.Cache.DefaultTTLSecs
 			if rc.TTLSecs != nil {
@@ -299,6 +293,31 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// compileBalancer splits b into the balancer parameters and the
+// speculative TTL with its default applied.
+func compileBalancer(b Balancer) (Balancer, time.Duration) {
+	ttl := DefaultSpeculativeTTLMS * time.Millisecond
+	if t := b.SpeculativeTTLMS; t != nil {
+		ttl = time.Duration(*t) * time.Millisecond
+	}
+	// Compiled values hold no pointers, so that two compiles of one config
+	// print (and fingerprint) the same.
+	b.SpeculativeTTLMS = nil
+	return b, ttl
+}
+
+func (s *Snapshot) compileTargets(model string, targets []Target) []CompiledTarget {
+	var out []CompiledTarget
+	for _, t := range targets {
+		m := t.Model
+		if m == "" {
+			m = model
+		}
+		out = append(out, CompiledTarget{Provider: s.providers[t.Provider], Model: m, Weight: *t.Weight})
+	}
+	return out
 }
 
 // processPepper is the fallback pepper: random per process, so file-mode

@@ -258,53 +258,16 @@ func validateRoute(v *validator, path string, r *Route, providers map[string]int
 		v.add(path+".strategy", "unknown strategy %q (want one of %s)", r.Strategy, strings.Join(Strategies, ", "))
 	}
 	switch {
-	case len(r.Targets) == 0:
+	case len(r.Targets) == 0 && len(r.Variants) == 0:
 		v.add(path+".targets", "must have at least one target")
 	case len(r.Targets) > MaxTargets:
 		v.add(path+".targets", "at most %d targets, got %d", MaxTargets, len(r.Targets))
 	}
-	for j, t := range r.Targets {
-		tp := fmt.Sprintf("%s.targets[%d]", path, j)
-		if t.Provider == "" {
-			v.add(tp+".provider", "must not be empty")
-		} else if _, ok := providers[t.Provider]; !ok {
-			v.add(tp+".provider", "unknown provider %q", t.Provider)
-		}
-		if t.Weight != nil && *t.Weight < 1 {
-			v.add(tp+".weight", "must be >= 1, got %d", *t.Weight)
-		}
-	}
+	validateTargets(v, path+".targets", r.Targets, providers)
 	if b := r.Balancer; b != nil {
-		bp := path + ".balancer"
-		if b.Threshold < 0 || b.Threshold > 1 || b.Threshold != b.Threshold {
-			v.add(bp+".threshold", "must be in [0, 1], got %g", b.Threshold)
-		}
-		if b.BalanceAbs < 0 {
-			v.add(bp+".balance_abs", "must be >= 0, got %d", b.BalanceAbs)
-		}
-		if b.BalanceRel < 0 || b.BalanceRel != b.BalanceRel || b.BalanceRel > 1e6 {
-			v.add(bp+".balance_rel", "must be >= 0, got %g", b.BalanceRel)
-		}
-		if b.MaxTrieNodes < 0 {
-			v.add(bp+".max_trie_nodes", "must be >= 0, got %d", b.MaxTrieNodes)
-		}
-		if w := b.SignalWeight; w < 0 || w != w || w > 1e6 {
-			v.add(bp+".signal_weight", "must be in [0, 1e6], got %g", w)
-		}
-		if w := b.LoadWeight; w < 0 || w != w || w > 1e6 {
-			v.add(bp+".load_weight", "must be in [0, 1e6], got %g", w)
-		}
-		if t := b.SpeculativeTTLMS; t != nil && (*t < 0 || *t > MaxSpeculativeTTLMS) {
-			v.add(bp+".speculative_ttl_ms", "must be in [0, %d], got %d", MaxSpeculativeTTLMS, *t)
-		}
-		for name, w := range b.Scorers {
-			if !contains(Scorers, name) {
-				v.add(bp+".scorers."+name, "unknown scorer (want one of %s)", strings.Join(Scorers, ", "))
-			} else if w < 0 || w != w || w > 1e6 {
-				v.add(bp+".scorers."+name, "must be >= 0, got %g", w)
-			}
-		}
+		validateBalancer(v, path+".balancer", b)
 	}
+	validateVariants(v, path, r, providers)
 	if rc := r.Cache; rc != nil {
 		cp := path + ".cache"
 		if rc.TTLSecs != nil && *rc.TTLSecs < 0 {
@@ -331,6 +294,51 @@ func validateRoute(v *validator, path string, r *Route, providers map[string]int
 			if s.MaxCandidates != nil && (*s.MaxCandidates < 1 || *s.MaxCandidates > 10000) {
 				v.add(sp+".max_candidates", "must be in [1, 10000], got %d", *s.MaxCandidates)
 			}
+		}
+	}
+}
+
+func validateTargets(v *validator, path string, targets []Target, providers map[string]int) {
+	for j, t := range targets {
+		tp := fmt.Sprintf("%s[%d]", path, j)
+		if t.Provider == "" {
+			v.add(tp+".provider", "must not be empty")
+		} else if _, ok := providers[t.Provider]; !ok {
+			v.add(tp+".provider", "unknown provider %q", t.Provider)
+		}
+		if t.Weight != nil && *t.Weight < 1 {
+			v.add(tp+".weight", "must be >= 1, got %d", *t.Weight)
+		}
+	}
+}
+
+func validateBalancer(v *validator, bp string, b *Balancer) {
+	if b.Threshold < 0 || b.Threshold > 1 || b.Threshold != b.Threshold {
+		v.add(bp+".threshold", "must be in [0, 1], got %g", b.Threshold)
+	}
+	if b.BalanceAbs < 0 {
+		v.add(bp+".balance_abs", "must be >= 0, got %d", b.BalanceAbs)
+	}
+	if b.BalanceRel < 0 || b.BalanceRel != b.BalanceRel || b.BalanceRel > 1e6 {
+		v.add(bp+".balance_rel", "must be >= 0, got %g", b.BalanceRel)
+	}
+	if b.MaxTrieNodes < 0 {
+		v.add(bp+".max_trie_nodes", "must be >= 0, got %d", b.MaxTrieNodes)
+	}
+	if w := b.SignalWeight; w < 0 || w != w || w > 1e6 {
+		v.add(bp+".signal_weight", "must be in [0, 1e6], got %g", w)
+	}
+	if w := b.LoadWeight; w < 0 || w != w || w > 1e6 {
+		v.add(bp+".load_weight", "must be in [0, 1e6], got %g", w)
+	}
+	if t := b.SpeculativeTTLMS; t != nil && (*t < 0 || *t > MaxSpeculativeTTLMS) {
+		v.add(bp+".speculative_ttl_ms", "must be in [0, %d], got %d", MaxSpeculativeTTLMS, *t)
+	}
+	for name, w := range b.Scorers {
+		if !contains(Scorers, name) {
+			v.add(bp+".scorers."+name, "unknown scorer (want one of %s)", strings.Join(Scorers, ", "))
+		} else if w < 0 || w != w || w > 1e6 {
+			v.add(bp+".scorers."+name, "must be >= 0, got %g", w)
 		}
 	}
 }

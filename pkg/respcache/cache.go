@@ -101,6 +101,10 @@ type Request struct {
 	Scope string
 	// Route is the route's public model name; it scopes the semantic index.
 	Route string
+	// Variant is the route variant the request is assigned to ("" for a
+	// route without variants); it is part of the exact key and of the
+	// semantic partition, so variants never share answers.
+	Variant string
 	// Body is the JSON body as forwarded upstream (after any rewriting).
 	Body []byte
 	// Stream tells whether the request asks for a stream; a semantic
@@ -188,7 +192,7 @@ func (c *Cache) Lookup(ctx context.Context, req Request) (*Lookup, error) {
 	if req.Path == "/v1/responses" {
 		return nil, ErrNotCacheable
 	}
-	key, err := ExactKey(c.namespace, req.Path, req.Scope, req.Body)
+	key, err := VariantExactKey(c.namespace, req.Path, req.Scope, req.Variant, req.Body)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotCacheable, err)
 	}
@@ -229,7 +233,7 @@ func (c *Cache) semanticLookup(ctx context.Context, req Request, l *Lookup) {
 		c.log.LogAttrs(ctx, slog.LevelDebug, "semantic cache: embedding failed", slog.Any("err", err))
 		return
 	}
-	index := IndexKey(c.namespace, req.Path, req.Scope, req.Route, partition)
+	index := VariantIndexKey(c.namespace, req.Path, req.Scope, req.Route, req.Variant, partition)
 	l.index, l.embedding, l.maxCands = index, emb, s.MaxCandidates
 
 	blobs, ok := c.recent(ctx, index, s.MaxCandidates)

@@ -345,6 +345,15 @@ func TestSemantic(t *testing.T) {
 		{"miss: another scope",
 			side{body: chatBody("", question), mod: func(r *respcache.Request) { r.Scope = "key-a" }}, false,
 			side{body: chatBody("", rephrased), mod: func(r *respcache.Request) { r.Scope = "key-b" }}, false},
+		{"miss: another variant",
+			side{body: chatBody("", question), mod: func(r *respcache.Request) { r.Variant = "stable" }}, false,
+			side{body: chatBody("", rephrased), mod: func(r *respcache.Request) { r.Variant = "canary" }}, false},
+		{"miss: a variant vs the plain route",
+			side{body: chatBody("", question), mod: func(r *respcache.Request) { r.Variant = "canary" }}, false,
+			side{body: chatBody("", rephrased)}, false},
+		{"hit: same variant",
+			side{body: chatBody("", question), mod: func(r *respcache.Request) { r.Variant = "canary" }}, false,
+			side{body: chatBody("", rephrased), mod: func(r *respcache.Request) { r.Variant = "canary" }}, true},
 		{"miss: stored reply of the other mode (JSON for a stream request)",
 			side{body: chatBody(`,"stream":true`, question), stream: true}, false,
 			side{body: chatBody(`,"stream":true`, rephrased), stream: true}, false},
@@ -653,5 +662,31 @@ func TestCacheRedisOutage(t *testing.T) {
 	})
 	if l := lookup(t, c, req(body, false, nil)); !l.Hit() || string(l.Entry.Body) != "y" {
 		t.Fatalf("no hit after redis came back: %v", l)
+	}
+}
+
+// TestExactNeverCrossesVariants: an answer stored for a request assigned to
+// one variant is found by the same request of that variant only.
+func TestExactNeverCrossesVariants(t *testing.T) {
+	for bname, newBackend := range backends(t) {
+		t.Run(bname, func(t *testing.T) {
+			c := respcache.New(newBackend(t), respcache.Options{})
+			body := chatBody("", question)
+			ask := func(variant string) *respcache.Lookup {
+				r := req(body, false, nil)
+				r.Variant = variant
+				return lookup(t, c, r)
+			}
+			store(t, c, ask("stable"), jsonEntry(`{"answer":"from stable"}`))
+			if l := ask("canary"); l.Hit() {
+				t.Fatalf("canary got stable's answer: %s", l.Entry.Body)
+			}
+			if l := ask(""); l.Hit() {
+				t.Fatalf("the plain route got stable's answer: %s", l.Entry.Body)
+			}
+			if l := ask("stable"); !l.Hit() || string(l.Entry.Body) != `{"answer":"from stable"}` {
+				t.Fatalf("stable's own lookup: %+v", l)
+			}
+		})
 	}
 }

@@ -7,18 +7,19 @@
 // # Overview
 //
 // A cacheable request is described by a [Request] (path, scope, route, the
-// body as forwarded, the stream flag, the TTL, and the route's [Semantic]
-// settings). [Cache.Lookup] then:
+// route variant it is assigned to, the body as forwarded, the stream flag,
+// the TTL, and the route's [Semantic] settings). [Cache.Lookup] then:
 //
-//  1. reads the exact key, [ExactKey]: a sha-256 over the path, the scope
-//     and the canonical JSON of the body (package canon), so key order,
+//  1. reads the exact key, [VariantExactKey]: a sha-256 over the path, the
+//     scope, the variant and the canonical JSON of the body (package canon), so key order,
 //     whitespace and string-escape spelling do not cost hits;
 //  2. on a miss, when the route has semantic settings, classifies the
 //     request (package semantic): a request whose meaning its text would
 //     not capture bypasses the semantic cache before any embedding call;
 //     otherwise its conversation text is embedded and compared, by cosine
 //     similarity, with the most recent entries of its partition only
-//     ([IndexKey] carries the partition and [SemanticLayoutVersion]). The
+//     ([VariantIndexKey] carries the partition, the variant and
+//     [SemanticLayoutVersion]). The
 //     best candidate at or above the threshold whose mode (stream or not)
 //     matches the request's is a hit.
 //

@@ -26,11 +26,31 @@ const sep = 0x1f
 // route caches per key. The error wraps canon.ErrSyntax (or ErrTooDeep)
 // when body is not JSON; such a request is not cacheable.
 func ExactKey(namespace, path, scope string, body []byte) (string, error) {
+	return VariantExactKey(namespace, path, scope, "", body)
+}
+
+// variantMark starts the variant field of a key. Canonical JSON never
+// starts with it, so a variant's key is never a plain route's.
+const variantMark = 0x1e
+
+// VariantExactKey is [ExactKey] for a request assigned to a route variant
+// (routes[].variants): for a non-empty variant,
+//
+//	namespace + ":" + lowercase hex sha-256(path ‖ 0x1f ‖ scope ‖ 0x1f ‖ 0x1e ‖ variant ‖ 0x1f ‖ canonical(body))
+//
+// so an answer produced by one variant is never replayed to a request
+// assigned to another. An empty variant gives ExactKey's key.
+func VariantExactKey(namespace, path, scope, variant string, body []byte) (string, error) {
 	h := sha256.New()
 	h.Write([]byte(path))
 	h.Write([]byte{sep})
 	h.Write([]byte(scope))
 	h.Write([]byte{sep})
+	if variant != "" {
+		h.Write([]byte{variantMark})
+		h.Write([]byte(variant))
+		h.Write([]byte{sep})
+	}
 	if err := canon.Write(h, body); err != nil {
 		return "", fmt.Errorf("respcache: exact key: %w", err)
 	}
@@ -47,9 +67,22 @@ func ExactKey(namespace, path, scope string, body []byte) (string, error) {
 // route is the route's public model name and partition comes from
 // semantic.Classify.
 func IndexKey(namespace, path, scope, route string, partition [32]byte) string {
+	return VariantIndexKey(namespace, path, scope, route, "", partition)
+}
+
+// VariantIndexKey is [IndexKey] for a request assigned to a route variant:
+// a non-empty variant adds 0x1e ‖ variant ‖ 0x1f after route ‖ 0x1f, so
+// each variant has its own semantic partitions. An empty variant gives
+// IndexKey's key.
+func VariantIndexKey(namespace, path, scope, route, variant string, partition [32]byte) string {
 	h := sha256.New()
 	for _, s := range []string{path, scope, route} {
 		h.Write([]byte(s))
+		h.Write([]byte{sep})
+	}
+	if variant != "" {
+		h.Write([]byte{variantMark})
+		h.Write([]byte(variant))
 		h.Write([]byte{sep})
 	}
 	h.Write(partition[:])

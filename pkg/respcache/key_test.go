@@ -82,3 +82,42 @@ func TestIsEventStream(t *testing.T) {
 		}
 	}
 }
+
+// TestVariantKeys: a variant is part of the exact key and of the semantic
+// index key; no variant shares a key with another or with the plain route,
+// and an empty variant is the plain key.
+func TestVariantKeys(t *testing.T) {
+	body := []byte(`{"model":"m","messages":[]}`)
+	plain, _ := respcache.ExactKey("ns", "/v1/chat/completions", "", body)
+	seen := map[string]string{plain: "plain"}
+	if k, _ := respcache.VariantExactKey("ns", "/v1/chat/completions", "", "", body); k != plain {
+		t.Errorf("empty variant: %q, want the plain key %q", k, plain)
+	}
+	var part [32]byte
+	plainIdx := respcache.IndexKey("ns", "/v1/chat/completions", "", "m", part)
+	if k := respcache.VariantIndexKey("ns", "/v1/chat/completions", "", "m", "", part); k != plainIdx {
+		t.Errorf("empty variant index: %q, want %q", k, plainIdx)
+	}
+	seenIdx := map[string]string{plainIdx: "plain"}
+	for _, v := range []string{"stable", "canary", "a"} {
+		k, err := respcache.VariantExactKey("ns", "/v1/chat/completions", "", v, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if other, dup := seen[k]; dup {
+			t.Errorf("variant %q has the exact key of %s", v, other)
+		}
+		seen[k] = v
+		ik := respcache.VariantIndexKey("ns", "/v1/chat/completions", "", "m", v, part)
+		if other, dup := seenIdx[ik]; dup {
+			t.Errorf("variant %q has the index key of %s", v, other)
+		}
+		seenIdx[ik] = v
+	}
+	// The variant is its own field: it cannot be spelled by the scope.
+	a, _ := respcache.VariantExactKey("ns", "/p", "k", "v", body)
+	b, _ := respcache.VariantExactKey("ns", "/p", "k\x1fv", "", body)
+	if a == b {
+		t.Error("scope and variant collide")
+	}
+}

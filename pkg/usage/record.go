@@ -24,6 +24,9 @@ type Record struct {
 	// a cache hit).
 	Provider    string `json:"provider"`
 	TargetModel string `json:"target_model"`
+	// Variant is the route variant that answered (routes[].variants; the
+	// assigned one for a cache hit); "" and left out for a plain route.
+	Variant string `json:"variant,omitempty"`
 	// Status is the status the client got (a refusal's status when
 	// withheld; 502 when the upstream broke off a response that had
 	// started, whose status line had said otherwise).

@@ -56,7 +56,7 @@ func TestStreamCutByADyingReplica(t *testing.T) {
 			t.Fatalf("%d chunks, finished=%v: the stream was not cut", chunks, finished)
 		}
 		waitFor(t, "the request counted as a 502", func() bool {
-			return metric(t, a.URL(), `rolter_requests_total{code="502",endpoint="/v1/chat/completions",model="m"}`) == 1
+			return metric(t, a.URL(), `rolter_requests_total{code="502",endpoint="/v1/chat/completions",model="m",variant=""}`) == 1
 		})
 	})
 
@@ -88,7 +88,7 @@ func TestStreamCutByADyingReplica(t *testing.T) {
 			t.Fatal("message_stop arrived: the stream was not cut")
 		}
 		waitFor(t, "the request counted as a 502", func() bool {
-			return metric(t, a.URL(), `rolter_requests_total{code="502",endpoint="/v1/messages",model="m"}`) == 1
+			return metric(t, a.URL(), `rolter_requests_total{code="502",endpoint="/v1/messages",model="m",variant=""}`) == 1
 		})
 	})
 }
@@ -138,7 +138,7 @@ func TestReplicaDyingBeforeTheFirstByteIsRetried(t *testing.T) {
 	if n := metric(t, a.URL(), `rolter_upstream_errors_total{provider="vllm-0",reason="body"}`); n != 1 {
 		t.Fatalf("the broken attempt: rolter_upstream_errors_total{reason=body} = %v, want 1", n)
 	}
-	if n := metric(t, a.URL(), `rolter_requests_total{code="200",endpoint="/v1/chat/completions",model="m"}`); n != 1 {
+	if n := metric(t, a.URL(), `rolter_requests_total{code="200",endpoint="/v1/chat/completions",model="m",variant=""}`); n != 1 {
 		t.Fatalf("rolter_requests_total{code=200} = %v", n)
 	}
 }

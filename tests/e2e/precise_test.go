@@ -160,7 +160,7 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 			// TTL; here the engines' events alone decide.
 			f := startKVFleet(t, 3, tc.strategy, openKVConfig, "[routes.balancer]\nspeculative_ttl_ms = 0\n", vllmsim.Options{PrefillTokensPerSecond: 20_000})
 			decisions := func(outcome string) float64 {
-				return metric(t, f.base, fmt.Sprintf(`rolter_routing_decisions_total{model="m",outcome=%q,strategy=%q}`, outcome, tc.strategy))
+				return metric(t, f.base, fmt.Sprintf(`rolter_routing_decisions_total{model="m",outcome=%q,strategy=%q,variant=""}`, outcome, tc.strategy))
 			}
 			for g := range 3 {
 				system := longSystem(fmt.Sprintf("g%d-", g), 400)
@@ -228,7 +228,7 @@ func TestTokenizeFailureDegrades(t *testing.T) {
 	if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="timeout"}`); n != 1 {
 		t.Fatalf("timeout outcome counted %v times, want 1", n)
 	}
-	if n := metric(t, f.base, `rolter_routing_decisions_total{model="m",outcome="precise",strategy="predicted_ttft"}`); n > 0 {
+	if n := metric(t, f.base, `rolter_routing_decisions_total{model="m",outcome="precise",strategy="predicted_ttft",variant=""}`); n > 0 {
 		t.Fatalf("%v precise picks without token ids", n)
 	}
 }

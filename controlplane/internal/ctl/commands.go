@@ -308,7 +308,23 @@ func (c *cmd) list(ctx context.Context, k string) error {
 					targets = append(targets, fmt.Sprint(tm["provider"]))
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%v\t%s\t%d\n", r.GetModel(), m["strategy"], strings.Join(targets, ","), r.GetModRevision())
+			list := strings.Join(targets, ",")
+			vs, _ := m["variants"].([]any)
+			for _, v := range vs {
+				// A variant as name:weight[providers], its own targets or the route's.
+				vm, _ := v.(map[string]any)
+				own := targets
+				if vts, ok := vm["targets"].([]any); ok {
+					own = nil
+					for _, t := range vts {
+						if tm, ok := t.(map[string]any); ok {
+							own = append(own, fmt.Sprint(tm["provider"]))
+						}
+					}
+				}
+				list = strings.TrimSpace(fmt.Sprintf("%s %v:%v[%s]", list, vm["name"], vm["weight"], strings.Join(own, ",")))
+			}
+			fmt.Fprintf(tw, "%s\t%v\t%s\t%d\n", r.GetModel(), m["strategy"], list, r.GetModRevision())
 		}
 		return tw.Flush()
 	case "key":

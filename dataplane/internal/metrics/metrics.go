@@ -7,7 +7,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics holds the data plane's collectors. Safe for concurrent use.
 type Metrics struct {
-	Requests          *prometheus.CounterVec // endpoint, model, code
+	Requests          *prometheus.CounterVec // endpoint, model, code, variant
 	UpstreamErrors    *prometheus.CounterVec // provider, reason
 	TargetRequests    *prometheus.CounterVec // model, provider, outcome
 	Retries           *prometheus.CounterVec // model
@@ -22,8 +22,8 @@ type Metrics struct {
 	InFlight          prometheus.Gauge
 	AuthFailures      *prometheus.CounterVec // reason
 	ClientDisconnects prometheus.Counter
-	Latency           *prometheus.HistogramVec // model
-	TTFT              *prometheus.HistogramVec // model
+	Latency           *prometheus.HistogramVec // model, variant
+	TTFT              *prometheus.HistogramVec // model, variant
 	CacheLookup       *prometheus.HistogramVec // result
 	Tokenize          *prometheus.CounterVec   // model, outcome
 	TokenizeSeconds   *prometheus.HistogramVec // model
@@ -44,7 +44,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		return c
 	}
 	m := &Metrics{
-		Requests:         cv("requests_total", "Client requests answered, by endpoint, public model and HTTP status (502 for a response the upstream broke off after it started).", "endpoint", "model", "code"),
+		Requests:         cv("requests_total", "Client requests answered, by endpoint, public model, HTTP status (502 for a response the upstream broke off after it started) and route variant (empty for routes without variants).", "endpoint", "model", "code", "variant"),
 		UpstreamErrors:   cv("upstream_errors_total", "Failed upstream attempts (transport errors and retryable statuses).", "provider", "reason"),
 		TargetRequests:   cv("target_requests_total", "Upstream attempts by target and outcome (ok = a 2xx whose body arrived whole).", "model", "provider", "outcome"),
 		Retries:          cv("retries_total", "Retries of a request on another target.", "model"),
@@ -69,11 +69,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "rolter_client_disconnects_total", Help: "Requests whose client went away before the response ended.",
 		}),
 		Latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "rolter_request_latency_seconds", Help: "Time from request to the end of the response.", Buckets: latencyBuckets,
-		}, []string{"model"}),
+			Name: "rolter_request_latency_seconds", Help: "Time from request to the end of the response, by public model and route variant.", Buckets: latencyBuckets,
+		}, []string{"model", "variant"}),
 		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "rolter_request_ttft_seconds", Help: "Time from request to the first response byte sent to the client.", Buckets: latencyBuckets,
-		}, []string{"model"}),
+			Name: "rolter_request_ttft_seconds", Help: "Time from request to the first response byte sent to the client, by public model and route variant.", Buckets: latencyBuckets,
+		}, []string{"model", "variant"}),
 		CacheLookup: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "rolter_cache_lookup_seconds", Help: "Time of a response-cache lookup (exact, then semantic with its embedding call), by result.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},

@@ -206,10 +206,10 @@ func TestResponseCutAfterItStarted(t *testing.T) {
 					if r := rows[0]; r.Status != 502 || r.Error != "upstream_error" || !r.UsageUnknown || r.Provider != "p0" {
 						t.Fatalf("usage row %+v, want status 502, error upstream_error, usage_unknown", r)
 					}
-					if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues(d.path, "m", "502")); n != 1 {
+					if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues(d.path, "m", "502", "")); n != 1 {
 						t.Fatalf("rolter_requests_total{code=502} = %v", n)
 					}
-					if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues(d.path, "m", "200")); n != 0 {
+					if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues(d.path, "m", "200", "")); n != 0 {
 						t.Fatalf("rolter_requests_total{code=200} = %v", n)
 					}
 					if ok, bad := testutil.ToFloat64(p.metrics.TargetRequests.WithLabelValues("m", "p0", "ok")),
@@ -220,7 +220,7 @@ func TestResponseCutAfterItStarted(t *testing.T) {
 						t.Fatalf("rolter_upstream_errors_total{reason=body} = %v", n)
 					}
 					waitFor(t, func() bool {
-						return testutil.ToFloat64(p.metrics.InFlight) == 0 && p.rt.Load().routes["m"].targets[0].state.InFlight() == 0
+						return testutil.ToFloat64(p.metrics.InFlight) == 0 && p.rt.Load().routes["m"].pools[0].targets[0].state.InFlight() == 0
 					})
 					var span sdktrace.ReadOnlySpan
 					for _, s := range spans.Ended() {

@@ -128,7 +128,7 @@ func (p *Proxy) lookupCache(ctx context.Context, x *exchange, raw []byte) *respc
 	}
 	start := time.Now()
 	l, err := x.rt.cache.cache.Lookup(ctx, respcache.Request{
-		Path: x.ep.path, Scope: scope, Route: x.route.cfg.Model, Body: raw,
+		Path: x.ep.path, Scope: scope, Route: x.route.cfg.Model, Variant: x.assigned, Body: raw,
 		Stream: x.body.Stream, TTL: ttl, Semantic: sem,
 	})
 	result := "error"
@@ -153,6 +153,11 @@ func (p *Proxy) serveHit(w http.ResponseWriter, r *http.Request, x *exchange, l 
 	h.Set("X-Rolter-Cache", "HIT")
 	h.Set("X-Rolter-Cache-Kind", l.Source.String())
 	h.Set("X-Rolter-Model", x.route.cfg.Model)
+	if x.assigned != "" {
+		// Entries of a variant are stored and found only under its name.
+		x.variant = x.assigned
+		h.Set(VariantHeader, x.variant)
+	}
 	if l.Source == respcache.SemanticHit {
 		h.Set("X-Rolter-Cache-Similarity", strconv.FormatFloat(l.Similarity, 'f', 4, 64))
 	}
@@ -214,7 +219,7 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 		return relayUnsent, err
 	}
 	x.ttft = time.Since(x.start)
-	p.metrics.TTFT.WithLabelValues(x.route.cfg.Model).Observe(x.ttft.Seconds())
+	p.metrics.TTFT.WithLabelValues(x.route.cfg.Model, x.variant).Observe(x.ttft.Seconds())
 	p.firstToken(x, resp.StatusCode)
 	x.status = resp.StatusCode
 	ctype := resp.Header.Get("Content-Type")
@@ -281,7 +286,9 @@ const maxBufferedBody = 64 << 20
 var errTooLargeToStore = errors.New("proxy: response larger than cache.max_entry_bytes")
 
 func (p *Proxy) newRecorder(x *exchange, l *respcache.Lookup, resp *http.Response) *recorder {
-	if l == nil || resp.StatusCode >= 400 {
+	if l == nil || resp.StatusCode >= 400 || x.variant != x.assigned {
+		// A variant's answer is stored only under its own name: one that
+		// fell over to another variant is not stored at all.
 		return nil
 	}
 	rec := &recorder{p: p, x: x, l: l, status: resp.StatusCode, ctype: resp.Header.Get("Content-Type")}

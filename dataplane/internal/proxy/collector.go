@@ -18,7 +18,7 @@ var inflightDesc = prometheus.NewDesc("rolter_target_inflight_requests",
 var (
 	decisionsDesc = prometheus.NewDesc("rolter_routing_decisions_total",
 		"Routing decisions by how they were made (affinity_hit, load_spill, least_load, least_warmed, cold, predicted, unpredicted).",
-		[]string{"model", "strategy", "outcome"}, nil)
+		[]string{"model", "strategy", "outcome", "variant"}, nil)
 	treeNodesDesc = prometheus.NewDesc("rolter_prefix_tree_nodes",
 		"Bytes of prompt text held in a target's share of the route's prefix tree.", []string{"model", "provider"}, nil)
 	treeEvictionsDesc = prometheus.NewDesc("rolter_prefix_tree_evictions_total",
@@ -98,35 +98,39 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, rc := range rt.snap.Routes {
 		r := rt.routes[rc.Model]
-		if dc, ok := r.balancer.(routing.DecisionCounter); ok {
-			for outcome, n := range dc.Decisions() {
-				ch <- prometheus.MustNewConstMetric(decisionsDesc, prometheus.CounterValue, float64(n), rc.Model, rc.Strategy, outcome)
-			}
-		}
-		if ts, ok := r.balancer.(routing.TrieStats); ok {
-			// Several targets may share a provider (different upstream
-			// models): sum them, as the label set is (model, provider).
-			nodes := map[string]float64{}
-			evictions := map[string]float64{}
-			for i, st := range ts.TrieStats() {
-				if i < len(r.targets) {
-					name := r.targets[i].cfg.Provider.Name
-					nodes[name] += float64(st.Nodes)
-					evictions[name] += float64(st.Evictions)
+		// Several targets (or variants) may share a provider: sum them, as
+		// the label set is (model, provider).
+		nodes := map[string]float64{}
+		evictions := map[string]float64{}
+		seen := map[string]bool{}
+		for _, pl := range r.pools {
+			if dc, ok := pl.balancer.(routing.DecisionCounter); ok {
+				for outcome, n := range dc.Decisions() {
+					ch <- prometheus.MustNewConstMetric(decisionsDesc, prometheus.CounterValue, float64(n), rc.Model, pl.strategy, outcome, pl.variant)
 				}
 			}
-			for name, n := range nodes {
-				ch <- prometheus.MustNewConstMetric(treeNodesDesc, prometheus.GaugeValue, n, rc.Model, name)
-				ch <- prometheus.MustNewConstMetric(treeEvictionsDesc, prometheus.CounterValue, evictions[name], rc.Model, name)
+			if ts, ok := pl.balancer.(routing.TrieStats); ok {
+				for i, st := range ts.TrieStats() {
+					if i < len(pl.targets) {
+						name := pl.targets[i].cfg.Provider.Name
+						nodes[name] += float64(st.Nodes)
+						evictions[name] += float64(st.Evictions)
+					}
+				}
 			}
 		}
-		seen := map[string]bool{}
-		for _, t := range rt.routes[rc.Model].targets {
-			if seen[t.cfg.Provider.Name] {
-				continue
+		for name, n := range nodes {
+			ch <- prometheus.MustNewConstMetric(treeNodesDesc, prometheus.GaugeValue, n, rc.Model, name)
+			ch <- prometheus.MustNewConstMetric(treeEvictionsDesc, prometheus.CounterValue, evictions[name], rc.Model, name)
+		}
+		for _, pl := range r.pools {
+			for _, t := range pl.targets {
+				if seen[t.cfg.Provider.Name] {
+					continue
+				}
+				seen[t.cfg.Provider.Name] = true
+				ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(t.state.InFlight()), rc.Model, t.cfg.Provider.Name)
 			}
-			seen[t.cfg.Provider.Name] = true
-			ch <- prometheus.MustNewConstMetric(inflightDesc, prometheus.GaugeValue, float64(t.state.InFlight()), rc.Model, t.cfg.Provider.Name)
 		}
 	}
 }

@@ -48,7 +48,7 @@ func (p *Proxy) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	model, status := "", 0
 	defer func() {
-		p.metrics.Requests.WithLabelValues(countTokensPath, model, strconv.Itoa(status)).Inc()
+		p.metrics.Requests.WithLabelValues(countTokensPath, model, strconv.Itoa(status), "").Inc() // a count is no variant's answer
 		p.log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", w.Header().Get("X-Request-Id")),
 			slog.String("endpoint", countTokensPath), slog.String("model", model), slog.Int("status", status),
 			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
@@ -103,16 +103,19 @@ func (p *Proxy) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var hosted, engines []*target
-	for i := range rte.targets {
-		t := &rte.targets[i]
-		if key != nil && !key.AllowsProvider(t.cfg.Provider.Name) {
-			continue
-		}
-		switch t.cfg.Provider.Kind {
-		case config.KindAnthropic:
-			hosted = append(hosted, t)
-		case config.KindOpenAICompatible:
-			engines = append(engines, t)
+	// Every variant's targets, in config order: a count needs no split.
+	for _, pl := range rte.pools {
+		for i := range pl.targets {
+			t := &pl.targets[i]
+			if key != nil && !key.AllowsProvider(t.cfg.Provider.Name) {
+				continue
+			}
+			switch t.cfg.Provider.Kind {
+			case config.KindAnthropic:
+				hosted = append(hosted, t)
+			case config.KindOpenAICompatible:
+				engines = append(engines, t)
+			}
 		}
 	}
 	if len(hosted) == 0 && len(engines) == 0 {

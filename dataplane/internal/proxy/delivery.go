@@ -146,7 +146,7 @@ func (p *Proxy) record(x *exchange, model string) {
 		return
 	}
 	rec := usage.Record{
-		TS: time.Now(), RequestID: x.id, Model: model, Provider: x.provider, TargetModel: x.targetModel,
+		TS: time.Now(), RequestID: x.id, Model: model, Provider: x.provider, TargetModel: x.targetModel, Variant: x.variant,
 		Status: x.status, Stream: x.body != nil && x.body.Stream,
 		LatencyMS: usage.Millis(time.Since(x.start)), TTFTMS: usage.Millis(x.ttft),
 		CacheHit: x.cache, Withheld: x.withheld != "", WithheldReason: x.withheld, Error: x.errCode,

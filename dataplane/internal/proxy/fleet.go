@@ -62,14 +62,21 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for name, r := range rt.routes {
-		sa, ok := r.balancer.(routing.SharedAffinity)
-		if !ok {
-			continue
-		}
-		for i, st := range sa.SharedStats() {
-			if i < len(r.targets) {
-				ch <- prometheus.MustNewConstMetric(sharedChunks, prometheus.GaugeValue, float64(st.Chunks), name, r.targets[i].cfg.Provider.Name)
+		// Variants sharing a provider sum, as the label set is (model, provider).
+		chunks := map[string]float64{}
+		for _, pl := range r.pools {
+			sa, ok := pl.balancer.(routing.SharedAffinity)
+			if !ok {
+				continue
 			}
+			for i, st := range sa.SharedStats() {
+				if i < len(pl.targets) {
+					chunks[pl.targets[i].cfg.Provider.Name] += float64(st.Chunks)
+				}
+			}
+		}
+		for prov, n := range chunks {
+			ch <- prometheus.MustNewConstMetric(sharedChunks, prometheus.GaugeValue, n, name, prov)
 		}
 	}
 }

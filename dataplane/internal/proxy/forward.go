@@ -48,19 +48,35 @@ type exchange struct {
 	body        *request.Body
 	rctx        routing.Context
 	key         *config.Key
-	allowed     routing.Set // targets the key may use and that serve the endpoint
-	tried       routing.Set
-	attempts    int
-	status      int
-	provider    string
-	ttft        time.Duration
-	abort       bool // the response started and then broke off: abort the connection
+	// pools are the request's target pools in the order they are tried:
+	// the plain route's one, or the variants as assigned (the assigned
+	// one first, then the fall-over order). cur is the current attempt's.
+	pools    []poolState
+	cur      int
+	assigned string // the assigned variant ("" for a plain route): the cache's
+	variant  string // the variant of the last attempt (x-rolter-variant)
+	attempts int
+	status   int
+	provider string
+	ttft     time.Duration
+	abort    bool // the response started and then broke off: abort the connection
 	// observed is the target of the attempt the balancer observed and has
 	// not yet been told the first token or the end of (-1: none), with the
-	// attempt's dispatch time, for routing.TTFTObserver.
+	// attempt's dispatch time, for routing.TTFTObserver. It is in the
+	// current pool (x.pool()).
 	observed int
 	sent     time.Time
 }
+
+// poolState is one pool's share of an exchange.
+type poolState struct {
+	pool    *pool
+	allowed routing.Set // targets the key may use and that serve the endpoint
+	tried   routing.Set
+}
+
+// pool is the pool of the current attempt.
+func (x *exchange) pool() *pool { return x.pools[x.cur].pool }
 
 func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	x := &exchange{start: time.Now(), id: w.Header().Get("X-Request-Id"), ep: ep, extraHeader: http.Header{}, observed: -1}
@@ -74,6 +90,9 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	defer func() {
 		span.SetAttributes(attribute.Int("http.response.status_code", x.status), attribute.String("rolter.model", model),
 			attribute.Int("rolter.attempts", x.attempts), attribute.String("rolter.provider", x.provider))
+		if x.variant != "" {
+			span.SetAttributes(attribute.String("rolter.variant", x.variant))
+		}
 		if x.errCode != "" {
 			span.SetAttributes(attribute.String("rolter.error", x.errCode))
 		}
@@ -82,15 +101,15 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		}
 		span.End()
 		code := strconv.Itoa(x.status)
-		p.metrics.Requests.WithLabelValues(ep.path, model, code).Inc()
+		p.metrics.Requests.WithLabelValues(ep.path, model, code, x.variant).Inc()
 		if model != "" {
-			p.metrics.Latency.WithLabelValues(model).Observe(time.Since(x.start).Seconds())
+			p.metrics.Latency.WithLabelValues(model, x.variant).Observe(time.Since(x.start).Seconds())
 		}
 		p.record(x, model)
 		p.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
 			slog.String("request_id", x.id), slog.String("endpoint", ep.path), slog.String("model", model),
 			slog.String("provider", x.provider), slog.Int("status", x.status), slog.Int("attempts", x.attempts),
-			slog.String("cache", x.cache), slog.String("error", x.errCode),
+			slog.String("cache", x.cache), slog.String("variant", x.variant), slog.String("error", x.errCode),
 			slog.Float64("duration_ms", float64(time.Since(x.start).Microseconds())/1000),
 			slog.Float64("ttft_ms", float64(x.ttft.Microseconds())/1000))
 	}()
@@ -160,22 +179,30 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		fail(errModelNotAllowed, fmt.Sprintf("this key may not use model %q", body.Model))
 		return
 	}
-	servable := false
-	for i := range rte.targets {
-		t := &rte.targets[i]
-		if !ep.serves(t.cfg.Provider.Kind) {
-			continue
-		}
-		servable = true
-		if key == nil || key.AllowsProvider(t.cfg.Provider.Name) {
-			x.allowed.Add(i)
+	if e, msg := p.assign(x, r); e != nil {
+		fail(*e, msg)
+		return
+	}
+	servable, allowed := false, false
+	for k := range x.pools {
+		ps := &x.pools[k]
+		for i := range ps.pool.targets {
+			t := &ps.pool.targets[i]
+			if !ep.serves(t.cfg.Provider.Kind) {
+				continue
+			}
+			servable = true
+			if key == nil || key.AllowsProvider(t.cfg.Provider.Name) {
+				ps.allowed.Add(i)
+				allowed = true
+			}
 		}
 	}
 	switch {
 	case !servable:
 		fail(errUnsupported, fmt.Sprintf("no target of model %q can serve %s (cross-dialect translation is not supported)", body.Model, ep.path))
 		return
-	case x.allowed.Empty():
+	case !allowed:
 		p.metrics.AuthFailures.WithLabelValues("provider_not_allowed").Inc()
 		fail(errProviderDenied, fmt.Sprintf("this key may not use any provider of model %q", body.Model))
 		return
@@ -235,35 +262,58 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	}
 }
 
-// pick chooses the target of the next attempt, or -1.
+// pick chooses the target of the next attempt, or -1, and sets x.cur to
+// its pool. The pools are asked in order (the assigned variant first): the
+// first with an eligible target (untried, allowed, not parked, healthy,
+// breaker allows) picks among those, so a variant whose targets are all
+// down never shapes the pick. When no pool has one, the first pool with an
+// untried allowed target picks among those: the gateway fails open past
+// cooldown, health and breaker as a plain route does, never past the key.
 func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
-	targets := x.route.targets
-	var candidates, eligible routing.Set
-	for i := range targets {
-		if !x.allowed.Has(i) || x.tried.Has(i) {
-			continue
+	open, openAt := routing.Set{}, -1
+	var eligible routing.Set
+	chosen := -1
+	for k := range x.pools {
+		ps := &x.pools[k]
+		var candidates routing.Set
+		eligible = routing.Set{}
+		for i := range ps.pool.targets {
+			if !ps.allowed.Has(i) || ps.tried.Has(i) {
+				continue
+			}
+			candidates.Add(i)
+			t := &ps.pool.targets[i]
+			if x.rt.snap.Cooldown.BaseSecs > 0 && t.state.CoolingDown(now) {
+				continue
+			}
+			if !t.health.Healthy() || !t.state.BreakerAllows(now, x.rt.breaker) {
+				continue
+			}
+			eligible.Add(i)
 		}
-		candidates.Add(i)
-		t := &targets[i]
-		if x.rt.snap.Cooldown.BaseSecs > 0 && t.state.CoolingDown(now) {
-			continue
+		if !eligible.Empty() {
+			chosen = k
+			break
 		}
-		if !t.health.Healthy() || !t.state.BreakerAllows(now, x.rt.breaker) {
-			continue
+		if openAt < 0 && !candidates.Empty() {
+			open, openAt = candidates, k
 		}
-		eligible.Add(i)
 	}
-	if candidates.Empty() {
-		return -1
-	}
-	if eligible.Empty() {
+	if chosen < 0 {
+		if openAt < 0 {
+			return -1
+		}
 		// Fail open past cooldown, health and breaker; never past the key.
-		eligible = candidates
+		chosen, eligible = openAt, open
 	}
+	x.cur = chosen
+	pl := x.pools[chosen].pool
+	targets := pl.targets
+	loads = loads[:len(targets)]
 	for i := range targets {
 		// The fleet's load: this proxy's live count plus its peers' latest.
 		t := &targets[i]
-		load := t.state.InFlight() + x.route.fleet.PeerLoad(i)
+		load := t.state.InFlight() + pl.fleet.PeerLoad(i)
 		// With [providers.engine_load], the replica's own running + waiting
 		// count, if fresh, raises it: the engine counts every client's
 		// requests (proxies not sharing with this one, other routes and
@@ -281,7 +331,7 @@ func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
 		}
 		loads[i] = load
 	}
-	idx := x.route.balancer.Pick(&x.rctx, loads, eligible)
+	idx := pl.balancer.Pick(&x.rctx, loads, eligible)
 	if !eligible.Has(idx) {
 		idx = eligible.Nth(0, len(targets))
 	}
@@ -295,7 +345,7 @@ func (p *Proxy) firstToken(x *exchange, status int) {
 	if x.observed < 0 || x.route == nil || status >= 300 {
 		return
 	}
-	if o, ok := x.route.balancer.(routing.TTFTObserver); ok {
+	if o, ok := x.pool().balancer.(routing.TTFTObserver); ok {
 		o.FirstToken(x.observed, &x.rctx, time.Since(x.sent), len(x.rctx.TokenIDs))
 	}
 	x.observed = -1
@@ -307,7 +357,7 @@ func (p *Proxy) attemptEnded(x *exchange) {
 	if x.observed < 0 || x.route == nil {
 		return
 	}
-	if o, ok := x.route.balancer.(routing.TTFTObserver); ok {
+	if o, ok := x.pool().balancer.(routing.TTFTObserver); ok {
 		o.Abandon(x.observed, &x.rctx)
 	}
 	x.observed = -1
@@ -321,7 +371,11 @@ func retryable(status int) bool {
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	snap := x.rt.snap
 	maxAttempts := 1 + snap.Retry.MaxRetries
-	loads := make([]int, len(x.route.targets))
+	n := 0
+	for _, ps := range x.pools {
+		n = max(n, len(ps.pool.targets))
+	}
+	loads := make([]int, n)
 	var lastErr error
 	timedOut, bodyFailed := false, false
 	defer p.attemptEnded(x)
@@ -342,25 +396,31 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		now := time.Now()
 		_, selSpan := p.tracer.Start(r.Context(), "route.select",
-			trace.WithAttributes(attribute.String("rolter.strategy", x.route.cfg.Strategy), attribute.Int("rolter.attempt", attempt+1)))
+			trace.WithAttributes(attribute.Int("rolter.attempt", attempt+1)))
 		idx := p.pick(x, loads, now)
+		pl := x.pool()
+		selSpan.SetAttributes(attribute.String("rolter.strategy", pl.strategy))
+		if pl.variant != "" {
+			selSpan.SetAttributes(attribute.String("rolter.variant", pl.variant))
+		}
 		if idx < 0 {
 			selSpan.SetAttributes(attribute.String("rolter.decision", "none"))
 			selSpan.End()
 			break
 		}
 		selSpan.SetAttributes(attribute.String("rolter.decision", "picked"), attribute.Int("rolter.target", idx),
-			attribute.String("rolter.provider", x.route.targets[idx].cfg.Provider.Name), attribute.Int("rolter.target_load", loads[idx]))
+			attribute.String("rolter.provider", pl.targets[idx].cfg.Provider.Name), attribute.Int("rolter.target_load", loads[idx]))
 		selSpan.End()
 		if attempt > 0 {
 			p.metrics.Retries.WithLabelValues(x.route.cfg.Model).Inc()
 		}
-		t := &x.route.targets[idx]
+		t := &pl.targets[idx]
 		queueDepth := loads[idx]
-		x.route.balancer.Observe(idx, &x.rctx)
+		pl.balancer.Observe(idx, &x.rctx)
 		x.observed = idx
-		x.tried.Add(idx)
+		x.pools[x.cur].tried.Add(idx)
 		x.attempts++
+		x.variant = pl.variant
 		x.provider = t.cfg.Provider.Name
 		x.targetModel = t.cfg.Model
 		t.state.BreakerAttempt(now, x.rt.breaker)
@@ -447,12 +507,12 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			}
 			p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, outcome).Inc()
 		}
-		if l, ok := x.route.balancer.(routing.Learner); ok && end == relayDone && resp.StatusCode < 300 {
+		if l, ok := pl.balancer.(routing.Learner); ok && end == relayDone && resp.StatusCode < 300 {
 			l.Learn(idx, &x.rctx, queueDepth, time.Since(sent))
 		}
 		return
 	}
-	if x.tried.Empty() {
+	if x.attempts == 0 {
 		x.status, x.errCode = errNoTarget.status, errNoTarget.code
 		writeError(w, x.ep.dialect, errNoTarget, fmt.Sprintf("no target of model %q could be tried", x.route.cfg.Model))
 		return
@@ -473,9 +533,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 }
 
 func (p *Proxy) hasUntried(x *exchange) bool {
-	for i := range x.route.targets {
-		if x.allowed.Has(i) && !x.tried.Has(i) {
-			return true
+	for _, ps := range x.pools {
+		for i := range ps.pool.targets {
+			if ps.allowed.Has(i) && !ps.tried.Has(i) {
+				return true
+			}
 		}
 	}
 	return false
@@ -645,6 +707,9 @@ func startResponse(w http.ResponseWriter, x *exchange, t *target, resp *http.Res
 	h.Set("X-Request-Id", x.id)
 	h.Set("X-Rolter-Provider", t.cfg.Provider.Name)
 	h.Set("X-Rolter-Model", x.route.cfg.Model)
+	if x.variant != "" {
+		h.Set(VariantHeader, x.variant)
+	}
 }
 
 // relay sends the upstream response to the client as it arrives. A stream
@@ -695,7 +760,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 			startResponse(w, x, t, resp)
 			x.status = resp.StatusCode
 			x.ttft = time.Since(x.start)
-			p.metrics.TTFT.WithLabelValues(x.route.cfg.Model).Observe(x.ttft.Seconds())
+			p.metrics.TTFT.WithLabelValues(x.route.cfg.Model, x.variant).Observe(x.ttft.Seconds())
 			p.firstToken(x, resp.StatusCode)
 			w.WriteHeader(resp.StatusCode)
 		}

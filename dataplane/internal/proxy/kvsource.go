@@ -8,8 +8,9 @@ import (
 )
 
 // kvSource feeds precise_cache_aware and lmcache_aware from the proxy's
-// NATS-fed index, for one route's targets. Identities are seeded with each
-// target's upstream model, as the watcher seeds the engine's blocks.
+// NATS-fed index, for one pool's targets (a route's or a variant's).
+// Identities are seeded with each target's upstream model, as the watcher
+// seeds the engine's blocks.
 type kvSource struct {
 	ix      *kvindex.Index
 	targets []kvTarget
@@ -25,9 +26,9 @@ var (
 	_ routing.LMCacheSource = (*kvSource)(nil)
 )
 
-func newKVSource(ix *kvindex.Index, r *route) *kvSource {
+func newKVSource(ix *kvindex.Index, targets []target) *kvSource {
 	s := &kvSource{ix: ix}
-	for _, t := range r.targets {
+	for _, t := range targets {
 		s.targets = append(s.targets, kvTarget{provider: t.cfg.Provider.Name, seed: kvindex.Seed(t.cfg.Model)})
 	}
 	return s

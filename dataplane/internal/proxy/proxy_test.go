@@ -278,7 +278,7 @@ targets = [{ provider = "p0" }, { provider = "p1" }, { provider = "p2" }]
 	if b.hits.Load()+c.hits.Load() != 12 {
 		t.Fatalf("healthy targets served %d+%d", b.hits.Load(), c.hits.Load())
 	}
-	tgt := p.rt.Load().routes["m"].targets[0].state
+	tgt := p.rt.Load().routes["m"].pools[0].targets[0].state
 	if !tgt.CoolingDown(time.Now()) {
 		t.Fatal("failed target not parked")
 	}
@@ -381,7 +381,7 @@ func TestStreamingPassesThroughEventByEvent(t *testing.T) {
 	if err != nil || line != "data: {\"n\":1}\n" {
 		t.Fatalf("first event %q %v", line, err)
 	}
-	if n := p.rt.Load().routes["m"].targets[0].state.InFlight(); n != 1 {
+	if n := p.rt.Load().routes["m"].pools[0].targets[0].state.InFlight(); n != 1 {
 		t.Fatalf("in flight during the stream = %d, want 1", n)
 	}
 	close(release)
@@ -390,7 +390,7 @@ func TestStreamingPassesThroughEventByEvent(t *testing.T) {
 		t.Fatalf("rest %q", rest)
 	}
 	<-upstreamDone
-	waitFor(t, func() bool { return p.rt.Load().routes["m"].targets[0].state.InFlight() == 0 })
+	waitFor(t, func() bool { return p.rt.Load().routes["m"].pools[0].targets[0].state.InFlight() == 0 })
 }
 
 func TestClientDisconnectCancelsUpstream(t *testing.T) {
@@ -416,7 +416,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 	}
 	resp.Body.Close() // the client goes away mid-stream
 	<-cancelled       // the upstream saw its request cancelled
-	waitFor(t, func() bool { return p.rt.Load().routes["m"].targets[0].state.InFlight() == 0 })
+	waitFor(t, func() bool { return p.rt.Load().routes["m"].pools[0].targets[0].state.InFlight() == 0 })
 }
 
 func TestModelsAndProbes(t *testing.T) {

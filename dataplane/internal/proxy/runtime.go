@@ -33,13 +33,27 @@ type runtime struct {
 }
 
 type route struct {
-	cfg      *config.CompiledRoute
+	cfg *config.CompiledRoute
+	// pools are the route's target pools: one, named "", for a plain
+	// route; one per variant, in config order, for a route with variants.
+	pools []*pool
+	// names and weights of the variants, for routing.RankVariants.
+	names   []string
+	weights []int
+}
+
+// pool is one set of targets with its own balancer: a plain route's, or
+// one variant's. Every pick happens inside one pool.
+type pool struct {
+	// variant is the variant's name, "" for a plain route.
+	variant  string
+	strategy string
 	balancer routing.Balancer
 	targets  []target
 	// fingerprint decides whether a reload may keep the balancer (and with
-	// it learned affinity) for this route.
+	// it learned affinity) for this pool.
 	fingerprint string
-	// fleet is the route's state shared with the other proxies; nil
+	// fleet is the pool's state shared with the other proxies; nil
 	// without sharing.
 	fleet *fleet.Route
 }
@@ -96,68 +110,105 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 		}
 	}
 	for i, rc := range snap.Routes {
-		r := &route{cfg: rc, fingerprint: fingerprint(rc)}
-		weights := make([]int, len(rc.Targets))
-		for j, tc := range rc.Targets {
-			weights[j] = tc.Weight
-			r.targets = append(r.targets, target{
-				cfg:    tc,
-				state:  reg.Target(reliability.TargetKey{Route: rc.Model, Provider: tc.Provider.Name, Model: tc.Model}),
-				health: reg.Provider(tc.Provider.Name),
-			})
-		}
-		if p.fleet != nil {
-			r.fleet = p.fleet.Bind(rc.Model, xxh3.HashString(r.fingerprint), len(rc.Targets))
-		}
+		r := &route{cfg: rc}
+		var old *route
 		if prev != nil {
-			if old := prev.routes[rc.Model]; old != nil && old.fingerprint == r.fingerprint {
-				r.balancer = old.balancer
-			}
+			old = prev.routes[rc.Model]
 		}
-		if r.balancer == nil {
-			bp := rc.Balancer
-			spec := routing.Spec{
-				Strategy: rc.Strategy, Weights: weights,
-				Threshold: bp.Threshold, BalanceAbs: bp.BalanceAbs, BalanceRel: bp.BalanceRel,
-				MaxTrieNodes: bp.MaxTrieNodes, Scorers: bp.Scorers,
-				SignalWeight: bp.SignalWeight, LoadWeight: bp.LoadWeight,
-				SpeculativeTTL: rc.SpeculativeTTL,
-			}
-			if rc.SpeculativeTTL == 0 {
-				spec.SpeculativeTTL = routing.NoSpeculation // 0 in the config turns it off
-			}
-			if p.kv != nil {
-				src := newKVSource(p.kv, r)
-				spec.KV, spec.LMCache = src, src
-			}
-			spec.Engine = engineState{targets: r.targets}
-			for _, tc := range rc.Targets {
-				spec.KVCapacityTokens = append(spec.KVCapacityTokens, tc.Provider.KVCapacityTokens)
-			}
-			if r.fleet != nil {
-				spec.Share = r.fleet.Record
-			}
-			b, err := routing.New(spec)
+		if len(rc.Variants) == 0 {
+			pl, err := p.newPool(reg, rc, "", rc.Strategy, rc.Balancer, rc.SpeculativeTTL, rc.Targets, old)
 			if err != nil {
 				return nil, fmt.Errorf("routes[%d].strategy: %w", i, err)
 			}
-			r.balancer = b
+			r.pools = []*pool{pl}
 		}
-		if r.fleet != nil {
-			if sa, ok := r.balancer.(routing.SharedAffinity); ok {
-				r.fleet.SetAffinity(sa)
+		for j := range rc.Variants {
+			v := &rc.Variants[j]
+			pl, err := p.newPool(reg, rc, v.Name, v.Strategy, v.Balancer, v.SpeculativeTTL, v.Targets, old)
+			if err != nil {
+				return nil, fmt.Errorf("routes[%d].variants[%d].strategy: %w", i, j, err)
 			}
-			targets := r.targets
-			r.fleet.SetOwnLoad(func(i int) int { return targets[i].state.InFlight() })
+			r.pools = append(r.pools, pl)
+			r.names = append(r.names, v.Name)
+			r.weights = append(r.weights, v.Weight)
 		}
 		rt.routes[rc.Model] = r
 	}
 	return rt, nil
 }
 
-func fingerprint(rc *config.CompiledRoute) string {
-	s := fmt.Sprintf("%s|%+v|%v", rc.Strategy, rc.Balancer, rc.SpeculativeTTL)
-	for _, t := range rc.Targets {
+// newPool binds one pool's targets to their live state and builds its
+// balancer, or keeps the balancer of the previous runtime's pool of the
+// same variant when its strategy, parameters and targets are unchanged (a
+// weight change keeps every variant's).
+func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, variant, strategy string, bp config.Balancer,
+	ttl time.Duration, targets []config.CompiledTarget, old *route) (*pool, error) {
+	pl := &pool{variant: variant, strategy: strategy, fingerprint: fingerprint(strategy, bp, ttl, targets)}
+	weights := make([]int, len(targets))
+	for j, tc := range targets {
+		weights[j] = tc.Weight
+		pl.targets = append(pl.targets, target{
+			cfg:    tc,
+			state:  reg.Target(reliability.TargetKey{Route: rc.Model, Provider: tc.Provider.Name, Model: tc.Model}),
+			health: reg.Provider(tc.Provider.Name),
+		})
+	}
+	if p.fleet != nil {
+		// Each variant shares its own state: its targets are its own.
+		name := rc.Model
+		if variant != "" {
+			name += "\x1f" + variant
+		}
+		pl.fleet = p.fleet.Bind(name, xxh3.HashString(pl.fingerprint), len(targets))
+	}
+	if old != nil {
+		for _, op := range old.pools {
+			if op.variant == variant && op.fingerprint == pl.fingerprint {
+				pl.balancer = op.balancer
+			}
+		}
+	}
+	if pl.balancer == nil {
+		spec := routing.Spec{
+			Strategy: strategy, Weights: weights,
+			Threshold: bp.Threshold, BalanceAbs: bp.BalanceAbs, BalanceRel: bp.BalanceRel,
+			MaxTrieNodes: bp.MaxTrieNodes, Scorers: bp.Scorers,
+			SignalWeight: bp.SignalWeight, LoadWeight: bp.LoadWeight,
+			SpeculativeTTL: ttl,
+		}
+		if ttl == 0 {
+			spec.SpeculativeTTL = routing.NoSpeculation // 0 in the config turns it off
+		}
+		if p.kv != nil {
+			src := newKVSource(p.kv, pl.targets)
+			spec.KV, spec.LMCache = src, src
+		}
+		spec.Engine = engineState{targets: pl.targets}
+		for _, tc := range targets {
+			spec.KVCapacityTokens = append(spec.KVCapacityTokens, tc.Provider.KVCapacityTokens)
+		}
+		if pl.fleet != nil {
+			spec.Share = pl.fleet.Record
+		}
+		b, err := routing.New(spec)
+		if err != nil {
+			return nil, err
+		}
+		pl.balancer = b
+	}
+	if pl.fleet != nil {
+		if sa, ok := pl.balancer.(routing.SharedAffinity); ok {
+			pl.fleet.SetAffinity(sa)
+		}
+		ts := pl.targets
+		pl.fleet.SetOwnLoad(func(i int) int { return ts[i].state.InFlight() })
+	}
+	return pl, nil
+}
+
+func fingerprint(strategy string, bp config.Balancer, ttl time.Duration, targets []config.CompiledTarget) string {
+	s := fmt.Sprintf("%s|%+v|%v", strategy, bp, ttl)
+	for _, t := range targets {
 		s += fmt.Sprintf("|%s/%s/%d", t.Provider.Name, t.Model, t.Weight)
 	}
 	return s
@@ -167,8 +218,10 @@ func fingerprint(rc *config.CompiledRoute) string {
 func (rt *runtime) fleetRoutes() []*fleet.Route {
 	var out []*fleet.Route
 	for _, r := range rt.routes {
-		if r.fleet != nil {
-			out = append(out, r.fleet)
+		for _, pl := range r.pools {
+			if pl.fleet != nil {
+				out = append(out, pl.fleet)
+			}
 		}
 	}
 	return out
@@ -179,8 +232,10 @@ func (rt *runtime) retain(reg *reliability.Registry) {
 	keys := make(map[reliability.TargetKey]bool)
 	providers := make(map[string]bool)
 	for _, r := range rt.routes {
-		for _, t := range r.targets {
-			keys[t.state.Key()] = true
+		for _, pl := range r.pools {
+			for _, t := range pl.targets {
+				keys[t.state.Key()] = true
+			}
 		}
 	}
 	for _, p := range rt.snap.Providers {

@@ -31,18 +31,21 @@ func routesOnKV(strategy string) bool {
 // timeout leaves the ids unset: the route decides on its approximate
 // state, and rolter_tokenize_total counts why.
 func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
-	if p.kv == nil || len(x.rctx.TokenIDs) > 0 || !routesOnKV(x.route.cfg.Strategy) {
+	if p.kv == nil || len(x.rctx.TokenIDs) > 0 || len(x.pools) == 0 || !routesOnKV(x.pools[0].pool.strategy) {
 		return
 	}
+	// The assigned variant's replicas (a variant may run another build,
+	// with another tokenizer); a plain route's own.
+	ps := &x.pools[0]
 	model := x.route.cfg.Model
 	count := func(outcome string) { p.metrics.Tokenize.WithLabelValues(model, outcome).Inc() }
 	now := time.Now()
 	var cands [routing.MaxTargets]int
 	n := 0
-	for i := range x.route.targets {
-		t := &x.route.targets[i]
+	for i := range ps.pool.targets {
+		t := &ps.pool.targets[i]
 		kv := t.cfg.Provider.KVEvents
-		if !x.allowed.Has(i) || kv == nil || (kv.Tokenize != nil && !*kv.Tokenize) || t.cfg.Provider.Kind != config.KindOpenAICompatible {
+		if !ps.allowed.Has(i) || kv == nil || (kv.Tokenize != nil && !*kv.Tokenize) || t.cfg.Provider.Kind != config.KindOpenAICompatible {
 			continue
 		}
 		if !t.health.Healthy() || (x.rt.snap.Cooldown.BaseSecs > 0 && t.state.CoolingDown(now)) {
@@ -55,7 +58,7 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 		count("none")
 		return
 	}
-	t := &x.route.targets[cands[rand.IntN(n)]]
+	t := &ps.pool.targets[cands[rand.IntN(n)]]
 	tok, ids, ok := tokenize.Build(x.ep.path, raw, t.cfg.Model)
 	switch {
 	case !ok:

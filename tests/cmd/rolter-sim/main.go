@@ -65,6 +65,7 @@ type options struct {
 	speedup     float64
 	thinkMS     float64
 	toolMS      float64
+	variants    string // --variants: one route split over variants (variant.go)
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -82,6 +83,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON object per strategy instead of the table")
 	fs.StringVar(&o.pngPath, "png", "", "write a PNG chart of hit rate and imbalance per strategy to this file")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar")
+	fs.StringVar(&o.variants, "variants", "", "run one route split over variants instead of --strategies: NAME=WEIGHT:STRATEGY@REPLICAS,… e.g. stable=90:cache_aware@0-5,canary=10:cache_aware@6-7 (replicas as indexes and ranges joined by +); reports per variant")
 
 	c := &o.cfg
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "number of replicas")
@@ -189,6 +191,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	o, err := parse(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.variants != "" {
+		return runVariants(o, stdout, stderr)
 	}
 	strategies, err := sim.ParseStrategies(o.strategies)
 	if err != nil {
