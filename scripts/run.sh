@@ -90,7 +90,8 @@ Send a request:
   curl -s http://$PROXY_ADDR/v1/chat/completions -H 'content-type: application/json' \\
     -d '{"model":"llama-3.1-8b","messages":[{"role":"user","content":"Hello!"}]}'
 
-Precise routing on the engines' KV events (token ids from the replica's tokenizer):
+Both routes decide on the engines' KV events (llama-3.1-8b with predicted_ttft): the proxy
+asks a replica's /tokenize for the token ids; a client that has them may send them instead:
   IDS=\$(curl -s 127.0.0.1:8001/tokenize -d '{"model":"sim-model","prompt":"A long shared prefix ..."}' \\
         | python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["tokens"])))')
   curl -s http://$PROXY_ADDR/v1/completions -H 'content-type: application/json' -H "x-rolter-vllm-token-ids: \$IDS" \

@@ -43,6 +43,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -132,6 +133,14 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		opts.Registerer, opts.Gatherer = r, r
 	}
 	m := metrics.New(opts.Registerer)
+	tokens.OnRefusal(func(ctx context.Context, method string, reason auth.Reason) {
+		m.RefusedRequests.WithLabelValues(method, string(reason)).Inc()
+		addr := ""
+		if p, ok := peer.FromContext(ctx); ok {
+			addr = p.Addr.String()
+		}
+		log.Warn("call refused", "method", method, "reason", string(reason), "peer", addr)
+	})
 
 	var stack cleanup
 	fail := func(err error) (*App, error) {
@@ -215,7 +224,8 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	}, m, log)
 
 	serverOpts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(tokens.UnaryInterceptor, adminInterceptor(m)),
+		// adminInterceptor first, so refused admin calls are counted too.
+		grpc.ChainUnaryInterceptor(adminInterceptor(m), tokens.UnaryInterceptor),
 		grpc.ChainStreamInterceptor(tokens.StreamInterceptor),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),

@@ -125,16 +125,28 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if opts.NATSURL != "" {
 		// NoEcho: the proxy consumes nothing it publishes (fleet messages
 		// from itself would only be dropped).
+		// The handlers say why precise and LMCache routing went neutral
+		// (and when they can recover).
+		nlog := log.With("component", "nats")
 		nc, err = nats.Connect(opts.NATSURL, nats.Name("rolter-proxy"), nats.MaxReconnects(-1),
-			nats.RetryOnFailedConnect(true), nats.ReconnectWait(time.Second), nats.NoEcho())
+			nats.RetryOnFailedConnect(true), nats.ReconnectWait(time.Second), nats.NoEcho(),
+			nats.ConnectHandler(func(c *nats.Conn) { nlog.Info("nats connected", "url", c.ConnectedUrlRedacted()) }),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				nlog.Warn("nats disconnected; no KV deltas until it reconnects (their providers score neutral once stale)", "err", err)
+			}),
+			nats.ReconnectHandler(func(c *nats.Conn) { nlog.Info("nats reconnected", "url", c.ConnectedUrlRedacted()) }))
 		if err != nil {
 			return nil, fmt.Errorf("nats %s: %w", opts.NATSURL, err)
 		}
-		kv, err = kvindex.New(nc, nil, kvindex.Options{Logger: log.With("component", "kvindex"), TracerProvider: tp})
+		if !nc.IsConnected() {
+			nlog.Warn("nats unreachable; retrying in the background", "url", opts.NATSURL)
+		}
+		kv, err = kvindex.New(nc, nil, kvindex.Options{Logger: log, TracerProvider: tp})
 		if err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("kv index: %w", err)
 		}
+		reg.MustRegister(kv.Collector())
 		go func() { <-ctx.Done(); kv.Close(); nc.Close() }() // owned: ends with the app's context
 		if !opts.NoShare {
 			node = fleet.NewNode(fleet.Options{Group: opts.ShareGroup, FlushInterval: opts.ShareFlush})

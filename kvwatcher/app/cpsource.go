@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -15,7 +16,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"rolter.dev/pkg/backoff"
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/snapcache"
 	pb "rolter.dev/proto/rolter/controlplane/v1"
 )
 
@@ -35,6 +38,10 @@ type ControlPlaneSource struct {
 	TLSConfig *tls.Config
 	// NodeID names this watcher to the control plane (default hostname-pid).
 	NodeID string
+	// CacheFile keeps the last applied snapshot (package snapcache, the
+	// proxy's --snapshot-cache format); at start, its providers are
+	// watched until a control plane answers. Empty disables it.
+	CacheFile string
 	// Logger receives logs (required).
 	Logger *slog.Logger
 }
@@ -50,7 +57,11 @@ func (s *ControlPlaneSource) Run(ctx context.Context, update func([]Provider)) e
 		host, _ := os.Hostname()
 		s.NodeID = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
-	backoff := 200 * time.Millisecond
+	s.loadCache(update)
+	// As the proxy (cpfollow): the wait after a round of failed addresses
+	// grows with the time without a stream, so a restarted control plane
+	// is followed within a fraction of a second of its return.
+	lostAt := time.Now()
 	for {
 		for _, addr := range s.Addrs {
 			got, err := s.session(ctx, addr, update)
@@ -58,9 +69,7 @@ func (s *ControlPlaneSource) Run(ctx context.Context, update func([]Provider)) e
 				return nil
 			}
 			if got {
-				backoff = 200 * time.Millisecond
-			}
-			if got {
+				lostAt = time.Now()
 				s.Logger.Warn("control plane stream ended; reconnecting", "addr", addr, "err", err)
 			} else {
 				// Nothing received: unreachable, refused (token) or, with
@@ -68,14 +77,58 @@ func (s *ControlPlaneSource) Run(ctx context.Context, update func([]Provider)) e
 				s.Logger.Warn("cannot follow the control plane; retrying", "addr", addr, "tls", s.TLSConfig != nil, "err", err)
 			}
 		}
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(backoff.Reconnect(time.Since(lostAt), 100*time.Millisecond, 5*time.Second, rand.Float64()))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil
 		case <-t.C:
 		}
-		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// loadCache gives update the cached snapshot's providers, if the cache
+// holds a usable one; an unusable cache is logged and ignored.
+func (s *ControlPlaneSource) loadCache(update func([]Provider)) {
+	if s.CacheFile == "" {
+		return
+	}
+	c, err := snapcache.Load(s.CacheFile)
+	if err == nil && c == nil {
+		return
+	}
+	var cfg *config.Config
+	if err == nil {
+		cfg, err = config.Parse([]byte(c.ConfigTOML))
+	}
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		s.Logger.Warn("snapshot cache unusable; watching nothing until a control plane answers", "path", s.CacheFile, "err", err)
+		return
+	}
+	providers, warnings := FromConfig(cfg)
+	for _, w := range warnings {
+		s.Logger.Warn(w)
+	}
+	update(providers)
+	s.Logger.Info("watching the cached snapshot's providers until a control plane answers",
+		"snapshot_version", c.VersionInfo, "saved_at", c.SavedAt, "providers", len(providers))
+}
+
+// saveCache writes resp to the cache file (when there is one).
+func (s *ControlPlaneSource) saveCache(resp *pb.WatchResponse) {
+	if s.CacheFile == "" {
+		return
+	}
+	err := snapcache.Save(s.CacheFile, snapcache.Entry{
+		VersionInfo: resp.GetVersionInfo(), Revision: resp.GetRevision(), ClusterID: resp.GetClusterId(),
+		ContentHash: resp.GetContentHash(), PepperCheck: resp.GetPepperCheck(), ControlPlaneID: resp.GetControlplaneId(),
+		ConfigTOML: resp.GetConfigToml(),
+	})
+	if err != nil {
+		s.Logger.Warn("cannot write the snapshot cache", "path", s.CacheFile, "err", err)
 	}
 }
 
@@ -157,6 +210,9 @@ func (s *ControlPlaneSource) session(ctx context.Context, addr string, update fu
 					s.Logger.Warn(w)
 				}
 				update(providers)
+				if running != resp.GetVersionInfo() {
+					s.saveCache(resp)
+				}
 				running = resp.GetVersionInfo()
 			}
 			if err := stream.Send(ack); err != nil {

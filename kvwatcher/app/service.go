@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strconv"
@@ -18,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"rolter.dev/kvwatcher/internal/metrics"
+	"rolter.dev/pkg/backoff"
 	"rolter.dev/pkg/telemetry"
 )
 
@@ -31,6 +34,9 @@ type ServiceOptions struct {
 	// ControlPlaneTLS, when set, dials the control planes with TLS;
 	// nil dials them in plaintext.
 	ControlPlaneTLS *tls.Config
+	// SnapshotCache is the control-plane snapshot cache file (see
+	// ControlPlaneSource.CacheFile); empty: none.
+	SnapshotCache string
 	// NATSURL is the NATS server (required unless EmbedNATS is set).
 	NATSURL string
 	// EmbedNATS, when set, runs an in-process NATS server listening on
@@ -58,7 +64,7 @@ func RunService(ctx context.Context, o ServiceOptions) error {
 				addrs = append(addrs, a)
 			}
 		}
-		src = &ControlPlaneSource{Addrs: addrs, Token: o.Token, TLSConfig: o.ControlPlaneTLS, Logger: o.Logger}
+		src = &ControlPlaneSource{Addrs: addrs, Token: o.Token, TLSConfig: o.ControlPlaneTLS, CacheFile: o.SnapshotCache, Logger: o.Logger}
 	case o.ConfigPath != "":
 		src = &FileSource{Path: o.ConfigPath, Logger: o.Logger}
 	default:
@@ -79,13 +85,25 @@ func RunService(ctx context.Context, o ServiceOptions) error {
 	if o.NATSURL == "" {
 		return errors.New("kvwatcher: --nats is required")
 	}
-	nc, err := nats.Connect(o.NATSURL, nats.Name("rolter-kvwatcher"), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
+	// NATS unreachable at start is not fatal: the client keeps trying (and
+	// buffers what the watcher publishes meanwhile), /readyz says not
+	// ready, and the proxies, which request snapshots on a sequence gap,
+	// catch up once it connects.
+	nc, err := nats.Connect(o.NATSURL, nats.Name("rolter-kvwatcher"), nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true), nats.CustomReconnectDelay(natsReconnectDelay),
+		nats.ConnectHandler(func(c *nats.Conn) { log.Info("nats connected", "url", c.ConnectedUrlRedacted()) }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("nats disconnected", "err", err) }),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("nats reconnected", "url", c.ConnectedUrlRedacted()) }))
 	if err != nil {
-		return fmt.Errorf("kvwatcher: connect to nats %s: %w", o.NATSURL, err)
+		return fmt.Errorf("kvwatcher: nats %s: %w", o.NATSURL, err)
 	}
 	defer nc.Close()
+	if !nc.IsConnected() {
+		log.Warn("nats unreachable; retrying in the background (not ready until connected)", "url", o.NATSURL)
+	}
+	if err := metrics.RegisterNATS(reg, nc.IsConnected); err != nil {
+		return fmt.Errorf("kvwatcher: metrics: %w", err)
+	}
 	// Spans are exported only when the standard OTEL_* variables ask for it
 	// (the proxy reads the same ones).
 	tp, stopTracing, err := telemetry.Setup(ctx, "rolter-kvwatcher")
@@ -114,6 +132,13 @@ func RunService(ctx context.Context, o ServiceOptions) error {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+		mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
+			if why := notReady(nc, w); why != "" {
+				http.Error(rw, "not ready: "+why, http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = rw.Write([]byte("ready\n"))
+		})
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		done := make(chan struct{})
 		go func() {
@@ -139,6 +164,27 @@ func RunService(ctx context.Context, o ServiceOptions) error {
 	default:
 	}
 	return runErr
+}
+
+// natsReconnectDelay is the wait before NATS connect attempt n (1 after the
+// first failed round over the servers): full-jitter exponential from 100 ms
+// to 2 s, so a fleet of watchers does not retry in lockstep and a NATS
+// server that comes back is found within about a second.
+func natsReconnectDelay(attempt int) time.Duration {
+	return backoff.Delay(attempt, 100*time.Millisecond, 2*time.Second, rand.Float64())
+}
+
+// notReady says why the watcher is not ready ("" when it is): it is once
+// NATS is connected and its Source has given it a provider list.
+func notReady(nc *nats.Conn, w *Watcher) string {
+	var why []string
+	if !nc.IsConnected() {
+		why = append(why, "nats "+strings.ToLower(nc.Status().String()))
+	}
+	if !w.Configured() {
+		why = append(why, "no provider list yet")
+	}
+	return strings.Join(why, "; ")
 }
 
 // startEmbeddedNATS runs a NATS server on addr (host:port).

@@ -83,6 +83,8 @@ type Watcher struct {
 	metrics *metrics.Metrics
 	epoch   uint64
 	srcs    atomic.Uint64
+	// configured is set once the Source has given a provider list.
+	configured atomic.Bool
 
 	mu      sync.Mutex // guards the fields below
 	ctx     context.Context
@@ -159,13 +161,20 @@ func (w *Watcher) Run(ctx context.Context) error {
 	w.ctx = ctx
 	w.mu.Unlock()
 	w.log.Info("kvwatcher started", "epoch", fmt.Sprintf("%016x", w.epoch))
-	err := w.opts.Source.Run(ctx, w.update)
+	err := w.opts.Source.Run(ctx, func(list []Provider) {
+		w.update(list)
+		w.configured.Store(true)
+	})
 	w.update(nil)
 	if err != nil {
 		return fmt.Errorf("kvwatcher: source: %w", err)
 	}
 	return nil
 }
+
+// Configured reports whether the Source has given a provider list (from a
+// config file, a control plane or the snapshot cache).
+func (w *Watcher) Configured() bool { return w.configured.Load() }
 
 // BoundEndpoint returns the address actually bound for a bind-mode
 // endpoint (useful with port 0), and whether it is bound.

@@ -101,3 +101,29 @@ func Next(attempt int, base, maxDelay, retryAfter time.Duration, hasRetryAfter b
 	}
 	return Delay(attempt, base, maxDelay, rand.Float64())
 }
+
+// Reconnect is the wait before the next attempt to reach a peer (a control
+// plane) that has been unreachable for lostFor: an eighth of lostFor,
+// clamped to [minDelay, maxDelay], with equal jitter (uniform in
+// [limit/2, limit) for rnd in [0, 1)). The first attempts after a loss thus
+// come within minDelay, and a peer back after an outage of T is found
+// within T/8 of returning (a restart of up to 8 s: within a second); the
+// attempts thin out as the outage lasts (about 8·ln(T/0.8 s)+8 of them in
+// an outage of T up to 40 s, then one per maxDelay), without counting
+// them. The cost against plain exponential rounds: more attempts against a
+// peer that stays down for minutes. minDelay <= 0 or maxDelay < minDelay
+// gives 0.
+func Reconnect(lostFor, minDelay, maxDelay time.Duration, rnd float64) time.Duration {
+	if minDelay <= 0 || maxDelay < minDelay {
+		return 0
+	}
+	limit := min(max(lostFor/8, minDelay), maxDelay)
+	if !(rnd > 0) {
+		rnd = 0
+	}
+	if rnd >= 1 {
+		rnd = 1
+	}
+	d := limit/2 + time.Duration(float64(limit/2)*rnd)
+	return min(d, limit)
+}

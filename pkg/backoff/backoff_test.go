@@ -233,3 +233,32 @@ func FuzzRetryAfter(f *testing.F) {
 		}
 	})
 }
+
+// TestReconnect: the waits after losing a peer start at minDelay, stay
+// under a second for a restart of up to 8 s (so a restarted control plane
+// is followed within a second of its return), grow with the outage, are
+// jittered, and never pass maxDelay.
+func TestReconnect(t *testing.T) {
+	const lo, hi = 100 * time.Millisecond, 5 * time.Second
+	for _, tc := range []struct {
+		lost     time.Duration
+		min, max time.Duration // over rnd in [0, 1)
+	}{
+		{0, 50 * time.Millisecond, 100 * time.Millisecond},
+		{600 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond},
+		{4 * time.Second, 250 * time.Millisecond, 500 * time.Millisecond},
+		{8 * time.Second, 500 * time.Millisecond, time.Second},
+		{time.Hour, hi / 2, hi},
+	} {
+		a, b := Reconnect(tc.lost, lo, hi, 0), Reconnect(tc.lost, lo, hi, 0.999999)
+		if a != tc.min || b > tc.max || b <= a {
+			t.Errorf("lost %v: waits %v..%v, want %v..%v (jittered)", tc.lost, a, b, tc.min, tc.max)
+		}
+	}
+	if d := Reconnect(time.Second, 0, hi, 0.5); d != 0 {
+		t.Errorf("minDelay 0: %v", d)
+	}
+	if d := Reconnect(2*time.Second, lo, hi, math.NaN()); d != 250*time.Millisecond/2 {
+		t.Errorf("NaN rnd: %v", d)
+	}
+}

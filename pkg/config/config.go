@@ -189,6 +189,14 @@ type KVEvents struct {
 	// mode every rank connects to the watcher. Empty: every rank on
 	// Endpoint's host.
 	DataParallelHosts []string `toml:"data_parallel_hosts"`
+	// Tokenize lets the proxies ask this replica's POST /tokenize for the
+	// token ids of a request that carries no x-rolter-vllm-token-ids, when
+	// its route's strategy routes on the KV events (precise_cache_aware,
+	// predicted_ttft); nil: true.
+	Tokenize *bool `toml:"tokenize"`
+	// TokenizeTimeoutMS bounds that call; a slower or failed one routes the
+	// request on the approximate state. Default DefaultTokenizeTimeoutMS.
+	TokenizeTimeoutMS int `toml:"tokenize_timeout_ms"`
 }
 
 // LMCache configures polling of the provider's LMCache occupancy signal.

@@ -80,7 +80,7 @@ model = "emb"
 		{"routes[0].cache.ttl", snap.Routes[0].Cache.TTL, 60 * time.Second},
 		{"routes[0].cache.semantic.threshold", snap.Routes[0].Cache.Semantic.Threshold, 0.92},
 		{"routes[0].cache.semantic.max_candidates", snap.Routes[0].Cache.Semantic.MaxCandidates, 256},
-		{"providers[0].kv_events.topic", snap.Providers[0].KVEvents.Topic, "kv-events"},
+		{"providers[0].kv_events.topic", snap.Providers[0].KVEvents.Topic, ""}, // vLLM's default
 		{"providers[0].kv_events.max_blocks", snap.Providers[0].KVEvents.MaxBlocks, 1_000_000},
 		{"providers[0].kv_events.stale_secs", snap.Providers[0].KVEvents.StaleSecs, 30},
 	}
@@ -98,6 +98,24 @@ func TestExplicitZeroIsKept(t *testing.T) {
 	}
 	if cfg.Cooldown.BaseSecs != 0 || cfg.Retry.MaxRetries != 0 {
 		t.Fatalf("explicit zeros replaced by defaults: %+v %+v", cfg.Cooldown, cfg.Retry)
+	}
+}
+
+// An explicitly empty topic is the empty topic (vLLM's default), not
+// replaced by a default; a set topic is kept as written.
+func TestKVTopicKeepsExplicitValue(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{`topic = ""`, ""},
+		{`topic = "kv-events"`, "kv-events"},
+		{``, config.DefaultKVTopic},
+	} {
+		cfg, err := config.Parse([]byte(minimal + "[providers.kv_events]\nendpoint = \"tcp://vllm-a:5557\"\n" + tc.line + "\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Providers[0].KVEvents.Topic; got != tc.want {
+			t.Errorf("%q: topic = %q, want %q", tc.line, got, tc.want)
+		}
 	}
 }
 

@@ -11,7 +11,12 @@ const (
 	DefaultMaxBodyBytes     = 32 << 20
 	DefaultMetricsPath      = "/metrics"
 	DefaultAnthropicVersion = "2023-06-01"
-	DefaultKVTopic          = "kv-events"
+	// DefaultKVTopic is vLLM's own KVEventsConfig.topic default (""; see
+	// vllm/config/kv_events.py), so an engine left at its defaults is
+	// matched. Being the zero value, it is what an absent key and topic = ""
+	// both give; a non-empty default would need the decode to tell the two
+	// apart (Default cannot pre-fill list elements).
+	DefaultKVTopic          = ""
 	DefaultKVMaxBlocks      = 1_000_000
 	DefaultKVStaleSecs      = 30
 	DefaultLMCacheRefresh   = 2
@@ -28,6 +33,16 @@ const (
 	DefaultKVDataParallelSize = 1
 	// MaxKVDataParallelSize bounds it (one subscription per rank).
 	MaxKVDataParallelSize = 256
+	// DefaultTokenizeTimeoutMS is [providers.kv_events] tokenize_timeout_ms:
+	// the most a request waits for the engine's /tokenize. The call adds
+	// about 3 ms (p50) for a 4,000-token prompt with vllmsim through the
+	// proxy (docs/routing.md, BenchmarkTokenizeThroughProxy); 50 ms leaves
+	// a loaded vLLM API server room while staying small beside the prefill
+	// a precise pick saves (thousands of tokens).
+	DefaultTokenizeTimeoutMS = 50
+	// MaxTokenizeTimeoutMS bounds it: past a few seconds routing on the
+	// approximate state is the better trade.
+	MaxTokenizeTimeoutMS = 10_000
 	// DefaultEngineLoadPath, DefaultEngineLoadIntervalMS: [providers.engine_load]
 	// path and interval_ms; stale_ms defaults to
 	// DefaultEngineLoadStaleFactor × interval_ms.
@@ -95,9 +110,6 @@ func applyDefaults(c *Config) {
 			p.AnthropicVersion = DefaultAnthropicVersion
 		}
 		if kv := p.KVEvents; kv != nil {
-			if kv.Topic == "" {
-				kv.Topic = DefaultKVTopic
-			}
 			if kv.MaxBlocks == 0 {
 				kv.MaxBlocks = DefaultKVMaxBlocks
 			}
@@ -106,6 +118,13 @@ func applyDefaults(c *Config) {
 			}
 			if kv.DataParallelSize == 0 {
 				kv.DataParallelSize = DefaultKVDataParallelSize
+			}
+			if kv.Tokenize == nil {
+				on := true
+				kv.Tokenize = &on
+			}
+			if kv.TokenizeTimeoutMS == 0 {
+				kv.TokenizeTimeoutMS = DefaultTokenizeTimeoutMS
 			}
 		}
 		if el := p.EngineLoad; el != nil {

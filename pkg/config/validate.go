@@ -190,6 +190,9 @@ func validateProvider(v *validator, path string, p *Provider) {
 		}
 		v.positive(kp+".max_blocks", kv.MaxBlocks)
 		v.positive(kp+".stale_secs", kv.StaleSecs)
+		if n := kv.TokenizeTimeoutMS; n < 1 || n > MaxTokenizeTimeoutMS {
+			v.add(kp+".tokenize_timeout_ms", "must be in [1, %d], got %d", MaxTokenizeTimeoutMS, n)
+		}
 		if kv.Mode != "" && kv.Mode != "connect" && kv.Mode != "bind" {
 			v.add(kp+".mode", "must be \"connect\" or \"bind\", got %q", kv.Mode)
 		}

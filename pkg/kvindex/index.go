@@ -27,7 +27,15 @@ const (
 	DefaultRetryMin        = 200 * time.Millisecond
 	DefaultRetryMax        = 5 * time.Second
 	DefaultMaxPending      = 4096
+	// DefaultMissedHeartbeats is how many of the followed watcher's
+	// heartbeats may be missed before its view is stale.
+	DefaultMissedHeartbeats = 3
 )
+
+// beatWindow is how many intervals between the followed watcher's messages
+// the index remembers to estimate its heartbeat period: the longest of
+// them, since LMCache updates and deltas only add messages between beats.
+const beatWindow = 8
 
 // Options configures an [Index]. The zero value takes the defaults.
 type Options struct {
@@ -45,6 +53,11 @@ type Options struct {
 	// MaxPending bounds the deltas buffered while a snapshot is awaited;
 	// default 4096.
 	MaxPending int
+	// MissedHeartbeats: a provider whose followed watcher has sent nothing
+	// for this many of its heartbeat periods (the longest recent interval
+	// between its messages) is stale, whatever its stale_secs; default 3.
+	// A watcher that died is then noticed in seconds, not stale_secs.
+	MissedHeartbeats int
 	// TracerProvider receives a span per resync ("kvindex.resync"); default:
 	// none. Deltas get no span: a proxy applies one per engine step of
 	// every replica (thousands a second in a fleet), each in well under a
@@ -110,6 +123,9 @@ func New(nc *nats.Conn, providers []string, opts Options) (*Index, error) {
 	def(&opts.RetryMax, DefaultRetryMax)
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = DefaultMaxPending
+	}
+	if opts.MissedHeartbeats <= 0 {
+		opts.MissedHeartbeats = DefaultMissedHeartbeats
 	}
 	if opts.TracerProvider == nil {
 		opts.TracerProvider = noop.NewTracerProvider()
@@ -186,8 +202,9 @@ func (ix *Index) lookup(name string) *provider { return (*ix.providers.Load())[n
 // Fresh reports whether the provider's resident set can be trusted for
 // scoring: a snapshot is loaded and no resync is pending, the followed
 // watcher is in sync with the engine and was heard from within the
-// provider's stale_secs, and the engine's last event is that recent. A
-// provider that is not fresh scores neutral.
+// provider's stale_secs and within MissedHeartbeats of its heartbeat
+// period, and the engine's last event is within stale_secs. A provider
+// that is not fresh scores neutral.
 func (ix *Index) Fresh(provider string) bool {
 	p := ix.lookup(provider)
 	if p == nil {
@@ -196,7 +213,37 @@ func (ix *Index) Fresh(provider string) bool {
 	now := time.Now()
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	return p.loaded && !p.resyncing && kvFresh(p.status, now.Sub(p.statusAt))
+	since := now.Sub(p.statusAt)
+	return p.loaded && !p.resyncing && kvFresh(p.status, since) && !p.silent(since)
+}
+
+// silent reports whether the followed watcher missed MissedHeartbeats of
+// its beats; false until two intervals were seen. p.mu is held.
+func (p *provider) silent(since time.Duration) bool {
+	beat := p.beat()
+	return beat > 0 && since > time.Duration(p.ix.opts.MissedHeartbeats)*beat
+}
+
+// beat is the followed watcher's estimated heartbeat period (0: unknown).
+// p.mu is held.
+func (p *provider) beat() time.Duration {
+	if p.nbeats < 2 {
+		return 0
+	}
+	var b time.Duration
+	for _, d := range p.beats[:min(p.nbeats, beatWindow)] {
+		b = max(b, d)
+	}
+	return b
+}
+
+// heard records a message of the followed epoch at now. p.mu is held.
+func (p *provider) heard(now time.Time) {
+	if !p.statusAt.IsZero() {
+		p.beats[p.nbeats%beatWindow] = now.Sub(p.statusAt)
+		p.nbeats++
+	}
+	p.statusAt = now
 }
 
 func kvFresh(s kvdelta.Status, since time.Duration) bool {
@@ -251,8 +298,8 @@ func (ix *Index) Occupancy(provider string) (occ float64, available, fresh bool)
 	now := time.Now()
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	s := p.status
-	return s.Occupancy, s.LMAvailable, lmFresh(s, now.Sub(p.statusAt))
+	s, since := p.status, now.Sub(p.statusAt)
+	return s.Occupancy, s.LMAvailable, lmFresh(s, since) && !p.silent(since)
 }
 
 // Speculate marks ids resident on the provider for ttl, or until an event
@@ -280,9 +327,14 @@ type Stats struct {
 	Loaded, Resyncing bool
 	// Resident and Speculative count the identities held.
 	Resident, Speculative int
-	// Status is the followed watcher's last status, received Age ago.
+	// Status is the followed watcher's last status, received Age ago
+	// (its last delta or heartbeat; -1 before any).
 	Status kvdelta.Status
 	Age    time.Duration
+	// Heartbeat is the followed watcher's estimated heartbeat period (0:
+	// not known yet); Silent is set once it missed MissedHeartbeats of them.
+	Heartbeat time.Duration
+	Silent    bool
 	// Counters since the provider was added.
 	Deltas, Duplicates, Gaps, Resyncs, Failovers, Malformed uint64
 }
@@ -302,9 +354,12 @@ func (ix *Index) Stats(provider string) (Stats, bool) {
 		Resyncs: p.resyncs.Load(), Failovers: p.failovers.Load(), Malformed: p.malformed.Load(),
 	}
 	s.Resident, s.Speculative = p.blocks.Len()
+	s.Age = -1
 	if !p.statusAt.IsZero() {
 		s.Age = now.Sub(p.statusAt)
+		s.Silent = p.silent(s.Age)
 	}
+	s.Heartbeat = p.beat()
 	return s, true
 }
 
@@ -329,6 +384,8 @@ type provider struct {
 	blocks    Residency // on Unix time
 	status    kvdelta.Status
 	statusAt  time.Time
+	beats     [beatWindow]time.Duration // recent intervals between the followed epoch's messages
+	nbeats    int
 	sickSince time.Time            // since when the followed status is not healthy (zero: healthy)
 	others    map[uint64]time.Time // other epochs → last heard
 }
@@ -392,9 +449,11 @@ func (p *provider) onMsg(msg *nats.Msg) {
 		p.failovers.Add(1)
 		delete(p.others, m.Epoch)
 		p.epoch = m.Epoch
+		p.nbeats, p.statusAt = 0, time.Time{} // another watcher, another period
 		p.startResync(nil)
 	}
-	p.status, p.statusAt = m.Status, now
+	p.status = m.Status
+	p.heard(now)
 	if healthy(m.Status, 0) {
 		p.sickSince = time.Time{}
 	} else if p.sickSince.IsZero() {

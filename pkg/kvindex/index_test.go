@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"rolter.dev/pkg/kvdelta"
@@ -329,4 +330,60 @@ func TestSetProviders(t *testing.T) {
 	if got := ix.Providers(); len(got) != 1 || got[0] != "b.c" {
 		t.Errorf("Providers = %v", got)
 	}
+}
+
+// TestSilentWatcherIsStale: a watcher that stops heartbeating makes its
+// provider stale after a few missed beats, long before stale_secs; the
+// collector says so; heartbeats resuming make it fresh again.
+func TestSilentWatcherIsStale(t *testing.T) {
+	s := natstest.Start(t)
+	f := newFakeWatcher(t, natstest.Connect(t, s), "p", 1)
+	f.setStatus(func(st *kvdelta.Status) { st.KVStale = time.Hour })
+	ix := newIndex(t, natstest.Connect(t, s), "p")
+	beat := func(stop <-chan struct{}) {
+		tk := time.NewTicker(20 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				f.heartbeat()
+			}
+		}
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { defer close(done); beat(stop) }()
+	eventually(t, "fresh with a known heartbeat", func() bool {
+		st, _ := ix.Stats("p")
+		return ix.Fresh("p") && st.Heartbeat > 0 && !st.Silent
+	})
+	close(stop)
+	<-done
+	eventually(t, "stale after missed heartbeats (stale_secs is an hour)", func() bool { return !ix.Fresh("p") })
+	if st, _ := ix.Stats("p"); !st.Silent || st.Age < 0 {
+		t.Fatalf("stats %+v: want silent", st)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(ix.Collector())
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			got[mf.GetName()] += v
+		}
+	}
+	if got["rolter_kvindex_fresh"] != 0 || got["rolter_kvindex_watcher_silent"] != 1 || got["rolter_kvindex_watcher_info"] != 1 ||
+		got["rolter_kvindex_resyncs_total"] < 1 || got["rolter_kvindex_age_seconds"] <= 0 {
+		t.Fatalf("collected %v", got)
+	}
+	stop, done = make(chan struct{}), make(chan struct{})
+	go func() { defer close(done); beat(stop) }()
+	defer func() { close(stop); <-done }()
+	eventually(t, "fresh again once heartbeats resume", func() bool { return ix.Fresh("p") })
 }

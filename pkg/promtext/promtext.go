@@ -1,6 +1,8 @@
 // Package promtext reads the few values rolter needs from a Prometheus text
 // exposition (format 0.0.4, and the sample lines of OpenMetrics): the sum of
-// every sample of a named metric, across its label sets.
+// every sample of a named metric, across its label sets ([Sum]), and the
+// label sets of a named metric ([Labels], [Label]: info gauges such as
+// vllm:cache_config_info carry their values in labels).
 //
 // It is not a general parser. It looks only at sample lines whose metric name
 // is exactly one of the wanted names (so vllm:num_requests_running does not
@@ -156,4 +158,78 @@ func Check(names []string, counts []int) error {
 		}
 	}
 	return nil
+}
+
+// Labels calls fn with the label set (the text between the braces, escapes
+// kept) of every sample line of exactly the metric name, in order, and
+// returns fn's first error. A wanted line whose label set or value does not
+// parse is an error, as in [Sum]. It allocates nothing.
+func Labels(data []byte, name string, fn func(labels []byte) error) error {
+	line := 0
+	for len(data) > 0 {
+		line++
+		var l []byte
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			l, data = data[:i], data[i+1:]
+		} else {
+			l, data = data, nil
+		}
+		l = trimSpace(l)
+		if len(l) < len(name) || string(l[:len(name)]) != name || (len(l) > len(name) && nameByte(l[len(name)])) {
+			continue
+		}
+		rest := l[len(name):]
+		var set []byte
+		if len(rest) > 0 && rest[0] == '{' {
+			end := labelsEnd(rest)
+			if end < 0 {
+				return fmt.Errorf("line %d: %s: %w", line, name, ErrSyntax)
+			}
+			set = rest[1 : end-1]
+		}
+		if _, err := sampleValue(rest); err != nil {
+			return fmt.Errorf("line %d: %s: %w", line, name, err)
+		}
+		if err := fn(set); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Label returns the value of label key in a label set as [Labels] passes
+// it (name="value" pairs separated by commas), still escaped, and whether
+// the set has it.
+func Label(labels []byte, key string) ([]byte, bool) {
+	for len(labels) > 0 {
+		labels = bytes.TrimLeft(labels, " \t,")
+		eq := bytes.IndexByte(labels, '=')
+		if eq < 0 {
+			return nil, false
+		}
+		k := bytes.TrimSpace(labels[:eq])
+		rest := bytes.TrimLeft(labels[eq+1:], " \t")
+		if len(rest) == 0 || rest[0] != '"' {
+			return nil, false
+		}
+		end := -1
+		for i := 1; i < len(rest); i++ {
+			if rest[i] == '\\' {
+				i++
+				continue
+			}
+			if rest[i] == '"' {
+				end = i
+				break
+			}
+		}
+		if end < 0 {
+			return nil, false
+		}
+		if string(k) == key {
+			return rest[1:end], true
+		}
+		labels = rest[end+1:]
+	}
+	return nil, false
 }

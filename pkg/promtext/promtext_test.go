@@ -1,10 +1,13 @@
 package promtext_test
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -189,5 +192,50 @@ func FuzzSum(f *testing.F) {
 		if counts[0]+counts[1] > 0 && !strings.Contains(string(data), "vllm:num_requests_") {
 			t.Fatal("counted a sample of no wanted name")
 		}
+	})
+}
+
+func TestLabels(t *testing.T) {
+	data := []byte("# TYPE vllm:cache_config_info gauge\n" +
+		`vllm:cache_config_info{block_size="16",num_gpu_blocks="661",odd="a\"b,c=\"d\"",engine="0"} 1.0` + "\n" +
+		`vllm:cache_config_info_x{num_gpu_blocks="9"} 1` + "\n" +
+		`vllm:cache_config_info{ engine = "1" , num_gpu_blocks="7"} 1` + "\n")
+	var got []string
+	err := promtext.Labels(data, "vllm:cache_config_info", func(set []byte) error {
+		v, ok := promtext.Label(set, "num_gpu_blocks")
+		bs, _ := promtext.Label(set, "block_size")
+		odd, _ := promtext.Label(set, "odd")
+		got = append(got, fmt.Sprintf("%s/%v/%s/%s", v, ok, bs, odd))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{`661/true/16/a\"b,c=\"d\"`, "7/true//"}; !slices.Equal(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if _, ok := promtext.Label([]byte(`a="1"`), "b"); ok {
+		t.Error("found a missing label")
+	}
+	for _, bad := range []string{`vllm:x{a="1" 1`, `vllm:x{a="1"}`, `vllm:x{a="1"} one`} {
+		if err := promtext.Labels([]byte(bad), "vllm:x", func([]byte) error { return nil }); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+// FuzzLabels: any input gives label sets or an error, never a panic; every
+// label value found lies inside its set.
+func FuzzLabels(f *testing.F) {
+	f.Add([]byte(`vllm:cache_config_info{block_size="16",num_gpu_blocks="661",engine="0"} 1.0`), "num_gpu_blocks")
+	f.Add([]byte(`vllm:cache_config_info{a="\"} 1`), "a")
+	f.Add([]byte(`vllm:cache_config_info{=,"=""} 1`), "")
+	f.Fuzz(func(t *testing.T, data []byte, key string) {
+		_ = promtext.Labels(data, "vllm:cache_config_info", func(set []byte) error {
+			if v, ok := promtext.Label(set, key); ok && !bytes.Contains(set, v) {
+				t.Fatalf("value %q not in %q", v, set)
+			}
+			return nil
+		})
 	})
 }

@@ -18,6 +18,11 @@ type Provider struct {
 	// engineLoadAt is when it was scraped (unix nanoseconds, 0 = none).
 	engineLoad   atomic.Int64
 	engineLoadAt atomic.Int64
+	// engineWaiting is the waiting part of engineLoad (same scrape time).
+	engineWaiting atomic.Int64
+	// kvCapacity is the replica's KV cache capacity in tokens as scraped
+	// (vllm:cache_config_info num_gpu_blocks × block_size), 0 = unknown.
+	kvCapacity atomic.Int64
 }
 
 // SetEngineLoad records the replica's load (requests running plus waiting,
@@ -27,8 +32,36 @@ func (p *Provider) SetEngineLoad(n int64, at time.Time) {
 	p.engineLoadAt.Store(at.UnixNano())
 }
 
-// ClearEngineLoad forgets the engine load (its scraper stopped).
-func (p *Provider) ClearEngineLoad() { p.engineLoadAt.Store(0) }
+// SetEngineWaiting records the waiting part of the next [SetEngineLoad]'s
+// load (vllm:num_requests_waiting); call it first, so that a load read
+// fresh has its waiting count from the same scrape or a newer one.
+func (p *Provider) SetEngineWaiting(n int64) { p.engineWaiting.Store(max(n, 0)) }
+
+// EngineWaiting returns the last scraped waiting requests under the same
+// freshness rule as [Provider.EngineLoad].
+func (p *Provider) EngineWaiting(now time.Time, maxAge time.Duration) (n int, ok bool) {
+	at := p.engineLoadAt.Load()
+	if at == 0 || now.UnixNano()-at > int64(maxAge) {
+		return 0, false
+	}
+	return int(p.engineWaiting.Load()), true
+}
+
+// SetKVCapacity records the replica's KV cache capacity in tokens, as
+// scraped; 0 forgets it.
+func (p *Provider) SetKVCapacity(tokens int64) { p.kvCapacity.Store(max(tokens, 0)) }
+
+// KVCapacityTokens returns the scraped KV cache capacity in tokens, 0 when
+// none was scraped. It does not expire: an engine's capacity is fixed for
+// its lifetime, and a restarted one is scraped again.
+func (p *Provider) KVCapacityTokens() int { return int(p.kvCapacity.Load()) }
+
+// ClearEngineLoad forgets the engine load and capacity (its scraper
+// stopped).
+func (p *Provider) ClearEngineLoad() {
+	p.engineLoadAt.Store(0)
+	p.kvCapacity.Store(0)
+}
 
 // EngineLoad returns the last scraped engine load if it was scraped within
 // maxAge before now; ok is false when there is none or it is stale. It

@@ -65,6 +65,10 @@ type Cache struct {
 	// breaker
 	failures  atomic.Int32
 	openUntil atomic.Int64 // unix nanoseconds; 0 when closed
+	// errLoggedAt (unix nanoseconds) and errUnlogged rate-limit the Warn
+	// line of backend errors to one a second, with the count in between.
+	errLoggedAt atomic.Int64
+	errUnlogged atomic.Int64
 
 	st counters
 }
@@ -379,13 +383,22 @@ func (c *Cache) done(ctx context.Context, op string, err error) {
 		return // the caller gave up: says nothing about the backend
 	}
 	c.st.backendErrors.Add(1)
-	c.log.LogAttrs(ctx, slog.LevelDebug, "response cache backend error", slog.String("op", op), slog.Any("err", err))
+	// At Warn, so that a burst of misses has a visible cause; at most one
+	// line a second, so that a backend down does not flood the log.
+	now := time.Now().UnixNano()
+	if last := c.errLoggedAt.Load(); now-last >= int64(time.Second) && c.errLoggedAt.CompareAndSwap(last, now) {
+		c.log.LogAttrs(ctx, slog.LevelWarn, "response cache backend error: served as a miss", slog.String("op", op), slog.Any("err", err),
+			slog.Int64("unlogged_errors_before", c.errUnlogged.Swap(0)))
+	} else {
+		c.errUnlogged.Add(1)
+		c.log.LogAttrs(ctx, slog.LevelDebug, "response cache backend error", slog.String("op", op), slog.Any("err", err))
+	}
 	reopen := c.openUntil.Load() != 0 // a failure right after a cooldown
 	if c.failures.Add(1) >= breakerThreshold || reopen {
 		c.failures.Store(0)
 		if c.openUntil.Swap(time.Now().Add(breakerCooldown).UnixNano()) == 0 {
 			c.log.LogAttrs(ctx, slog.LevelWarn, "response cache backend failing: bypassing it",
-				slog.Duration("for", breakerCooldown), slog.Any("err", err))
+				slog.String("for", breakerCooldown.String()), slog.Any("err", err))
 		}
 	}
 }

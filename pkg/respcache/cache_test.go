@@ -568,6 +568,35 @@ func TestBreaker(t *testing.T) {
 	})
 }
 
+// TestBackendErrorsAreLogged: at the default level, a burst of backend
+// errors logs its cause once (op and error, then once a second with the
+// count in between), and the bypass line gives its duration readably.
+func TestBackendErrorsAreLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs bytes.Buffer
+		f := &flakyBackend{Memory: respcache.NewMemory(1 << 20)}
+		c := respcache.New(f, respcache.Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+		f.down.Store(true)
+		for range 3 {
+			lookup(t, c, req(chatBody("", question), false, nil))
+		}
+		if n := strings.Count(logs.String(), `"msg":"response cache backend error: served as a miss","op":"get","err":"backend down"`); n != 1 {
+			t.Fatalf("%d warn lines for a burst of 3 errors:\n%s", n, logs.String())
+		}
+		time.Sleep(time.Second)
+		lookup(t, c, req(chatBody("", question), false, nil))
+		if !strings.Contains(logs.String(), `"unlogged_errors_before":2`) {
+			t.Fatalf("second line does not count the errors in between:\n%s", logs.String())
+		}
+		for range 5 {
+			lookup(t, c, req(chatBody("", question), false, nil))
+		}
+		if !strings.Contains(logs.String(), `"msg":"response cache backend failing: bypassing it","for":"1s"`) {
+			t.Fatalf("bypass line:\n%s", logs.String())
+		}
+	})
+}
+
 // TestBreakerIgnoresCallerCancel: a request that gives up says nothing
 // about the backend.
 func TestBreakerIgnoresCallerCancel(t *testing.T) {

@@ -178,6 +178,6 @@ type redisLogger struct{ l *slog.Logger }
 // Printf implements go-redis's logging interface.
 func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	if r.l.Enabled(ctx, slog.LevelDebug) {
-		r.l.LogAttrs(ctx, slog.LevelDebug, fmt.Sprintf(format, v...), slog.String("component", "go-redis"))
+		r.l.LogAttrs(ctx, slog.LevelDebug, fmt.Sprintf(format, v...), slog.String("library", "go-redis"))
 	}
 }

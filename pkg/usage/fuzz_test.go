@@ -7,7 +7,8 @@ import (
 )
 
 // FuzzSSEParser checks that the parser never panics and that the usage of
-// a stream does not depend on how it was split into chunks.
+// a stream, and whether it ended, do not depend on how it was split into
+// chunks.
 func FuzzSSEParser(f *testing.F) {
 	for _, st := range sseStreams {
 		for _, ending := range lineEndings {
@@ -16,6 +17,7 @@ func FuzzSSEParser(f *testing.F) {
 	}
 	f.Add([]byte("data: {\"usage\":{\"prompt_tokens\":1e300,\"completion_tokens\":-1}}\n\n"), uint16(1), uint16(1))
 	f.Add([]byte("\r\r\n\n:\r\ndata\ndata:\n\n"), uint16(2), uint16(5))
+	f.Add([]byte("data: [DONE]\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\r\n\r\n"), uint16(9), uint16(20))
 	f.Fuzz(func(t *testing.T, body []byte, a, b uint16) {
 		var whole usage.SSEParser
 		whole.Write(body)
@@ -39,6 +41,9 @@ func FuzzSSEParser(f *testing.F) {
 		split.Write(body[j:])
 		if got := split.End(); got != want {
 			t.Errorf("split at %d,%d: %+v, whole: %+v", i, j, got, want)
+		}
+		if split.Done() != whole.Done() {
+			t.Errorf("split at %d,%d: Done %v, whole: %v", i, j, split.Done(), whole.Done())
 		}
 	})
 }

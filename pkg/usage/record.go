@@ -25,7 +25,8 @@ type Record struct {
 	Provider    string `json:"provider"`
 	TargetModel string `json:"target_model"`
 	// Status is the status the client got (a refusal's status when
-	// withheld).
+	// withheld; 502 when the upstream broke off a response that had
+	// started, whose status line had said otherwise).
 	Status int `json:"status"`
 	// Stream is the request's stream flag.
 	Stream bool `json:"stream"`

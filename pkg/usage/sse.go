@@ -38,6 +38,7 @@ type SSEParser struct {
 	respUse  *usageJSON // last Responses usage seen
 	anthro   usageJSON  // Anthropic usage merged across events
 	anthroOK bool
+	done     bool // the terminal event was seen
 }
 
 // Write feeds the next bytes of the stream. It never fails and keeps at
@@ -111,6 +112,9 @@ func (p *SSEParser) endLine() {
 func (p *SSEParser) dispatch() {
 	data, ok := p.data, p.hasData && !p.eventBig
 	p.data, p.hasData, p.eventBig = p.data[:0], false, false
+	if ok && !p.done && terminal(data) {
+		p.done = true
+	}
 	if !ok || !bytes.Contains(data, []byte(`"usage"`)) {
 		return
 	}
@@ -142,6 +146,43 @@ func (p *SSEParser) dispatch() {
 		p.openai = ev.Usage
 	}
 }
+
+// terminalTypes are the "type" of the events that end a stream: Anthropic
+// Messages, and OpenAI Responses (completed, cut at a limit, or failed).
+var terminalTypes = [...]string{"message_stop", "response.completed", "response.incomplete", "response.failed"}
+
+// terminal reports whether an event's data ends its stream: OpenAI chat
+// and completions' [DONE], or a JSON object whose type is terminal. Only
+// data naming such a type is decoded.
+func terminal(data []byte) bool {
+	if string(data) == "[DONE]" {
+		return true
+	}
+	named := false
+	for _, t := range terminalTypes {
+		named = named || bytes.Contains(data, []byte(t))
+	}
+	if !named {
+		return false
+	}
+	var ev struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(data, &ev) != nil {
+		return false
+	}
+	for _, t := range terminalTypes {
+		if ev.Type == t {
+			return true
+		}
+	}
+	return false
+}
+
+// Done reports whether the stream's terminal event has arrived in a
+// complete event (see [terminal]): what follows it carries no more of the
+// answer, so a stream that breaks off after it is still complete.
+func (p *SSEParser) Done() bool { return p.done }
 
 // mergeAnthropic folds a message_start or message_delta usage into the
 // running total: every count present replaces the earlier one (the delta's

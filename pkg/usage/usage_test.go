@@ -206,3 +206,32 @@ func TestSSEParserSkipsOversizedEvents(t *testing.T) {
 		t.Errorf("usage = %+v", got)
 	}
 }
+
+// TestSSEParserDone: the terminal event of each dialect is seen once it is
+// complete (its blank line arrived), and nothing else counts as one.
+func TestSSEParserDone(t *testing.T) {
+	tests := []struct {
+		name, stream string
+		done         bool
+	}{
+		{"openai [DONE]", "data: {\"choices\":[]}\n\ndata: [DONE]\n\n", true},
+		{"openai [DONE] without its blank line", "data: {\"choices\":[]}\n\ndata: [DONE]\n", false},
+		{"openai cut", "data: {\"choices\":[]}\n\n", false},
+		{"anthropic message_stop", "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", true},
+		{"anthropic, the name inside a text", "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"message_stop\"}}\n\n", false},
+		{"responses completed", "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{}}\n\n", true},
+		{"responses failed, CRLF", "event: response.failed\r\ndata: {\"type\":\"response.failed\"}\r\n\r\n", true},
+		{"responses delta", "data: {\"type\":\"response.output_text.delta\",\"delta\":\"response.completed\"}\n\n", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var p usage.SSEParser
+			for i := 0; i < len(tc.stream); i++ { // split anywhere
+				p.Write([]byte{tc.stream[i]})
+			}
+			if p.Done() != tc.done {
+				t.Fatalf("Done() = %v, want %v", p.Done(), tc.done)
+			}
+		})
+	}
+}

@@ -55,7 +55,7 @@ var binaries = map[string]*binary{
 		portFlags: []string{"listen", "metrics-listen", "embed-etcd-listen"}},
 	"rolterctl": {name: "rolterctl", module: "controlplane", pkg: "./cmd/rolterctl"},
 	"rolter-kvwatcher": {name: "rolter-kvwatcher", module: "kvwatcher", pkg: "./cmd/rolter-kvwatcher",
-		served:    map[string]string{"/healthz": "metrics-listen", "/metrics": "metrics-listen"},
+		served:    map[string]string{"/healthz": "metrics-listen", "/readyz": "metrics-listen", "/metrics": "metrics-listen"},
 		portFlags: []string{"metrics-listen", "embed-nats"}},
 	"vllmsim": {name: "vllmsim", module: "tests", pkg: "./cmd/vllmsim",
 		served:    map[string]string{"/health": "listen", "/metrics": "listen"},

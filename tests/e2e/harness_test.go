@@ -21,14 +21,21 @@ import (
 // made sick (every answer 503, health included), killed (port closed) and
 // revived on the same port.
 type replica struct {
-	t    *testing.T
+	t    testing.TB
 	sim  *vllmsim.Server
 	addr string
 	sick atomic.Bool
 	srv  *http.Server
+	// tokenize, when set, answers POST /tokenize instead of the simulator
+	// (a failing or hanging tokenizer).
+	tokenize atomic.Pointer[func(http.ResponseWriter)]
 }
 
-func startReplica(t *testing.T, opts vllmsim.Options) *replica {
+func (r *replica) setTokenize(fn func(http.ResponseWriter)) { r.tokenize.Store(&fn) }
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func startReplica(t testing.TB, opts vllmsim.Options) *replica {
 	t.Helper()
 	sim, err := vllmsim.New(opts)
 	if err != nil {
@@ -51,6 +58,10 @@ func (r *replica) serve(ln net.Listener) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprint(w, `{"error":{"message":"sick","type":"ServiceUnavailable","code":503}}`)
+			return
+		}
+		if fn := r.tokenize.Load(); fn != nil && req.URL.Path == "/tokenize" {
+			(*fn)(w)
 			return
 		}
 		r.sim.ServeHTTP(w, req)
@@ -92,7 +103,7 @@ func startProxy(t *testing.T, cfg string) (*app.App, string) {
 
 // startProxyWith is startProxy with further options (NATS, sharing); the
 // config path, listener, logger and drain timeout are set here.
-func startProxyWith(t *testing.T, cfg string, opts app.Options) (*app.App, string) {
+func startProxyWith(t testing.TB, cfg string, opts app.Options) (*app.App, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "rolter.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
@@ -133,7 +144,7 @@ func fleetConfig(extra, strategy string, rs ...*replica) string {
 	return b.String()
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for !cond() {

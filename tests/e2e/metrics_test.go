@@ -10,7 +10,7 @@ import (
 
 // metric reads one sample (name with labels, exactly as exposed) from a
 // proxy's /metrics; -1 when absent.
-func metric(t *testing.T, base, series string) float64 {
+func metric(t testing.TB, base, series string) float64 {
 	t.Helper()
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {

@@ -68,6 +68,14 @@ speculative_ttl_ms = 0
 	onA, onB := prompt("alpha", 320), prompt("bravo", 320)
 	a.warm(onA)
 	b.warm(onB)
+	checkPreciseRouting(t, proxies, onA, onB)
+}
+
+// checkPreciseRouting: every proxy comes to route onA's tokens to vllm-a
+// and onB's to vllm-b, keeps doing so, and counts those picks as scored by
+// the KV signal.
+func checkPreciseRouting(t *testing.T, proxies []*dpapp.App, onA, onB []uint32) {
+	t.Helper()
 	for _, tc := range []struct {
 		tokens []uint32
 		want   string

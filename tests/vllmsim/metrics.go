@@ -59,6 +59,14 @@ func (s *Server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 	m.metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", float64(st.Waiting))
 	m.metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage)
 	m.metric("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage (deprecated name).", usage)
+	// vLLM's info gauge of its CacheConfig (vllm/v1/metrics/loggers.py
+	// log_metrics_info: every field of CacheConfig.metrics_info(), i.e.
+	// vllm/config/cache.py's fields as strings, plus engine; no model_name;
+	// value 1). The replica's capacity is num_gpu_blocks × block_size.
+	m.family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+	m.b.WriteString(`vllm:cache_config_info{block_size="` + strconv.Itoa(s.opts.BlockSize) +
+		`",gpu_memory_utilization="0.9",swap_space="4",cache_dtype="auto",is_attention_free="False",num_gpu_blocks_override="None",sliding_window="None",enable_prefix_caching="True",prefix_caching_hash_algo="sha256",cpu_offload_gb="0",calculate_kv_scales="False",num_gpu_blocks="` +
+		strconv.Itoa(s.cache.Capacity()) + `",num_cpu_blocks="None",engine="0"} 1.0` + "\n")
 	m.metric("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", float64(cs.QueriedTokens))
 	m.metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", float64(cs.HitTokens))
 	m.metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", float64(st.PromptTokens))

@@ -169,6 +169,44 @@ type chatRequest struct {
 	MaxCompletionTokens *int           `json:"max_completion_tokens"`
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
+	templateFields
+}
+
+// templateFields are the chat-template inputs that vLLM's chat completions
+// and its /tokenize chat form share (vllm/entrypoints/serve/tokenize/
+// protocol.py TokenizeChatRequest; ChatCompletionRequest has the same
+// fields and defaults).
+type templateFields struct {
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+	Tools                json.RawMessage `json:"tools"`
+}
+
+// template returns the [ChatTemplate] the fields ask for: the generation
+// prompt unless add_generation_prompt is false, and 400 for both it and
+// continue_final_message, as vLLM answers.
+func (f templateFields) template() (ChatTemplate, *apiError) {
+	addGen := f.AddGenerationPrompt == nil || *f.AddGenerationPrompt
+	if f.ContinueFinalMessage && f.AddGenerationPrompt != nil && *f.AddGenerationPrompt {
+		return ChatTemplate{}, errorf(http.StatusBadRequest, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+	}
+	if f.ContinueFinalMessage {
+		addGen = false
+	}
+	t := ChatTemplate{AddGenerationPrompt: addGen, ContinueFinalMessage: f.ContinueFinalMessage}
+	if raw := bytes.TrimSpace(f.Tools); len(raw) > 0 && string(raw) != "null" {
+		if raw[0] != '[' {
+			return ChatTemplate{}, errorf(http.StatusBadRequest, "tools: must be an array")
+		}
+		var b bytes.Buffer
+		if err := json.Compact(&b, raw); err != nil {
+			return ChatTemplate{}, errorf(http.StatusBadRequest, "tools: %v", err)
+		}
+		if b.String() != "[]" {
+			t.Tools = b.String()
+		}
+	}
+	return t, nil
 }
 
 // chatMessages converts request messages to the template's [Message]s.
@@ -201,7 +239,11 @@ func parseChatRequest(body []byte) (*chatRequest, []uint32, *apiError) {
 	if aerr != nil {
 		return nil, nil, aerr
 	}
-	return &req, Tokenize(ChatPrompt(msgs)), nil
+	tmpl, aerr := req.template()
+	if aerr != nil {
+		return nil, nil, aerr
+	}
+	return &req, Tokenize(RenderChatTemplate(msgs, tmpl)), nil
 }
 
 type chatCompletion struct {
@@ -584,14 +626,23 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, list)
 }
 
-// tokenizeRequest is vLLM's /tokenize request: a prompt, or chat messages.
+// tokenizeRequest is vLLM's /tokenize request, either form of its
+// TokenizeRequest union (vllm/entrypoints/serve/tokenize/protocol.py): a
+// prompt (TokenizeCompletionRequest) or chat messages rendered with the chat
+// template (TokenizeChatRequest, with the template fields of a chat
+// completion and their defaults). add_special_tokens is accepted and has no
+// effect: the simulator's vocabulary has no special tokens (no BOS).
 type tokenizeRequest struct {
-	Model               string        `json:"model"`
-	Prompt              *string       `json:"prompt"`
-	Messages            []chatMessage `json:"messages"`
-	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+	Model            string        `json:"model"`
+	Prompt           *string       `json:"prompt"`
+	Messages         []chatMessage `json:"messages"`
+	AddSpecialTokens *bool         `json:"add_special_tokens"`
+	ReturnTokenStrs  *bool         `json:"return_token_strs"`
+	templateFields
 }
 
+// tokenizeResponse is vLLM's TokenizeResponse; token_strs is null unless
+// return_token_strs is true.
 type tokenizeResponse struct {
 	Count       int      `json:"count"`
 	MaxModelLen int      `json:"max_model_len"`
@@ -600,8 +651,7 @@ type tokenizeResponse struct {
 }
 
 // handleTokenize serves POST /tokenize: the token ids of a prompt, or of
-// chat messages rendered with the chat template (with the generation prompt
-// unless add_generation_prompt is false).
+// chat messages rendered exactly as a chat completion renders them.
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	body, aerr := s.readBody(w, r)
 	if aerr != nil {
@@ -617,7 +667,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		errorf(http.StatusNotFound, "The model `%s` does not exist.", req.Model).writeOpenAI(w)
 		return
 	}
-	var tokens []uint32
+	var text string
 	switch {
 	case req.Messages != nil:
 		msgs, aerr := chatMessages(req.Messages)
@@ -625,13 +675,25 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 			aerr.writeOpenAI(w)
 			return
 		}
-		addGen := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
-		tokens = Tokenize(RenderChat(msgs, addGen))
+		tmpl, aerr := req.template()
+		if aerr != nil {
+			aerr.writeOpenAI(w)
+			return
+		}
+		text = RenderChatTemplate(msgs, tmpl)
 	case req.Prompt != nil:
-		tokens = Tokenize(*req.Prompt)
+		text = *req.Prompt
 	default:
 		errorf(http.StatusBadRequest, "either prompt or messages is required").writeOpenAI(w)
 		return
 	}
-	writeJSON(w, http.StatusOK, tokenizeResponse{Count: len(tokens), MaxModelLen: s.opts.MaxModelLen, Tokens: tokens})
+	tokens := Tokenize(text)
+	resp := tokenizeResponse{Count: len(tokens), MaxModelLen: s.opts.MaxModelLen, Tokens: tokens}
+	if req.ReturnTokenStrs != nil && *req.ReturnTokenStrs {
+		resp.TokenStrs = TokenStrings(text)
+		if resp.TokenStrs == nil {
+			resp.TokenStrs = []string{}
+		}
+	}
+	writeJSON(w, http.StatusOK, resp)
 }

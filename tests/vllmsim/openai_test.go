@@ -420,6 +420,68 @@ func TestTokenizeEndpoint(t *testing.T) {
 	}
 }
 
+// TestTokenizeMatchesChatCompletion: /tokenize's chat form gives exactly the
+// prompt tokens a chat completion of the same fields computes (its
+// usage.prompt_tokens and cached tokens on a repeat), for vLLM's template
+// fields: the default generation prompt, add_generation_prompt false,
+// continue_final_message and tools. Both forms take vLLM's other fields.
+func TestTokenizeMatchesChatCompletion(t *testing.T) {
+	msgs := `[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi there"}]}]`
+	tools := `[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]`
+	for _, extra := range []string{
+		``,
+		`,"add_generation_prompt":false`,
+		`,"continue_final_message":true,"add_generation_prompt":false`,
+		`,"continue_final_message":true`,
+		`,"tools":` + tools,
+		`,"tools": [ ]`,
+	} {
+		t.Run(extra, func(t *testing.T) {
+			sim, ts := newServer(t, vllmsim.Options{BlockSize: 1})
+			tok := decode[struct {
+				Tokens []uint32 `json:"tokens"`
+			}](t, post(t, ts, "/tokenize", `{"model":"sim-model","messages":`+msgs+extra+`,"add_special_tokens":false}`, http.StatusOK))
+			chat := `{"model":"sim-model","max_tokens":1,"messages":` + msgs + extra + `}`
+			resp := decode[chatResponse](t, post(t, ts, "/v1/chat/completions", chat, http.StatusOK))
+			// The chat's prompt blocks (one token each) are exactly the
+			// tokenized ids, in order.
+			resident := 0
+			for _, h := range vllmsim.BlockHashes(tok.Tokens, 1) {
+				if !sim.Cache().Has(h) {
+					break
+				}
+				resident++
+			}
+			if resp.Usage.PromptTokens != len(tok.Tokens) || resident != len(tok.Tokens) {
+				t.Errorf("chat prompt %d tokens, /tokenize %d, %d of them resident after the chat", resp.Usage.PromptTokens, len(tok.Tokens), resident)
+			}
+		})
+	}
+	_, ts := newServer(t, vllmsim.Options{})
+	// Tools are rendered: a request with them has more prompt tokens.
+	with := decode[struct{ Count int }](t, post(t, ts, "/tokenize", `{"messages":`+msgs+`,"tools":`+tools+`}`, http.StatusOK))
+	without := decode[struct{ Count int }](t, post(t, ts, "/tokenize", `{"messages":`+msgs+`}`, http.StatusOK))
+	if with.Count <= without.Count {
+		t.Errorf("tools add no tokens: %d vs %d", with.Count, without.Count)
+	}
+	// vLLM refuses both continue_final_message and add_generation_prompt.
+	for _, path := range []string{"/tokenize", "/v1/chat/completions"} {
+		post(t, ts, path, `{"model":"sim-model","messages":`+msgs+`,"continue_final_message":true,"add_generation_prompt":true}`, http.StatusBadRequest)
+	}
+	// token_strs: null by default, the pieces with return_token_strs.
+	var plain map[string]json.RawMessage
+	if err := json.Unmarshal(post(t, ts, "/tokenize", `{"prompt":"hello, world"}`, http.StatusOK), &plain); err != nil || string(plain["token_strs"]) != "null" {
+		t.Errorf("token_strs = %s (%v), want null", plain["token_strs"], err)
+	}
+	strs := decode[struct {
+		Tokens    []uint32 `json:"tokens"`
+		TokenStrs []string `json:"token_strs"`
+	}](t, post(t, ts, "/tokenize", `{"prompt":"hello, world","add_special_tokens":true,"return_token_strs":true}`, http.StatusOK))
+	if !slices.Equal(strs.TokenStrs, []string{"hello", ",", "world"}) || len(strs.Tokens) != 3 {
+		t.Errorf("token_strs = %q, tokens %v", strs.TokenStrs, strs.Tokens)
+	}
+}
+
 func TestOpenAISDK(t *testing.T) {
 	_, ts := newServer(t, vllmsim.Options{})
 	client := openai.NewClient(option.WithBaseURL(ts.URL+"/v1"), option.WithAPIKey("unused"),

@@ -29,10 +29,25 @@ const maxPieceRunes = 6
 // Tokenize is safe for concurrent use.
 func Tokenize(text string) []uint32 {
 	ids := make([]uint32, 0, len(text)/4+1)
+	pieces(text, func(p string) { ids = append(ids, pieceID(p)) })
+	return ids
+}
+
+// TokenStrings returns the piece of text each token of Tokenize(text)
+// stands for (U+FFFD for an invalid byte), as vLLM's /tokenize returns with
+// return_token_strs.
+func TokenStrings(text string) []string {
+	var out []string
+	pieces(text, func(p string) { out = append(out, p) })
+	return out
+}
+
+// pieces calls emit with each tokenizer piece of text, in order.
+func pieces(text string, emit func(string)) {
 	start, runes := -1, 0 // start of the current letter/digit run
 	flush := func(end int) {
 		if start >= 0 {
-			ids = append(ids, pieceID(text[start:end]))
+			emit(text[start:end])
 			start, runes = -1, 0
 		}
 	}
@@ -51,14 +66,13 @@ func Tokenize(text string) []uint32 {
 		default:
 			flush(i)
 			if r == utf8.RuneError {
-				ids = append(ids, pieceID(string(utf8.RuneError)))
+				emit(string(utf8.RuneError))
 			} else {
-				ids = append(ids, pieceID(text[i:i+utf8.RuneLen(r)]))
+				emit(text[i : i+utf8.RuneLen(r)])
 			}
 		}
 	}
 	flush(len(text))
-	return ids
 }
 
 // pieceID maps one tokenizer piece to its token id.
@@ -92,11 +106,43 @@ func ChatPrompt(messages []Message) string {
 // template, so the same conversation yields the same prompt tokens whatever
 // the endpoint. It is a pure function and safe for concurrent use.
 func RenderChat(messages []Message, addGenerationPrompt bool) string {
+	return RenderChatTemplate(messages, ChatTemplate{AddGenerationPrompt: addGenerationPrompt})
+}
+
+// ChatTemplate holds the inputs of the chat template beyond the messages,
+// named as vLLM's chat requests (and its /tokenize) name them.
+type ChatTemplate struct {
+	// AddGenerationPrompt appends the opening of the assistant's turn.
+	AddGenerationPrompt bool
+	// ContinueFinalMessage leaves the last turn open (no closing newline),
+	// so the model continues it. vLLM refuses it together with
+	// AddGenerationPrompt.
+	ContinueFinalMessage bool
+	// Tools is the request's tools array as compact JSON, or empty. A
+	// non-empty one is rendered first, as "<|tools|>\n" + Tools + "\n", the
+	// way real templates put the tool schemas before the conversation.
+	Tools string
+}
+
+// RenderChatTemplate renders messages with the simulator's chat template
+// and the options of t. RenderChat(m, g) equals RenderChatTemplate(m,
+// ChatTemplate{AddGenerationPrompt: g}). Every endpoint that renders a
+// conversation (chat completions, /tokenize, messages, responses) goes
+// through it, so they agree on the prompt tokens.
+func RenderChatTemplate(messages []Message, t ChatTemplate) string {
 	var b strings.Builder
-	for _, m := range messages {
-		writeTurn(&b, m.Role, m.Content)
+	if t.Tools != "" {
+		writeTurn(&b, "tools", t.Tools)
 	}
-	if addGenerationPrompt {
+	for i, m := range messages {
+		writeTurn(&b, m.Role, m.Content)
+		if t.ContinueFinalMessage && i == len(messages)-1 {
+			s := b.String()
+			b.Reset()
+			b.WriteString(s[:len(s)-1]) // open-ended: no closing newline
+		}
+	}
+	if t.AddGenerationPrompt {
 		b.WriteString("<|assistant|>\n")
 	}
 	return b.String()

@@ -28,11 +28,27 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Tokens holds the accepted tokens. It is immutable after [New].
+// Tokens holds the accepted tokens. It is immutable after [New] (and
+// [Tokens.OnRefusal], called before serving).
 type Tokens struct {
-	admin [][sha256.Size]byte
-	node  [][sha256.Size]byte
+	admin   [][sha256.Size]byte
+	node    [][sha256.Size]byte
+	refused func(ctx context.Context, method string, reason Reason)
 }
+
+// Reason is why a call was refused.
+type Reason string
+
+// The reasons of a refusal.
+const (
+	ReasonMissing   Reason = "missing"    // no bearer token
+	ReasonInvalid   Reason = "invalid"    // a token of neither set
+	ReasonNodeToken Reason = "node_token" // a node token on an admin method
+)
+
+// OnRefusal makes every refused call also call f (to count and log it; f
+// never sees the token). Call it before serving.
+func (t *Tokens) OnRefusal(f func(ctx context.Context, method string, reason Reason)) { t.refused = f }
 
 // MinTokenLength is the shortest token accepted.
 const MinTokenLength = 16
@@ -123,11 +139,20 @@ func matches(set [][sha256.Size]byte, d [sha256.Size]byte) bool {
 	return ok == 1
 }
 
-// check authorizes a call to method with the metadata in ctx.
+// check authorizes a call to method with the metadata in ctx, reporting a
+// refusal to the OnRefusal hook.
 func (t *Tokens) check(ctx context.Context, method string) error {
+	reason, err := t.authorize(ctx, method)
+	if err != nil && t.refused != nil {
+		t.refused(ctx, method, reason)
+	}
+	return err
+}
+
+func (t *Tokens) authorize(ctx context.Context, method string) (Reason, error) {
 	need := required(method)
 	if need == open {
-		return nil
+		return "", nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	var tok string
@@ -139,20 +164,20 @@ func (t *Tokens) check(ctx context.Context, method string) error {
 		}
 	}
 	if tok == "" {
-		return status.Error(codes.Unauthenticated, "missing bearer token (authorization: Bearer <token>)")
+		return ReasonMissing, status.Error(codes.Unauthenticated, "missing bearer token (authorization: Bearer <token>)")
 	}
 	d := sha256.Sum256([]byte(tok))
 	isAdmin := matches(t.admin, d)
 	switch {
 	case isAdmin:
-		return nil
+		return "", nil
 	case matches(t.node, d):
 		if need == node {
-			return nil
+			return "", nil
 		}
-		return status.Error(codes.PermissionDenied, "a node token may only follow snapshots")
+		return ReasonNodeToken, status.Error(codes.PermissionDenied, "a node token may only follow snapshots")
 	}
-	return status.Error(codes.Unauthenticated, "invalid bearer token")
+	return ReasonInvalid, status.Error(codes.Unauthenticated, "invalid bearer token")
 }
 
 // UnaryInterceptor refuses unary calls without the token their method needs.

@@ -25,6 +25,8 @@ type Metrics struct {
 	StatesRejected prometheus.Counter
 	// AdminRequests counts admin calls by method and gRPC code.
 	AdminRequests *prometheus.CounterVec // method, code
+	// RefusedRequests counts calls refused for their token, by reason.
+	RefusedRequests *prometheus.CounterVec // method, reason
 }
 
 // Push-latency buckets, in seconds: pushes should land well under a second.
@@ -58,8 +60,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		AdminRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rolter_controlplane_admin_requests_total", Help: "Admin API calls by method and gRPC status code.",
 		}, []string{"method", "code"}),
+		RefusedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rolter_controlplane_refused_requests_total", Help: "Calls refused for their bearer token, by method and reason (missing, invalid, node_token).",
+		}, []string{"method", "reason"}),
 	}
 	reg.MustRegister(m.ConfigRevision, m.ConnectedNodes, m.NodeRevision, m.NodeAcks, m.PushLatency,
-		m.WatchResyncs, m.StatesRejected, m.AdminRequests)
+		m.WatchResyncs, m.StatesRejected, m.AdminRequests, m.RefusedRequests)
 	return m
 }

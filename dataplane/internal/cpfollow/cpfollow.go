@@ -3,13 +3,11 @@ package cpfollow
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -26,6 +24,7 @@ import (
 	"rolter.dev/dataplane/internal/metrics"
 	"rolter.dev/pkg/backoff"
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/snapcache"
 	pb "rolter.dev/proto/rolter/controlplane/v1"
 )
 
@@ -152,34 +151,18 @@ func (f *Follower) running() running {
 	return f.current
 }
 
-// cached is the cache file's content.
-type cached struct {
-	VersionInfo    string    `json:"version_info"`
-	Revision       int64     `json:"revision"`
-	ClusterID      uint64    `json:"cluster_id"`
-	ContentHash    string    `json:"content_hash"`
-	PepperCheck    string    `json:"pepper_check"`
-	ControlPlaneID string    `json:"controlplane_id"`
-	ConfigTOML     string    `json:"config_toml"`
-	SavedAt        time.Time `json:"saved_at"`
-}
-
 // LoadCache applies the cached snapshot, if there is one. A missing cache
 // is not an error; an unusable one is reported and ignored.
 func (f *Follower) LoadCache() error {
 	if f.opts.CacheFile == "" {
 		return nil
 	}
-	b, err := os.ReadFile(f.opts.CacheFile)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
+	c, err := snapcache.Load(f.opts.CacheFile)
 	if err != nil {
-		return fmt.Errorf("cpfollow: read snapshot cache: %w", err)
+		return fmt.Errorf("cpfollow: %w", err)
 	}
-	var c cached
-	if err := json.Unmarshal(b, &c); err != nil {
-		return fmt.Errorf("cpfollow: snapshot cache %s: %w", f.opts.CacheFile, err)
+	if c == nil {
+		return nil
 	}
 	resp := &pb.WatchResponse{
 		VersionInfo: c.VersionInfo, Revision: c.Revision, ClusterId: c.ClusterID, ContentHash: c.ContentHash,
@@ -278,52 +261,31 @@ func (f *Follower) compile(resp *pb.WatchResponse) (*config.Snapshot, error) {
 	})
 }
 
-// save writes the cache atomically: a temporary file, fsync, rename.
+// save writes the cache (atomically, see package snapcache).
 func (f *Follower) save(resp *pb.WatchResponse) {
 	if f.opts.CacheFile == "" {
 		return
 	}
-	b, _ := json.Marshal(cached{
+	err := snapcache.Save(f.opts.CacheFile, snapcache.Entry{
 		VersionInfo: resp.GetVersionInfo(), Revision: resp.GetRevision(), ClusterID: resp.GetClusterId(),
 		ContentHash: resp.GetContentHash(), PepperCheck: resp.GetPepperCheck(), ControlPlaneID: resp.GetControlplaneId(),
-		ConfigTOML: resp.GetConfigToml(), SavedAt: time.Now().UTC(),
+		ConfigTOML: resp.GetConfigToml(),
 	})
-	if err := writeAtomic(f.opts.CacheFile, b); err != nil {
+	if err != nil {
 		f.log.Warn("cannot write the snapshot cache", "path", f.opts.CacheFile, "err", err)
 	}
 }
 
-func writeAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, ".snapshot-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
-
 // Run follows the control planes until ctx ends.
+//
+// After a stream is lost (or at start) the next address is tried at once;
+// after a round of failed addresses the wait is [backoff.Reconnect] of the
+// time without a stream, so a restarted control plane is followed within
+// a fraction of a second of its return, and a long outage is retried at
+// most every MaxBackoff.
 func (f *Follower) Run(ctx context.Context) {
 	failedRound := 0
+	lostAt := time.Now()
 	for i := 0; ctx.Err() == nil; i++ {
 		addr := f.opts.Addrs[i%len(f.opts.Addrs)]
 		got, err := f.session(ctx, addr)
@@ -333,6 +295,7 @@ func (f *Follower) Run(ctx context.Context) {
 		f.m.reconnects.Inc()
 		if got {
 			failedRound = 0
+			lostAt = time.Now()
 			f.log.Warn("control-plane stream ended; reconnecting, still serving the last snapshot", "addr", addr, "err", err)
 		} else {
 			f.log.Debug("control plane unreachable", "addr", addr, "err", err)
@@ -342,9 +305,13 @@ func (f *Follower) Run(ctx context.Context) {
 		}
 		failedRound++
 		if failedRound == 1 {
-			f.log.Warn("no control plane reachable; still serving the last snapshot", "addrs", f.opts.Addrs, "err", err, "snapshot_version", f.Version())
+			if v := f.Version(); v != "" {
+				f.log.Warn("no control plane reachable; still serving the last snapshot", "addrs", f.opts.Addrs, "err", err, "snapshot_version", v)
+			} else {
+				f.log.Warn("no control plane reachable and no snapshot yet: answering 503 until one arrives", "addrs", f.opts.Addrs, "err", err)
+			}
 		}
-		d := max(f.opts.MinBackoff, backoff.Delay(failedRound, f.opts.MinBackoff, f.opts.MaxBackoff, rand.Float64()))
+		d := backoff.Reconnect(time.Since(lostAt), f.opts.MinBackoff, f.opts.MaxBackoff, rand.Float64())
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():

@@ -347,3 +347,52 @@ func TestSnapshotSpans(t *testing.T) {
 	}
 	check("cache", map[attribute.Key]string{cpfollow.AttrVersion: "11", cpfollow.AttrSource: "cache", cpfollow.AttrResult: "applied", cpfollow.AttrNodeID: "n2"})
 }
+
+// syncLog is a log sink safe for the follower's goroutine.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestNoSnapshotIsNotServed: with an unreadable cache and no control
+// plane, the follower says it has no snapshot (the proxy answers 503), not
+// that it still serves the last one.
+func TestNoSnapshotIsNotServed(t *testing.T) {
+	cache := filepath.Join(t.TempDir(), "snapshot.json")
+	if err := os.WriteFile(cache, []byte("{unreadable"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncLog{}
+	reg := prometheus.NewRegistry()
+	f := cpfollow.New(cpfollow.Options{
+		Addrs: []string{"127.0.0.1:1"}, NodeID: "n1", CacheFile: cache, Applier: &applier{},
+		Metrics: metrics.New(reg), Registerer: reg, Logger: slog.New(slog.NewJSONHandler(logs, nil)),
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+	})
+	if err := f.LoadCache(); err == nil {
+		t.Fatal("an unreadable cache loaded")
+	}
+	run(t, f)
+	deadline := time.Now().Add(30 * time.Second) // fail-safe
+	for !strings.Contains(logs.String(), "no control plane reachable") {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing logged:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if out := logs.String(); strings.Contains(out, "still serving") || !strings.Contains(out, "no snapshot yet") {
+		t.Fatalf("log:\n%s", out)
+	}
+}

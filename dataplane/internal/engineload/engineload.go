@@ -2,9 +2,19 @@
 // has [providers.engine_load]: vLLM's vllm:num_requests_running and
 // vllm:num_requests_waiting gauges (every series of each summed, e.g. one
 // per data-parallel engine), from the replica's Prometheus text metrics. It
-// stores running + waiting, with the time of the scrape, in the provider's
-// live state (rolter.dev/pkg/reliability), where the proxy's pick reads it
-// with two atomic loads.
+// stores running + waiting and waiting alone, with the time of the scrape,
+// in the provider's live state (rolter.dev/pkg/reliability), where the
+// proxy's pick reads them with atomic loads.
+//
+// The same scrape reads the replica's KV cache capacity from vLLM's info
+// gauge vllm:cache_config_info (one series per engine, value 1, the
+// CacheConfig's fields as labels: vllm/v1/metrics/loggers.py
+// log_metrics_info over vllm/config/cache.py CacheConfig.metrics_info):
+// the sum over engines of num_gpu_blocks × block_size tokens (each
+// data-parallel engine has its own cache). An exposition without the gauge,
+// or whose num_gpu_blocks is not a number yet ("None" before profiling),
+// leaves the capacity unknown and the scrape still succeeds: the capacity
+// bounds predicted_ttft's approximate index, it is not needed for the load.
 //
 // # Lifecycle
 //
@@ -33,6 +43,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"strconv"
 	"time"
 
 	"rolter.dev/dataplane/internal/metrics"
@@ -190,7 +201,12 @@ func (s *Scraper) loop(ctx context.Context, tg target) {
 			}
 			state = 2
 		} else {
-			s.reg.Provider(tg.provider).SetEngineLoad(n, time.Now())
+			pr := s.reg.Provider(tg.provider)
+			pr.SetEngineWaiting(int64(math.Round(min(sums[1], math.MaxInt32))))
+			pr.SetEngineLoad(n, time.Now())
+			if c, ok := capacity(buf.Bytes()); ok {
+				pr.SetKVCapacity(c)
+			}
 			s.metrics.EngineLoad.WithLabelValues(tg.provider).Set(float64(n))
 			if state == 2 {
 				s.log.Info("engine load scrapes recovered", "provider", tg.provider)
@@ -243,3 +259,42 @@ func (s *Scraper) scrape(ctx context.Context, tg target, buf *bytes.Buffer, sums
 }
 
 var errBodyTooLarge = errors.New("metrics body over 4 MiB")
+
+// CacheConfigInfo is vLLM's info gauge of its KV cache configuration.
+const CacheConfigInfo = "vllm:cache_config_info"
+
+// capacity returns the KV cache capacity in tokens that data's
+// vllm:cache_config_info series report, summed over engines; false when
+// there is none or one of them has no numeric num_gpu_blocks or
+// block_size.
+func capacity(data []byte) (int64, bool) {
+	var total int64
+	found := false
+	err := promtext.Labels(data, CacheConfigInfo, func(set []byte) error {
+		blocks, err1 := labelInt(set, "num_gpu_blocks")
+		size, err2 := labelInt(set, "block_size")
+		if err1 != nil || err2 != nil {
+			return errors.Join(err1, err2)
+		}
+		if blocks > math.MaxInt64/size || total > math.MaxInt64-blocks*size {
+			return errors.New("capacity overflows")
+		}
+		total += blocks * size
+		found = true
+		return nil
+	})
+	return total, err == nil && found
+}
+
+// labelInt reads a positive integer label.
+func labelInt(set []byte, key string) (int64, error) {
+	v, ok := promtext.Label(set, key)
+	if !ok {
+		return 0, fmt.Errorf("no %s label", key)
+	}
+	n, err := strconv.ParseInt(string(v), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%s=%q is not a positive integer", key, v)
+	}
+	return n, nil
+}

@@ -244,3 +244,43 @@ func TestSlowReplicaTimesOut(t *testing.T) {
 	waitFor(t, "timeouts counted", func() bool { return testutil.ToFloat64(f.m.EngineLoadFails.WithLabelValues("s")) >= 2 })
 	stop()
 }
+
+// TestScrapesWaitingAndCapacity: the scrape stores the waiting count apart
+// and the KV capacity of vllm:cache_config_info (num_gpu_blocks ×
+// block_size, summed over data-parallel engines, in vLLM's label layout);
+// an exposition without a usable gauge leaves the capacity unknown and the
+// load still scraped.
+func TestScrapesWaitingAndCapacity(t *testing.T) {
+	const info = `# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",calculate_kv_scales="False",cpu_offload_gb="0",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",is_attention_free="False",num_cpu_blocks="None",num_gpu_blocks="661",num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",sliding_window="None",swap_space="4"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",calculate_kv_scales="False",cpu_offload_gb="0",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",is_attention_free="False",num_cpu_blocks="None",num_gpu_blocks="661",num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",sliding_window="None",swap_space="4"} 1.0
+`
+	const load = "vllm:num_requests_running{engine=\"0\"} 4\nvllm:num_requests_waiting{engine=\"0\"} 2\nvllm:num_requests_waiting{engine=\"1\"} 1\n"
+	for _, tc := range []struct {
+		name, body string
+		capacity   int
+	}{
+		{"two engines", load + info, 2 * 661 * 16},
+		{"no gauge", load, 0},
+		{"not profiled yet", load + `vllm:cache_config_info{block_size="16",num_gpu_blocks="None",engine="0"} 1` + "\n", 0},
+		{"one engine unusable", load + info + `vllm:cache_config_info{block_size="x",num_gpu_blocks="1",engine="2"} 1` + "\n", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newReplica(t)
+			body := tc.body
+			r.body.Store(&body)
+			f, _, _ := start(t, provider("p", r, "interval_ms = 50\n"))
+			waitFor(t, "a scrape", func() bool { _, ok := f.load("p"); return ok })
+			if n, _ := f.load("p"); n != 7 {
+				t.Errorf("load %d, want 7", n)
+			}
+			if n, ok := f.reg.Provider("p").EngineWaiting(time.Now(), time.Minute); !ok || n != 3 {
+				t.Errorf("waiting %d %v, want 3", n, ok)
+			}
+			if got := f.reg.Provider("p").KVCapacityTokens(); got != tc.capacity {
+				t.Errorf("capacity %d tokens, want %d", got, tc.capacity)
+			}
+		})
+	}
+}

@@ -12,6 +12,8 @@ import (
 	"rolter.dev/dataplane/internal/proxy"
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/fleet"
+	"rolter.dev/pkg/kvindex"
+	"rolter.dev/pkg/natstest"
 	"rolter.dev/pkg/telemetry/metricsdoc"
 )
 
@@ -59,6 +61,14 @@ func TestMetricsDocumented(t *testing.T) {
 	if err := p.Apply(snap); err != nil {
 		t.Fatal(err)
 	}
+	// With --nats, the KV index's collector, following one provider.
+	ns := natstest.Start(t)
+	ix, err := kvindex.New(natstest.Connect(t, ns), []string{"a"}, kvindex.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ix.Close()
+	rec.MustRegister(ix.Collector())
 	fams, problems, err := metricsdoc.Compare(rec, reg, filepath.Join("..", "..", "..", "docs", "metrics.md"), "rolter-proxy")
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,8 @@ type Metrics struct {
 	Latency           *prometheus.HistogramVec // model
 	TTFT              *prometheus.HistogramVec // model
 	CacheLookup       *prometheus.HistogramVec // result
+	Tokenize          *prometheus.CounterVec   // model, outcome
+	TokenizeSeconds   *prometheus.HistogramVec // model
 	ConfigVersion     prometheus.Gauge
 	ConfigInfo        *prometheus.GaugeVec // version
 	ConfigReloads     prometheus.Counter
@@ -42,9 +44,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		return c
 	}
 	m := &Metrics{
-		Requests:         cv("requests_total", "Client requests answered, by endpoint, public model and HTTP status.", "endpoint", "model", "code"),
+		Requests:         cv("requests_total", "Client requests answered, by endpoint, public model and HTTP status (502 for a response the upstream broke off after it started).", "endpoint", "model", "code"),
 		UpstreamErrors:   cv("upstream_errors_total", "Failed upstream attempts (transport errors and retryable statuses).", "provider", "reason"),
-		TargetRequests:   cv("target_requests_total", "Upstream attempts by target and outcome (ok = 2xx).", "model", "provider", "outcome"),
+		TargetRequests:   cv("target_requests_total", "Upstream attempts by target and outcome (ok = a 2xx whose body arrived whole).", "model", "provider", "outcome"),
 		Retries:          cv("retries_total", "Retries of a request on another target.", "model"),
 		CooldownsTripped: cv("cooldowns_tripped_total", "Targets parked after a failure.", "provider"),
 		BreakerOpened:    cv("breaker_opened_total", "Circuit breakers opened.", "provider"),
@@ -53,6 +55,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		HealthRecovered:  cv("health_recovered_total", "Providers marked healthy again by active health checks.", "provider"),
 		AuthFailures:     cv("auth_failures_total", "Requests refused by authentication or authorization.", "reason"),
 		EngineLoadFails:  cv("engine_load_scrape_failures_total", "Failed scrapes of a replica's engine load (request, status, body, parse, missing metric).", "provider"),
+		Tokenize:         cv("tokenize_total", "Requests of precise routes without a token-ids header, by how their token ids were obtained: cached, engine (the replica's /tokenize), or why not: timeout, error, unsupported (a body /tokenize cannot reproduce), none (no replica to ask).", "model", "outcome"),
 		EngineLoad: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rolter_engine_load_requests", Help: "Requests running plus waiting on the replica, as last scraped from its metrics ([providers.engine_load]).",
 		}, []string{"provider"}),
@@ -75,6 +78,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "rolter_cache_lookup_seconds", Help: "Time of a response-cache lookup (exact, then semantic with its embedding call), by result.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}, []string{"result"}),
+		TokenizeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rolter_tokenize_seconds", Help: "Time of a call to a replica's /tokenize for a request's token ids, failed ones included.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"model"}),
 		ConfigVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rolter_config_version", Help: "Generation of the config snapshot in use (increments on every applied change).",
 		}),
@@ -88,7 +95,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "rolter_config_reload_failures_total", Help: "Config changes refused; the previous snapshot kept serving.",
 		}),
 	}
-	reg.MustRegister(m.ProviderHealthy, m.EngineLoad, m.InFlight, m.ClientDisconnects, m.Latency, m.TTFT, m.CacheLookup,
+	reg.MustRegister(m.ProviderHealthy, m.EngineLoad, m.InFlight, m.ClientDisconnects, m.Latency, m.TTFT, m.CacheLookup, m.TokenizeSeconds,
 		m.ConfigVersion, m.ConfigInfo, m.ConfigReloads, m.ConfigFailures)
 	return m
 }

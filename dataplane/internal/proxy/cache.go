@@ -191,7 +191,7 @@ type recorder struct {
 // upstream sent it, then delivered through the policy, so the next identical
 // request hits and sees the same policy. A body too large to buffer is
 // relayed as it comes, not stored, and not post-processed.
-func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchange, t *target, resp *http.Response, rec *recorder) bool {
+func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchange, t *target, resp *http.Response, rec *recorder) (relayEnd, error) {
 	limit := int64(maxBufferedBody)
 	if rec != nil {
 		if max := x.rt.cache.cache.MaxEntryBytes(); max > 0 && !x.rt.policy.Active(x.dreq) {
@@ -200,20 +200,25 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 	}
 	var buf bytes.Buffer
 	_, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
-	x.ttft = time.Since(x.start)
-	p.metrics.TTFT.WithLabelValues(x.route.cfg.Model).Observe(x.ttft.Seconds())
-	x.status = resp.StatusCode
-	ctype := resp.Header.Get("Content-Type")
 	if err != nil {
-		// The upstream failed mid-body: what we have goes out; nothing is stored.
+		// The upstream failed mid-body. Nothing has reached the client:
+		// the part is neither sent (it would pass as a success, around the
+		// policy) nor stored; another target may answer, else a 502.
 		if rec != nil {
 			rec.done = true
 		}
-		w.WriteHeader(resp.StatusCode)
-		_, _ = w.Write(buf.Bytes())
-		p.metrics.UpstreamErrors.WithLabelValues(t.cfg.Provider.Name, "body").Inc()
-		return false
+		if r.Context().Err() != nil {
+			p.clientGone(x)
+			return relayStopped, nil
+		}
+		return relayUnsent, err
 	}
+	x.ttft = time.Since(x.start)
+	p.metrics.TTFT.WithLabelValues(x.route.cfg.Model).Observe(x.ttft.Seconds())
+	p.firstToken(x, resp.StatusCode)
+	x.status = resp.StatusCode
+	ctype := resp.Header.Get("Content-Type")
+	startResponse(w, x, t, resp)
 	if int64(buf.Len()) > limit {
 		// Too large to keep: send what was read, then stream the rest.
 		if rec != nil {
@@ -223,15 +228,17 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 		w.WriteHeader(resp.StatusCode)
 		if _, err := w.Write(buf.Bytes()); err != nil {
 			p.clientGone(x)
-			return false
+			return relayStopped, nil
 		}
-		if _, err := io.Copy(w, resp.Body); err != nil {
-			if r.Context().Err() != nil {
-				p.clientGone(x)
-			}
-			return false
+		rerr, werr := copyBody(w, resp.Body)
+		switch {
+		case werr != nil || rerr != nil && r.Context().Err() != nil:
+			p.clientGone(x)
+			return relayStopped, nil
+		case rerr != nil:
+			return relayCut, rerr
 		}
-		return true
+		return relayDone, nil
 	}
 	if rec != nil {
 		rec.buf = buf
@@ -239,7 +246,32 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 	}
 	x.usage = usage.Parse(ctype, buf.Bytes())
 	p.deliver(w, r, x, resp.StatusCode, ctype, buf.Bytes())
-	return x.withheld == ""
+	if x.withheld != "" {
+		return relayStopped, nil
+	}
+	return relayDone, nil
+}
+
+// copyBody copies body to w and tells a read error (the upstream's) from a
+// write error (the client's).
+func copyBody(w io.Writer, body io.Reader) (rerr, werr error) {
+	bufp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bufp)
+	buf := *bufp
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return nil, werr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		if err != nil {
+			return err, nil
+		}
+	}
 }
 
 // maxBufferedBody bounds a body buffered for the cache or the delivery

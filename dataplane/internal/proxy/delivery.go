@@ -81,7 +81,7 @@ func (p *Proxy) deliver(w http.ResponseWriter, r *http.Request, x *exchange, sta
 	d := x.rt.policy.Apply(r.Context(), x.dreq, status, ctype, body)
 	switch d := d.(type) {
 	case delivery.Refuse:
-		x.withheld = d.Code + ": " + d.Reason
+		x.withheld = d.Reason // it starts with the code already
 		x.status = d.Status
 		w.Header().Del("Content-Length")
 		writeError(w, x.ep.dialect, refusal(d), d.Message)
@@ -126,6 +126,9 @@ func (u *usageTap) write(b []byte) {
 		u.over = true
 	}
 }
+
+// done reports whether a stream's terminal event was relayed.
+func (u *usageTap) done() bool { return u.sse != nil && u.sse.Done() }
 
 func (u *usageTap) result() usage.Usage {
 	if u.sse != nil {

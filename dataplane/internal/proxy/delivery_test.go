@@ -275,3 +275,33 @@ ttl_secs = 600
 		t.Fatalf("the stored entry holds restored data: %s", b)
 	}
 }
+
+// TestWithheldReasonIsTheRefusalsReason: the usage row of a withheld
+// response names its code once ("guardrail_blocked: email"), as the policy
+// gave it, not the code again in front of it.
+func TestWithheldReasonIsTheRefusalsReason(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"write to ann@example.com"},"finish_reason":"stop"}]}`)
+	}))
+	t.Cleanup(up.Close)
+	plugins := pluginServer(t)
+	tests := []struct{ name, extra, want string }{
+		{"guardrail", "[guardrails]\n[[guardrails.rules]]\nname = \"email\"\nbuiltin = \"email\"\nstage = \"post_call\"\naction = \"block\"\n", "guardrail_blocked: email"},
+		{"plugin", fmt.Sprintf("[[plugins]]\nname = \"p\"\nurl = %q\nstage = \"post_response\"\ntimeout_ms = 500\n", plugins.URL+"/block"), "plugin_blocked: p"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			acct, path := accountingFile(t)
+			p := New(Options{})
+			applyDoc(t, p, acct+tc.extra+fmt.Sprintf("[[providers]]\nname = \"up\"\nkind = \"openai_compatible\"\napi_base = %q\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"up\" }]\n", up.URL))
+			resp, body := post(t, newServer(t, p)+"/v1/chat/completions", "", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+			if resp.StatusCode != http.StatusForbidden {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			if r := usageRows(t, path, 1)[0]; !r.Withheld || r.WithheldReason != tc.want {
+				t.Fatalf("withheld %v reason %q, want %q", r.Withheld, r.WithheldReason, tc.want)
+			}
+		})
+	}
+}

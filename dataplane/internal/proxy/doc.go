@@ -13,7 +13,10 @@
 // endpoint, not parked, healthy, breaker closed) from atomic reads, asks the
 // route's balancer, observes the pick, and sends. A retryable failure parks
 // the target and, while nothing has reached the client, retries on an
-// untried target after a jittered backoff. If no target is eligible the
+// untried target after a jittered backoff; a body that breaks off is such a
+// failure too. A response that breaks off after it has started cannot be
+// retried: it ends with an error event (streams) and an aborted connection,
+// never like a complete one. If no target is eligible the
 // attempt fails open past cooldown, health and breaker, never past the key's
 // provider allow-list.
 //

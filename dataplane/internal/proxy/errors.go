@@ -80,3 +80,18 @@ func writeError(w http.ResponseWriter, d dialect, e apiError, msg string) {
 	w.WriteHeader(e.status)
 	_, _ = w.Write(b)
 }
+
+// errorEvent is the server-sent event that tells a streaming client its
+// response broke off, in the endpoint's dialect: a data frame carrying an
+// "error" object for OpenAI (what its SDKs raise on), an `error` event for
+// Anthropic (as its API sends mid-stream errors). It is sent once the
+// response has started, when the status line can no longer change.
+func errorEvent(d dialect, e apiError, msg string) []byte {
+	var b []byte
+	if d == dialectAnthropic {
+		b, _ = json.Marshal(anthropicErrorBody{Type: "error", Error: anthropicError{Type: e.anthropicType, Message: msg}})
+		return append(append([]byte("event: error\ndata: "), b...), "\n\n"...)
+	}
+	b, _ = json.Marshal(openAIErrorBody{Error: openAIError{Message: msg, Type: e.openaiType, Code: e.code}})
+	return append(append([]byte("data: "), b...), "\n\n"...)
+}

@@ -35,7 +35,7 @@ type exchange struct {
 	dreq        delivery.Request // what the delivery policy knows of the request
 	extraHeader http.Header      // annotations of the request legs
 	usage       usage.Usage
-	withheld    string // the refusal's code and reason, when the policy refused
+	withheld    string // the refusal's reason (its code and rule or plugin), when the policy refused
 	errCode     string
 	targetModel string
 	lookup      *respcache.Lookup // nil unless the request is cacheable
@@ -54,10 +54,16 @@ type exchange struct {
 	status      int
 	provider    string
 	ttft        time.Duration
+	abort       bool // the response started and then broke off: abort the connection
+	// observed is the target of the attempt the balancer observed and has
+	// not yet been told the first token or the end of (-1: none), with the
+	// attempt's dispatch time, for routing.TTFTObserver.
+	observed int
+	sent     time.Time
 }
 
 func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
-	x := &exchange{start: time.Now(), id: w.Header().Get("X-Request-Id"), ep: ep, extraHeader: http.Header{}}
+	x := &exchange{start: time.Now(), id: w.Header().Get("X-Request-Id"), ep: ep, extraHeader: http.Header{}, observed: -1}
 	p.metrics.InFlight.Inc()
 	defer p.metrics.InFlight.Dec()
 	ctx, span := p.tracer.Start(p.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header)), "rolter.request",
@@ -68,6 +74,9 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	defer func() {
 		span.SetAttributes(attribute.Int("http.response.status_code", x.status), attribute.String("rolter.model", model),
 			attribute.Int("rolter.attempts", x.attempts), attribute.String("rolter.provider", x.provider))
+		if x.errCode != "" {
+			span.SetAttributes(attribute.String("rolter.error", x.errCode))
+		}
 		if x.status >= 500 {
 			span.SetStatus(codes.Error, http.StatusText(x.status))
 		}
@@ -81,7 +90,7 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		p.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
 			slog.String("request_id", x.id), slog.String("endpoint", ep.path), slog.String("model", model),
 			slog.String("provider", x.provider), slog.Int("status", x.status), slog.Int("attempts", x.attempts),
-			slog.String("cache", x.cache),
+			slog.String("cache", x.cache), slog.String("error", x.errCode),
 			slog.Float64("duration_ms", float64(time.Since(x.start).Microseconds())/1000),
 			slog.Float64("ttft_ms", float64(x.ttft.Microseconds())/1000))
 	}()
@@ -215,7 +224,15 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 			w.Header().Set("X-Rolter-Cache", "MISS")
 		}
 	}
+	p.tokenIDs(ctx, x, raw)
 	p.forward(w, r, x)
+	if x.abort {
+		// The response started and the upstream broke it off: end it so
+		// that it cannot pass for a complete one (HTTP/1.1: a chunked body
+		// without its terminator or a short Content-Length body; HTTP/2: a
+		// stream reset). The deferred accounting above still runs.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // pick chooses the target of the next attempt, or -1.
@@ -271,6 +288,31 @@ func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
 	return idx
 }
 
+// firstToken tells a TTFTObserver balancer the observed attempt's time to
+// first token (from dispatch), once; an error answer's first byte is no
+// first token (attemptEnded abandons it).
+func (p *Proxy) firstToken(x *exchange, status int) {
+	if x.observed < 0 || x.route == nil || status >= 300 {
+		return
+	}
+	if o, ok := x.route.balancer.(routing.TTFTObserver); ok {
+		o.FirstToken(x.observed, &x.rctx, time.Since(x.sent), len(x.rctx.TokenIDs))
+	}
+	x.observed = -1
+}
+
+// attemptEnded tells a TTFTObserver balancer that the observed attempt
+// ended without a first token, if it did.
+func (p *Proxy) attemptEnded(x *exchange) {
+	if x.observed < 0 || x.route == nil {
+		return
+	}
+	if o, ok := x.route.balancer.(routing.TTFTObserver); ok {
+		o.Abandon(x.observed, &x.rctx)
+	}
+	x.observed = -1
+}
+
 // retryable reports whether a status may succeed on another target.
 func retryable(status int) bool {
 	return status == http.StatusRequestTimeout || status == http.StatusTooManyRequests || status >= 500
@@ -281,8 +323,10 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	maxAttempts := 1 + snap.Retry.MaxRetries
 	loads := make([]int, len(x.route.targets))
 	var lastErr error
-	timedOut := false
+	timedOut, bodyFailed := false, false
+	defer p.attemptEnded(x)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
+		p.attemptEnded(x)
 		if attempt > 0 {
 			if !p.hasUntried(x) {
 				break
@@ -314,6 +358,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		t := &x.route.targets[idx]
 		queueDepth := loads[idx]
 		x.route.balancer.Observe(idx, &x.rctx)
+		x.observed = idx
 		x.tried.Add(idx)
 		x.attempts++
 		x.provider = t.cfg.Provider.Name
@@ -322,6 +367,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		release := t.state.Acquire()
 
 		sent := time.Now()
+		x.sent = sent
 		uctx, upSpan := p.tracer.Start(r.Context(), "upstream.request", trace.WithSpanKind(trace.SpanKindClient),
 			trace.WithAttributes(attribute.String("rolter.provider", t.cfg.Provider.Name), attribute.String("gen_ai.request.model", t.cfg.Model)))
 		resp, cancel, err := p.send(r.WithContext(uctx), x, t)
@@ -334,7 +380,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 				p.clientGone(x)
 				return
 			}
-			timedOut = errors.Is(err, errHeaderTimeout)
+			timedOut, bodyFailed = errors.Is(err, errHeaderTimeout), false
 			reason := "transport"
 			if timedOut {
 				reason = "timeout"
@@ -345,7 +391,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 				slog.String("request_id", x.id), slog.String("provider", t.cfg.Provider.Name), slog.String("err", err.Error()))
 			continue
 		}
-		if retryable(resp.StatusCode) {
+		failed := retryable(resp.StatusCode) // counted as the target's failure here
+		if failed {
 			ra, _ := backoff.RetryAfter(resp.Header.Get("Retry-After"), time.Now())
 			p.targetFailed(x, t, "status_"+strconv.Itoa(resp.StatusCode), ra)
 			if attempt+1 < maxAttempts && p.hasUntried(x) {
@@ -356,11 +403,41 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 				upSpan.SetStatus(codes.Error, "retryable status")
 				upSpan.End()
 				release()
-				lastErr = fmt.Errorf("upstream status %d", resp.StatusCode)
+				lastErr, bodyFailed = fmt.Errorf("upstream status %d", resp.StatusCode), false
 				continue
 			}
 			// Last chance: the upstream's own answer goes back unchanged.
-		} else {
+		}
+		end, berr := p.relay(w, r, x, t, resp)
+		resp.Body.Close()
+		cancel()
+		upSpan.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode), attribute.Bool("rolter.complete", end == relayDone))
+		if berr != nil {
+			upSpan.RecordError(berr)
+			upSpan.SetStatus(codes.Error, "body")
+		}
+		upSpan.End()
+		release()
+		if end == relayUnsent || end == relayCut {
+			// The upstream broke off mid-body: a failure of the target like
+			// a transport error, whatever its status line said.
+			if !failed {
+				p.targetFailed(x, t, "body", 0)
+			}
+			p.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream body broke off",
+				slog.String("request_id", x.id), slog.String("provider", t.cfg.Provider.Name),
+				slog.Bool("response_started", end == relayCut), slog.String("err", berr.Error()))
+			if end == relayUnsent {
+				lastErr, timedOut, bodyFailed = berr, false, true
+				continue
+			}
+			// Too late to answer otherwise: the request is an upstream
+			// error everywhere it is counted, its usage was never
+			// reported, and serveAPI aborts the connection.
+			x.status, x.errCode, x.usage, x.abort = errUpstream.status, errUpstream.code, usage.Usage{}, true
+			return
+		}
+		if !failed {
 			if t.state.BreakerSuccess(x.rt.breaker) {
 				p.metrics.BreakerClosed.WithLabelValues(t.cfg.Provider.Name).Inc()
 			}
@@ -370,19 +447,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			}
 			p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, outcome).Inc()
 		}
-		complete := p.relay(w, r, x, t, resp)
-		resp.Body.Close()
-		cancel()
-		upSpan.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode), attribute.Bool("rolter.complete", complete))
-		upSpan.End()
-		release()
-		if l, ok := x.route.balancer.(routing.Learner); ok && complete && resp.StatusCode < 300 {
+		if l, ok := x.route.balancer.(routing.Learner); ok && end == relayDone && resp.StatusCode < 300 {
 			l.Learn(idx, &x.rctx, queueDepth, time.Since(sent))
 		}
 		return
 	}
 	if x.tried.Empty() {
-		x.status = errNoTarget.status
+		x.status, x.errCode = errNoTarget.status, errNoTarget.code
 		writeError(w, x.ep.dialect, errNoTarget, fmt.Sprintf("no target of model %q could be tried", x.route.cfg.Model))
 		return
 	}
@@ -390,10 +461,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	if timedOut {
 		e = errUpstreamTimeout
 	}
-	x.status = e.status
+	x.status, x.errCode = e.status, e.code
 	msg := fmt.Sprintf("every target of model %q failed after %d attempt(s)", x.route.cfg.Model, x.attempts)
-	if lastErr != nil && timedOut {
+	switch {
+	case lastErr != nil && timedOut:
 		msg += ": timed out waiting for response headers"
+	case bodyFailed:
+		msg += ": the upstream broke off the response body"
 	}
 	writeError(w, x.ep.dialect, e, msg)
 }
@@ -538,12 +612,29 @@ func upstreamURL(base, path string) string {
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// relay sends the upstream response to the client as it arrives. A stream
-// is flushed after every read, so each SSE event reaches the client when the
-// upstream sends it; nothing is buffered.
-//
-// It reports whether the whole body reached the client.
-func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *target, resp *http.Response) bool {
+// relayEnd says how a relay ended.
+type relayEnd int
+
+const (
+	// relayDone: the whole body reached the client.
+	relayDone relayEnd = iota
+	// relayStopped: the body did not reach the client whole for a reason
+	// that is not the upstream's: the client went away, or the delivery
+	// policy withheld the response.
+	relayStopped
+	// relayUnsent: the upstream broke off before a byte went to the
+	// client, so another target may still answer.
+	relayUnsent
+	// relayCut: the upstream broke off after the response had started. A
+	// stream was sent an error event; the caller must abort the connection
+	// so that the body does not end like a complete one.
+	relayCut
+)
+
+// startResponse sets the client's response headers from the upstream's.
+// It is called when the response is committed, never before: an attempt
+// that breaks off earlier leaves nothing behind for the next one.
+func startResponse(w http.ResponseWriter, x *exchange, t *target, resp *http.Response) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		if hopHeaders[k] || k == "Content-Length" && resp.ContentLength < 0 {
@@ -554,38 +645,61 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 	h.Set("X-Request-Id", x.id)
 	h.Set("X-Rolter-Provider", t.cfg.Provider.Name)
 	h.Set("X-Rolter-Model", x.route.cfg.Model)
+}
+
+// relay sends the upstream response to the client as it arrives. A stream
+// is flushed after every read, so each SSE event reaches the client when the
+// upstream sends it; nothing is buffered.
+//
+// The response starts (status line and headers go out) with the first body
+// bytes of a stream, or once a JSON body filled a copy buffer or ended, not
+// with the upstream's headers: until then an upstream that breaks off can
+// still be replaced by another target (relayUnsent). After it, a stream gets
+// an error event in the endpoint's dialect, and the caller aborts the
+// connection (relayCut). The error is the upstream's read error.
+func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *target, resp *http.Response) (relayEnd, error) {
 	rec := p.newRecorder(x, x.lookup, resp)
 	ctype := resp.Header.Get("Content-Type")
-	if resp.StatusCode < 400 && !respcache.IsEventStream(ctype) && (rec != nil || x.rt.policy.Active(x.dreq)) {
+	// One predicate decides SSE everywhere (buffering, recording, flushing).
+	stream := respcache.IsEventStream(ctype)
+	if resp.StatusCode < 400 && !stream && (rec != nil || x.rt.policy.Active(x.dreq)) {
 		return p.relayBuffered(w, r, x, t, resp, rec)
 	}
 	tap := newUsageTap(ctype)
 	defer func() { x.usage = tap.result() }()
-	x.status = resp.StatusCode
-	w.WriteHeader(resp.StatusCode)
-	// One predicate decides SSE everywhere (buffering, recording, flushing).
-	stream := respcache.IsEventStream(ctype)
 	rc := http.NewResponseController(w)
-	if stream {
-		_ = rc.Flush() // headers now, so the client sees the stream open
-	}
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
 	buf := *bufp
-	first := true
+	started := false
+	held := 0        // a JSON body's first bytes, read but not yet sent
+	var last [2]byte // the last two bytes sent, to find an SSE event boundary
 	end := func(err error) {
 		if rec != nil {
 			rec.finish(err)
 		}
 	}
 	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if first {
-				first = false
-				x.ttft = time.Since(x.start)
-				p.metrics.TTFT.WithLabelValues(x.route.cfg.Model).Observe(x.ttft.Seconds())
-			}
+		n, rerr := resp.Body.Read(buf[held:])
+		eof := errors.Is(rerr, io.EOF)
+		if !stream && !started && rerr == nil && held+n < len(buf) {
+			// A JSON client waits for the whole body anyway: hold the first
+			// buffer's worth, so a body that breaks off within it (most do:
+			// they are small) is retried or answered 502, never sent short.
+			held += n
+			continue
+		}
+		n, held = n+held, 0
+		if !started && (rerr == nil && n > 0 || eof) {
+			started = true
+			startResponse(w, x, t, resp)
+			x.status = resp.StatusCode
+			x.ttft = time.Since(x.start)
+			p.metrics.TTFT.WithLabelValues(x.route.cfg.Model).Observe(x.ttft.Seconds())
+			p.firstToken(x, resp.StatusCode)
+			w.WriteHeader(resp.StatusCode)
+		}
+		if n > 0 && started {
 			if rec != nil {
 				// Recorded before it is written, so a stream whose terminal
 				// event is in this chunk is stored before the client can see
@@ -593,33 +707,53 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 				rec.write(buf[:n])
 			}
 			tap.write(buf[:n])
+			if n >= 2 {
+				last = [2]byte{buf[n-2], buf[n-1]}
+			} else {
+				last = [2]byte{last[1], buf[0]}
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				p.clientGone(x)
 				end(werr)
-				return false
+				return relayStopped, nil
 			}
 			if stream {
 				if err := rc.Flush(); err != nil {
 					p.clientGone(x)
 					end(err)
-					return false
+					return relayStopped, nil
 				}
 			}
 		}
-		if rerr != nil {
-			if errors.Is(rerr, io.EOF) {
-				end(nil)
-				return true
-			}
-			end(rerr)
-			if r.Context().Err() != nil {
-				p.clientGone(x)
-				return false
-			}
-			p.metrics.UpstreamErrors.WithLabelValues(t.cfg.Provider.Name, "body").Inc()
-			p.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream body ended early",
-				slog.String("request_id", x.id), slog.String("provider", t.cfg.Provider.Name), slog.String("err", rerr.Error()))
-			return false
+		if rerr == nil {
+			continue
 		}
+		if eof || started && tap.done() {
+			// After a stream's terminal event the answer is whole: an
+			// upstream that breaks off then has lost nothing of it.
+			end(nil)
+			return relayDone, nil
+		}
+		end(rerr)
+		if r.Context().Err() != nil {
+			p.clientGone(x)
+			return relayStopped, nil
+		}
+		if !started {
+			return relayUnsent, rerr
+		}
+		if stream {
+			var ev []byte
+			if last != [2]byte{'\n', '\n'} {
+				// End the event the upstream left open, so the error
+				// event stands alone (a blank line too many is ignored).
+				ev = append(ev, "\n\n"...)
+			}
+			ev = append(ev, errorEvent(x.ep.dialect, errUpstream, "the upstream broke off the response after it had started; the response is incomplete")...)
+			_, _ = w.Write(ev)
+		}
+		// What did arrive goes out before the connection is aborted.
+		_ = rc.Flush()
+		return relayCut, rerr
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"rolter.dev/dataplane/internal/metrics"
+	"rolter.dev/dataplane/internal/tokenize"
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/delivery"
 	"rolter.dev/pkg/fleet"
@@ -58,6 +59,7 @@ type Proxy struct {
 	metrics  *metrics.Metrics
 	gatherer prometheus.Gatherer
 	client   *http.Client
+	tok      *tokenize.Client
 	reg      *reliability.Registry
 	kv       *kvindex.Index
 	fleet    *fleet.Node
@@ -109,6 +111,7 @@ func New(opts Options) *Proxy {
 		// Upstream redirects are answered to the client as they are.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+	p.tok = tokenize.New(p.client)
 	opts.Registerer.MustRegister(&inflightCollector{p: p})
 	if p.fleet != nil {
 		opts.Registerer.MustRegister(&fleetCollector{p: p})

@@ -130,6 +130,10 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 				src := newKVSource(p.kv, r)
 				spec.KV, spec.LMCache = src, src
 			}
+			spec.Engine = engineState{targets: r.targets}
+			for _, tc := range rc.Targets {
+				spec.KVCapacityTokens = append(spec.KVCapacityTokens, tc.Provider.KVCapacityTokens)
+			}
 			if r.fleet != nil {
 				spec.Share = r.fleet.Record
 			}

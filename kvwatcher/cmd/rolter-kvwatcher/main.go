@@ -2,7 +2,7 @@
 // occupancy of the configured providers and publishes compact per-provider
 // deltas over NATS, which every rolter-proxy applies to its local index.
 //
-//	rolter-kvwatcher (--config FILE | --controlplane ADDR [--token T] [--controlplane-ca FILE ...]) (--nats URL | --embed-nats HOST:PORT) [--metrics-listen ADDR]
+//	rolter-kvwatcher (--config FILE | --controlplane ADDR [--token T] [--snapshot-cache FILE] [--controlplane-ca FILE ...]) (--nats URL | --embed-nats HOST:PORT) [--metrics-listen ADDR]
 //
 // The control-plane TLS flags (--controlplane-ca, --controlplane-tls,
 // --controlplane-insecure, --controlplane-cert, --controlplane-key) are the
@@ -23,11 +23,12 @@ import (
 	"rolter.dev/pkg/tlsflags"
 )
 
-const usage = "usage: rolter-kvwatcher (--config FILE | --controlplane ADDR [--token T] [--controlplane-ca FILE]) (--nats URL | --embed-nats HOST:PORT)"
+const usage = "usage: rolter-kvwatcher (--config FILE | --controlplane ADDR [--token T] [--snapshot-cache FILE] [--controlplane-ca FILE]) (--nats URL | --embed-nats HOST:PORT)"
 
 func main() {
 	configPath := flag.String("config", "", "rolter TOML config file (polled for changes)")
 	cp := flag.String("controlplane", "", "control plane address(es), comma-separated: follow its snapshots instead of --config")
+	cache := flag.String("snapshot-cache", "", "file caching the last control-plane snapshot, whose providers are watched at startup while no control plane answers")
 	token := flag.String("token", "", "bearer token for the control plane (also $ROLTER_NODE_TOKEN)")
 	var cpTLS tlsflags.ControlPlane
 	cpTLS.Register(flag.CommandLine)
@@ -52,7 +53,7 @@ func main() {
 		*token = os.Getenv("ROLTER_NODE_TOKEN")
 	}
 	opts := app.ServiceOptions{
-		ConfigPath: *configPath, ControlPlane: *cp, Token: *token, NATSURL: *natsURL, EmbedNATS: *embedNATS,
+		ConfigPath: *configPath, ControlPlane: *cp, Token: *token, SnapshotCache: *cache, NATSURL: *natsURL, EmbedNATS: *embedNATS,
 		MetricsListen: *metricsListen, Heartbeat: *heartbeat, Logger: log,
 	}
 	if *cp != "" {

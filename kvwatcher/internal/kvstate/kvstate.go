@@ -11,8 +11,13 @@
 // engine hash); a run without a parent starts at the seed of its model (the
 // provider's model, or the LoRA adapter named in the event). A run whose
 // parent is unknown (stored before the watcher joined, or evicted from the
-// state) cannot be placed and is skipped, as is the rest of a run from a
-// block whose extra_keys carry anything but the LoRA name (a cache salt,
+// state) cannot be placed and is skipped, except a parent hash of 0 naming
+// no block, which starts a chain like vLLM's None: llm-d's inference
+// simulator sends 0 for a sequence's first block in its array format
+// (llm-d/llm-d-inference-sim pkg/kv-cache/kv_cache_sender.go, v0.10.2-41,
+// ParentHash = kvblock.EmptyBlockHash), and llm-d's consumer treats 0 as no
+// parent (llm-d/llm-d-kv-cache pkg/kvevents/pool.go, commit 7be76e1:
+// "if ev.ParentHash != 0"). The rest of a run is skipped from a block whose extra_keys carry anything but the LoRA name (a cache salt,
 // multimodal inputs: a plain request can never hit such blocks). Only GPU
 // blocks of full-attention-like KV-cache groups are indexed.
 //
@@ -204,16 +209,27 @@ func (s *State) stored(ev *kvevents.BlockStored, st *Stats) {
 		st.SkippedLoRA++
 		return
 	}
-	if ev.ParentBlockHash.Valid {
+	hasParent := ev.ParentBlockHash.Valid
+	if hasParent {
 		idx, ok := s.engine[ev.ParentBlockHash.V.Uint64()]
-		if !ok {
+		switch {
+		case ok:
+			parent = s.nodes[idx].id
+		case ev.ParentBlockHash.V.Uint64() == 0:
+			// 0 naming no block is "no parent": llm-d's simulator writes
+			// it for a sequence's first block in its array format, and
+			// llm-d's consumer reads it so (see the package comment).
+			hasParent = false
+		default:
 			st.SkippedParent++
 			return
 		}
-		parent = s.nodes[idx].id
-	} else if lora != "" {
+	}
+	switch {
+	case hasParent:
+	case lora != "":
 		parent = s.loraSeed(lora)
-	} else {
+	default:
 		parent = s.seed
 	}
 	s.blockSize = ev.BlockSize
@@ -225,7 +241,7 @@ func (s *State) stored(ev *kvevents.BlockStored, st *Stats) {
 		}
 		id := kvindex.Chain(parent, ev.TokenIDs[i*ev.BlockSize:(i+1)*ev.BlockSize])
 		if s.insert(ev.BlockHashes[i].Uint64(), id) {
-			s.emitStored(parent, id, i > 0 || ev.ParentBlockHash.Valid)
+			s.emitStored(parent, id, i > 0 || hasParent)
 		}
 		st.StoredBlocks++
 		parent = id

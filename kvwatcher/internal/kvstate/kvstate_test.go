@@ -1,6 +1,7 @@
 package kvstate_test
 
 import (
+	"encoding/hex"
 	"reflect"
 	"slices"
 	"testing"
@@ -90,6 +91,45 @@ func TestIdentitiesMatchTheDataPlane(t *testing.T) {
 	}
 }
 
+// llmdSimArrayStored is one batch as llm-d's inference simulator sends it in
+// its default array format (llm-d/llm-d-inference-sim
+// pkg/kv-cache/kv_cache_sender.go, v0.10.2-41: msgpackEventBatch and
+// msgpackBlockStoredEvent, as_array, encoded by vmihailenco/msgpack v5.4.1):
+// ts 1700000000.5, BlockStored{hashes 0x0123456789ABCDEF and
+// 0xFEDCBA9876543210, parent_block_hash uint64 0 (the first block of a
+// sequence), tokens 1..8 as uint32, block_size 4, lora_id nil, medium "GPU",
+// lora_name nil, extra_keys nil}, rank 0. Produced by a program declaring
+// those two structs with these values.
+const llmdSimArrayStored = "93cb41d954fc402000009199ab426c6f636b53746f72656492cf0123456789abcdefcffedcba9876543210" +
+	"cf000000000000000098ce00000001ce00000002ce00000003ce00000004ce00000005ce00000006ce00000007ce0000000804c0a3475055c0c000"
+
+// TestLLMDSimulatorRootBlocks: the simulator's first blocks (parent 0) are
+// indexed as the start of a chain, with the identities the data plane
+// computes for the same tokens.
+func TestLLMDSimulatorRootBlocks(t *testing.T) {
+	payload, err := hex.DecodeString(llmdSimArrayStored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := kvevents.Decode(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, ok := b.Events[0].(*kvevents.BlockStored)
+	if len(b.Events) != 1 || !ok || !ev.ParentBlockHash.Valid || ev.ParentBlockHash.V.Uint64() != 0 {
+		t.Fatalf("decoded %+v", b.Events)
+	}
+	s := kvstate.New(model, 100)
+	ops, st := s.Apply(b.Events)
+	want := kvindex.Identities(kvindex.Seed(model), tokens(2*bs, 1), bs)
+	if got := cloneOps(ops); !reflect.DeepEqual(got, []kvdelta.Op{{Kind: kvdelta.OpStored, IDs: want}}) {
+		t.Fatalf("ops %+v, want one root run %x (stats %+v)", got, want, st)
+	}
+	if st.SkippedParent != 0 || s.Len() != 2 {
+		t.Fatalf("stats %+v, len %d", st, s.Len())
+	}
+}
+
 func TestApply(t *testing.T) {
 	toks := tokens(2*bs, 1)
 	root := kvindex.Identities(kvindex.Seed(model), toks, bs)
@@ -125,6 +165,26 @@ func TestApply(t *testing.T) {
 					t.Errorf("stats %+v", st)
 				}
 			},
+		},
+		{
+			name:    "parent 0 naming no block starts a chain",
+			batches: [][]kvevents.Event{{stored([]uint64{1, 2}, ptr[uint64](0), toks)}},
+			wantOps: []kvdelta.Op{{Kind: kvdelta.OpStored, IDs: root}},
+			wantLen: 2,
+			check: func(t *testing.T, st kvstate.Stats) {
+				if st.SkippedParent != 0 {
+					t.Errorf("stats %+v", st)
+				}
+			},
+		},
+		{
+			name: "parent 0 naming a known block chains from it",
+			batches: [][]kvevents.Event{
+				{stored([]uint64{0}, nil, toks[:bs])},
+				{stored([]uint64{2}, ptr[uint64](0), toks[bs:])},
+			},
+			wantOps: []kvdelta.Op{{Kind: kvdelta.OpStored, HasParent: true, Parent: root[0], IDs: root[1:]}},
+			wantLen: 2,
 		},
 		{
 			name: "a hash held twice leaves after its second removal",

@@ -21,6 +21,9 @@ func TestMetricsDocumented(t *testing.T) {
 	if _, err := metrics.New(rec); err != nil {
 		t.Fatal(err)
 	}
+	if err := metrics.RegisterNATS(rec, func() bool { return true }); err != nil {
+		t.Fatal(err)
+	}
 	_, problems, err := metricsdoc.Compare(rec, reg, filepath.Join("..", "..", "..", "docs", "metrics.md"), "rolter-kvwatcher")
 	if err != nil {
 		t.Fatal(err)

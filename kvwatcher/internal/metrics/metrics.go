@@ -84,3 +84,16 @@ func (m *Metrics) Forget(provider string) {
 		v.DeletePartialMatch(l)
 	}
 }
+
+// RegisterNATS registers rolter_kvwatcher_nats_connected, reading
+// connected at each scrape (app.RunService owns the connection).
+func RegisterNATS(reg prometheus.Registerer, connected func() bool) error {
+	return reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "rolter", Subsystem: "kvwatcher", Name: "nats_connected",
+		Help: "1 while the NATS connection is up, else 0 (publishes are buffered meanwhile, then fail)."},
+		func() float64 {
+			if connected() {
+				return 1
+			}
+			return 0
+		}))
+}

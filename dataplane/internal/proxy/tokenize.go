@@ -1,0 +1,125 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	"rolter.dev/dataplane/internal/tokenize"
+	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/routing"
+)
+
+// routesOnKV reports whether strategy reads the engines' KV events through
+// the request's token ids: only these get token ids from the engine, so no
+// other route pays a /tokenize call for ids its balancer would not read.
+func routesOnKV(strategy string) bool {
+	return strategy == routing.PreciseCacheAware || strategy == routing.PredictedTTFT
+}
+
+// tokenIDs fills x.rctx.TokenIDs, for a request that came without the
+// x-rolter-vllm-token-ids header (the header wins) to a route that routes
+// on KV events, with the token ids one eligible replica's POST /tokenize
+// computes for raw, the body as it will be forwarded. Every replica of a
+// route serves the same model with the same tokenizer and chat template
+// (docs/routing.md), so any one of them answers for all: a uniformly
+// random target that publishes KV events and allows tokenize, among those
+// the key may use and that are healthy and not cooling down. A failure or a
+// timeout leaves the ids unset: the route decides on its approximate
+// state, and rolter_tokenize_total counts why.
+func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
+	if p.kv == nil || len(x.rctx.TokenIDs) > 0 || !routesOnKV(x.route.cfg.Strategy) {
+		return
+	}
+	model := x.route.cfg.Model
+	count := func(outcome string) { p.metrics.Tokenize.WithLabelValues(model, outcome).Inc() }
+	now := time.Now()
+	var cands [routing.MaxTargets]int
+	n := 0
+	for i := range x.route.targets {
+		t := &x.route.targets[i]
+		kv := t.cfg.Provider.KVEvents
+		if !x.allowed.Has(i) || kv == nil || (kv.Tokenize != nil && !*kv.Tokenize) || t.cfg.Provider.Kind != config.KindOpenAICompatible {
+			continue
+		}
+		if !t.health.Healthy() || (x.rt.snap.Cooldown.BaseSecs > 0 && t.state.CoolingDown(now)) {
+			continue
+		}
+		cands[n] = i
+		n++
+	}
+	if n == 0 {
+		count("none")
+		return
+	}
+	t := &x.route.targets[cands[rand.IntN(n)]]
+	tok, ids, ok := tokenize.Build(x.ep.path, raw, t.cfg.Model)
+	switch {
+	case !ok:
+		count("unsupported")
+		return
+	case ids != nil:
+		x.rctx.TokenIDs = ids
+		count("cached")
+		return
+	}
+	if ids, ok := p.tok.Cached(tok); ok {
+		x.rctx.TokenIDs = ids
+		count("cached")
+		return
+	}
+	timeout := time.Duration(t.cfg.Provider.KVEvents.TokenizeTimeoutMS) * time.Millisecond
+	if timeout <= 0 {
+		timeout = config.DefaultTokenizeTimeoutMS * time.Millisecond
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cctx, span := p.tracer.Start(cctx, "tokenize")
+	start := time.Now()
+	ids, err := p.tok.Tokenize(cctx, t.cfg.Provider.APIBase, t.cfg.Provider.APIKey, tok)
+	p.metrics.TokenizeSeconds.WithLabelValues(model).Observe(time.Since(start).Seconds())
+	outcome := "engine"
+	switch {
+	case err == nil:
+		x.rctx.TokenIDs = ids
+	case errors.Is(err, context.DeadlineExceeded) || cctx.Err() != nil && ctx.Err() == nil:
+		outcome = "timeout"
+	default:
+		outcome = "error"
+	}
+	span.SetAttributes(attribute.String("rolter.provider", t.cfg.Provider.Name), attribute.String("rolter.tokenize", outcome),
+		attribute.Int("rolter.tokens", len(ids)))
+	span.End()
+	count(outcome)
+}
+
+// engineState is what the route's replicas report about themselves, for
+// predicted_ttft: the waiting count of [providers.engine_load] scrapes
+// (fresh within stale_ms) and the KV capacity of vllm:cache_config_info.
+type engineState struct{ targets []target }
+
+var _ routing.EngineState = engineState{}
+
+// Waiting implements routing.EngineState.
+func (e engineState) Waiting(i int) (int, bool) {
+	if i < 0 || i >= len(e.targets) {
+		return 0, false
+	}
+	t := &e.targets[i]
+	el := t.cfg.Provider.EngineLoad
+	if el == nil {
+		return 0, false
+	}
+	return t.health.EngineWaiting(time.Now(), el.Stale)
+}
+
+// KVCapacityTokens implements routing.EngineState.
+func (e engineState) KVCapacityTokens(i int) int {
+	if i < 0 || i >= len(e.targets) {
+		return 0
+	}
+	return e.targets[i].health.KVCapacityTokens()
+}

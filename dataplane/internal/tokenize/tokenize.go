@@ -1,0 +1,268 @@
+// Package tokenize obtains a request's prompt token ids from the engine
+// itself, for precise routing of clients that do not send them (every
+// OpenAI or Anthropic SDK): it turns a chat or completions body into vLLM's
+// POST /tokenize request, asks one replica, decodes the answer, and caches
+// it.
+//
+// # Exactly as the engine computes them
+//
+// vLLM's /tokenize (vllm/entrypoints/serve/tokenize/protocol.py) takes the
+// two forms of its TokenizeRequest union: TokenizeCompletionRequest
+// {"model","prompt","add_special_tokens"} and TokenizeChatRequest
+// {"model","messages",...} with the chat template's inputs. A chat
+// completion renders its prompt from the same inputs with the same
+// defaults (add_generation_prompt true, continue_final_message false,
+// add_special_tokens false), so [Build] copies exactly those fields from
+// the client's body: messages, tools, chat_template, chat_template_kwargs,
+// add_generation_prompt, continue_final_message, add_special_tokens. A
+// completions body with a string prompt becomes the prompt form; one whose
+// prompt already is token ids needs no call. Anything [Build] cannot
+// reproduce faithfully (another endpoint, non-text message content that
+// the engine would fetch and process, batched prompts) is not tokenized:
+// the request routes on the approximate index.
+//
+// # Bounded and cached
+//
+// A call is bounded by its context (the provider's
+// kv_events.tokenize_timeout_ms); the caller degrades to the approximate
+// index on any failure. Answers are cached by the 128-bit xxh3 digest of
+// the /tokenize body, which holds the target model and exactly what is
+// tokenized, so equal bodies get equal ids; the cache holds at most
+// [CacheTokens] token ids, least recently used first out.
+package tokenize
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Endpoint paths Build reads.
+const (
+	PathChatCompletions = "/v1/chat/completions"
+	PathCompletions     = "/v1/completions"
+)
+
+// CacheTokens bounds the cache: 4 Mi token ids, 16 MiB, a few hundred
+// long prompts or thousands of short ones.
+const CacheTokens = 4 << 20
+
+// MaxResponse bounds a /tokenize answer: 8 bytes a token for vLLM's
+// largest context windows, with room to spare.
+const MaxResponse = 16 << 20
+
+// chatFields are the chat body's fields that decide the rendered prompt,
+// copied verbatim into the /tokenize chat form (its TokenizeChatRequest
+// has each, with the chat completion's defaults).
+var chatFields = []string{"messages", "tools", "chat_template", "chat_template_kwargs",
+	"add_generation_prompt", "continue_final_message", "add_special_tokens"}
+
+// Build returns the /tokenize body for a request sent to path with body,
+// for the engine's model name model. When the body's prompt already is
+// token ids, ids holds them and tok is nil. ok is false when the request
+// cannot be tokenized faithfully.
+func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok bool) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return nil, nil, false
+	}
+	switch path {
+	case PathChatCompletions:
+		if !textOnly(fields["messages"]) {
+			return nil, nil, false
+		}
+		return encode(model, fields, chatFields), nil, true
+	case PathCompletions:
+		p := bytes.TrimSpace(fields["prompt"])
+		switch {
+		case len(p) > 0 && p[0] == '"':
+			return encode(model, fields, []string{"prompt", "add_special_tokens"}), nil, true
+		case len(p) > 0 && p[0] == '[':
+			var ids []uint32
+			if err := json.Unmarshal(p, &ids); err != nil || len(ids) == 0 {
+				return nil, nil, false // a batch, or not token ids
+			}
+			return nil, ids, true
+		}
+	}
+	return nil, nil, false
+}
+
+// textOnly reports whether messages is a non-empty array of messages whose
+// content is a string, null or an array of text parts only.
+func textOnly(messages json.RawMessage) bool {
+	var msgs []struct {
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(messages, &msgs); err != nil || len(msgs) == 0 {
+		return false
+	}
+	for _, m := range msgs {
+		c := bytes.TrimSpace(m.Content)
+		if len(c) == 0 || c[0] != '[' {
+			continue
+		}
+		var parts []struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal(c, &parts); err != nil {
+			return false
+		}
+		for _, p := range parts {
+			if p.Type != "text" {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// encode writes {"model":model, <names present in fields>...}.
+func encode(model string, fields map[string]json.RawMessage, names []string) []byte {
+	m, _ := json.Marshal(model)
+	b := append([]byte(`{"model":`), m...)
+	for _, n := range names {
+		if v, ok := fields[n]; ok {
+			b = append(b, ',', '"')
+			b = append(b, n...)
+			b = append(b, '"', ':')
+			b = append(b, v...)
+		}
+	}
+	return append(b, '}')
+}
+
+// ErrResponse is returned for a /tokenize answer that is not vLLM's
+// TokenizeResponse.
+var ErrResponse = errors.New("tokenize: malformed response")
+
+// Decode reads vLLM's TokenizeResponse {"count","max_model_len","tokens",
+// "token_strs"}: the token ids, which must be unsigned 32-bit integers and
+// as many as count says.
+func Decode(b []byte) ([]uint32, error) {
+	var r struct {
+		Count  *int     `json:"count"`
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrResponse, err)
+	}
+	if r.Tokens == nil || r.Count == nil || *r.Count != len(r.Tokens) {
+		return nil, fmt.Errorf("%w: tokens missing or not count long", ErrResponse)
+	}
+	return r.Tokens, nil
+}
+
+// Client calls /tokenize and caches the answers. Safe for concurrent use.
+type Client struct {
+	http *http.Client
+
+	mu     sync.Mutex
+	lru    list.List // of *entry, most recent first
+	byKey  map[xxh3.Uint128]*list.Element
+	tokens int
+}
+
+type entry struct {
+	key xxh3.Uint128
+	ids []uint32
+}
+
+// New returns a client sending with hc.
+func New(hc *http.Client) *Client {
+	return &Client{http: hc, byKey: map[xxh3.Uint128]*list.Element{}}
+}
+
+// Cached returns the ids cached for the /tokenize body tok.
+func (c *Client) Cached(tok []byte) ([]uint32, bool) {
+	k := xxh3.Hash128(tok)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.byKey[k]; ok {
+		c.lru.MoveToFront(e)
+		return e.Value.(*entry).ids, true
+	}
+	return nil, false
+}
+
+// Tokenize POSTs tok to base's /tokenize (base is the provider's api_base,
+// with or without its /v1) with the provider's key, decodes the answer and
+// caches it. The returned ids are shared: callers must not modify them.
+func (c *Client) Tokenize(ctx context.Context, base, apiKey string, tok []byte) ([]uint32, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, Endpoint(base), bytes.NewReader(tok))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponse+1))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("tokenize: status %d", resp.StatusCode)
+	}
+	if len(b) > MaxResponse {
+		return nil, fmt.Errorf("%w: over %d bytes", ErrResponse, MaxResponse)
+	}
+	ids, err := Decode(b)
+	if err != nil {
+		return nil, err
+	}
+	c.store(xxh3.Hash128(tok), ids)
+	return ids, nil
+}
+
+func (c *Client) store(k xxh3.Uint128, ids []uint32) {
+	if len(ids) > CacheTokens {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.byKey[k]; ok {
+		return
+	}
+	c.byKey[k] = c.lru.PushFront(&entry{key: k, ids: ids})
+	c.tokens += len(ids)
+	for c.tokens > CacheTokens {
+		last := c.lru.Back()
+		e := last.Value.(*entry)
+		c.lru.Remove(last)
+		delete(c.byKey, e.key)
+		c.tokens -= len(e.ids)
+	}
+}
+
+// Len returns the cached answers and their token ids.
+func (c *Client) Len() (entries, tokens int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lru.Len(), c.tokens
+}
+
+// Endpoint is vLLM's /tokenize URL for a provider's api_base: vLLM serves
+// it at its root, beside /v1.
+func Endpoint(base string) string {
+	for len(base) > 0 && base[len(base)-1] == '/' {
+		base = base[:len(base)-1]
+	}
+	if n := len(base); n >= 3 && base[n-3:] == "/v1" {
+		base = base[:n-3]
+	}
+	return base + "/tokenize"
+}

@@ -1,0 +1,183 @@
+package tokenize_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"rolter.dev/dataplane/internal/tokenize"
+)
+
+func TestBuild(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, body string
+		want             string // the /tokenize body; "" with ok false
+		ids              []uint32
+	}{
+		{"chat: the template's fields, nothing else", tokenize.PathChatCompletions,
+			`{"model":"public","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true,"tools":[{"type":"function"}],"add_generation_prompt":false,"temperature":0}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}],"add_generation_prompt":false}`, nil},
+		{"chat: text parts", tokenize.PathChatCompletions,
+			`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":null}],"chat_template_kwargs":{"x":1},"continue_final_message":true,"add_special_tokens":true,"chat_template":"t"}`,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":null}],"chat_template":"t","chat_template_kwargs":{"x":1},"continue_final_message":true,"add_special_tokens":true}`, nil},
+		{"chat: an image is not tokenized here", tokenize.PathChatCompletions,
+			`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x"}}]}]}`, "", nil},
+		{"chat: no messages", tokenize.PathChatCompletions, `{"messages":[]}`, "", nil},
+		{"completions: a string", tokenize.PathCompletions, `{"model":"p","prompt":"once","add_special_tokens":false,"n":2}`,
+			`{"model":"m","prompt":"once","add_special_tokens":false}`, nil},
+		{"completions: token ids need no call", tokenize.PathCompletions, `{"prompt":[1,2,3]}`, "", []uint32{1, 2, 3}},
+		{"completions: a batch", tokenize.PathCompletions, `{"prompt":["a","b"]}`, "", nil},
+		{"completions: negative ids", tokenize.PathCompletions, `{"prompt":[-1]}`, "", nil},
+		{"another endpoint", "/v1/messages", `{"messages":[{"role":"user","content":"hi"}]}`, "", nil},
+		{"not JSON", tokenize.PathChatCompletions, `{`, "", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tok, ids, ok := tokenize.Build(tc.path, []byte(tc.body), "m")
+			if ok != (tc.want != "" || tc.ids != nil) || string(tok) != tc.want || !slices.Equal(ids, tc.ids) {
+				t.Fatalf("Build = %s, %v, %v; want %s, %v", tok, ids, ok, tc.want, tc.ids)
+			}
+			if tok != nil && !json.Valid(tok) {
+				t.Fatalf("invalid JSON %s", tok)
+			}
+		})
+	}
+}
+
+func TestDecode(t *testing.T) {
+	ids, err := tokenize.Decode([]byte(`{"count":3,"max_model_len":32768,"tokens":[5,0,4294967295],"token_strs":null}`))
+	if err != nil || !slices.Equal(ids, []uint32{5, 0, 4294967295}) {
+		t.Fatalf("Decode = %v, %v", ids, err)
+	}
+	if ids, err := tokenize.Decode([]byte(`{"count":0,"tokens":[]}`)); err != nil || len(ids) != 0 {
+		t.Fatalf("empty: %v, %v", ids, err)
+	}
+	for _, bad := range []string{`{"count":2,"tokens":[1]}`, `{"tokens":[1]}`, `{"count":1}`, `{"count":1,"tokens":[-1]}`,
+		`{"count":1,"tokens":[4294967296]}`, `{"count":1,"tokens":[1.5]}`, `[1]`, `{"object":"error","message":"x"}`, ``} {
+		if _, err := tokenize.Decode([]byte(bad)); !errors.Is(err, tokenize.ErrResponse) {
+			t.Errorf("%s: err %v, want ErrResponse", bad, err)
+		}
+	}
+}
+
+// FuzzDecode: any answer gives ids or ErrResponse, never a panic; ids come
+// back only when the answer counts them.
+func FuzzDecode(f *testing.F) {
+	f.Add([]byte(`{"count":3,"max_model_len":32768,"tokens":[5,0,4294967295],"token_strs":null}`))
+	f.Add([]byte(`{"count":1,"tokens":[1],"token_strs":["a"]}`))
+	f.Add([]byte(`{"count":1,"tokens":[-1]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ids, err := tokenize.Decode(b)
+		if err != nil {
+			if !errors.Is(err, tokenize.ErrResponse) {
+				t.Fatalf("error %v is not ErrResponse", err)
+			}
+			return
+		}
+		var r struct {
+			Count int `json:"count"`
+		}
+		if json.Unmarshal(b, &r) != nil || r.Count != len(ids) {
+			t.Fatalf("%d ids from %q", len(ids), b)
+		}
+	})
+}
+
+func TestEndpoint(t *testing.T) {
+	for base, want := range map[string]string{
+		"http://h:8000/v1": "http://h:8000/tokenize", "http://h:8000/v1/": "http://h:8000/tokenize",
+		"http://h:8000": "http://h:8000/tokenize", "http://h/p/v1": "http://h/p/tokenize",
+	} {
+		if got := tokenize.Endpoint(base); got != want {
+			t.Errorf("Endpoint(%q) = %q, want %q", base, got, want)
+		}
+	}
+}
+
+// TestClient: the engine's answer is decoded and cached by body; a failing
+// or slow engine is an error, never ids; the cache stays within
+// CacheTokens.
+func TestClient(t *testing.T) {
+	var calls atomic.Int64
+	var delay atomic.Int64
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if r.URL.Path != "/tokenize" || r.Header.Get("Authorization") != "Bearer k" {
+			http.Error(w, "no", http.StatusNotFound)
+			return
+		}
+		if d := delay.Load(); d > 0 {
+			select {
+			case <-time.After(time.Duration(d)):
+			case <-release:
+				return
+			}
+		}
+		var req struct {
+			Prompt string `json:"prompt"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&req)
+		if req.Prompt == "fail" {
+			http.Error(w, `{"object":"error"}`, http.StatusBadRequest)
+			return
+		}
+		n := len(strings.Fields(req.Prompt))
+		toks := make([]int, n)
+		for i := range toks {
+			toks[i] = i + 1
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"count": n, "max_model_len": 100, "tokens": toks, "token_strs": nil})
+	}))
+	defer srv.Close()
+	defer close(release)
+	c := tokenize.New(srv.Client())
+	ctx := context.Background()
+	body := []byte(`{"model":"m","prompt":"a b c"}`)
+	if _, ok := c.Cached(body); ok {
+		t.Fatal("cached before any call")
+	}
+	ids, err := c.Tokenize(ctx, srv.URL+"/v1", "k", body)
+	if err != nil || !slices.Equal(ids, []uint32{1, 2, 3}) {
+		t.Fatalf("Tokenize = %v, %v", ids, err)
+	}
+	if got, ok := c.Cached(body); !ok || !slices.Equal(got, ids) {
+		t.Fatalf("Cached = %v, %v", got, ok)
+	}
+	if _, ok := c.Cached([]byte(`{"model":"other","prompt":"a b c"}`)); ok {
+		t.Fatal("another model hit the cache")
+	}
+	if _, err := c.Tokenize(ctx, srv.URL, "k", []byte(`{"model":"m","prompt":"fail"}`)); err == nil {
+		t.Fatal("a 400 gave ids")
+	}
+	if _, err := c.Tokenize(ctx, srv.URL, "wrong", body); err == nil {
+		t.Fatal("a 404 gave ids")
+	}
+	delay.Store(int64(time.Minute))
+	tctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if _, err := c.Tokenize(tctx, srv.URL, "k", []byte(`{"model":"m","prompt":"slow"}`)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("slow engine: %v, want a deadline error", err)
+	}
+	delay.Store(0)
+	// Bounded: prompts of 1 Mi tokens each, the oldest goes first.
+	big := strings.Repeat("w ", 1<<20)
+	for i := range 6 {
+		b, _ := json.Marshal(map[string]string{"model": "m", "prompt": big + strings.Repeat("x ", i)})
+		if _, err := c.Tokenize(ctx, srv.URL, "k", b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, toks := c.Len(); toks > tokenize.CacheTokens || n >= 7 {
+		t.Fatalf("cache holds %d answers, %d tokens (bound %d)", n, toks, tokenize.CacheTokens)
+	}
+	if _, ok := c.Cached(body); ok {
+		t.Fatal("the oldest answer survived")
+	}
+}

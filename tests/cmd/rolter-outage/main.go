@@ -1,0 +1,410 @@
+// Command rolter-outage kills and restarts each component of a small rolter
+// deployment on loopback, one at a time, under a steady request load, and
+// reports what the proxy did: requests failed from the kill until the
+// component is back and working, the time from the restart until then, and
+// whether precise routing was used meanwhile. docs/operations.md's
+// "component down" table records its figures.
+//
+//	make build && (cd pkg && go build -o ../bin/nats-server github.com/nats-io/nats-server/v2)
+//	go run ./tests/cmd/rolter-outage --bin bin --down 3s
+//
+// The deployment: redis-server, nats-server, an etcd (a rolter-controlplane
+// with --embed-etcd, used only as the etcd server), a control plane on that
+// etcd, two vllmsim replicas publishing KV events, a kvwatcher and a proxy
+// following the control plane (both with --snapshot-cache). Route "m" is
+// precise_cache_aware over the replicas; route "c" is served through the
+// Redis response cache. Every port is on 127.0.0.1 from --base-port.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"rolter.dev/tests/vllmsim"
+)
+
+type proc struct {
+	name string
+	args []string
+	env  []string
+	cmd  *exec.Cmd
+	log  *os.File
+}
+
+type rig struct {
+	bin, work string
+	base      int
+	procs     map[string]*proc
+	adminTok  string
+	nodeTok   string
+}
+
+func (r *rig) port(i int) string { return "127.0.0.1:" + strconv.Itoa(r.base+i) }
+
+func (r *rig) start(p *proc) error {
+	cmd := exec.Command(p.args[0], p.args[1:]...)
+	cmd.Env = append(os.Environ(), p.env...)
+	if p.log == nil {
+		f, err := os.OpenFile(filepath.Join(r.work, p.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return err
+		}
+		p.log = f
+	}
+	cmd.Stdout, cmd.Stderr = p.log, p.log
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%s: %w", p.name, err)
+	}
+	p.cmd = cmd
+	return nil
+}
+
+func (r *rig) kill(name string) {
+	p := r.procs[name]
+	if p.cmd != nil && p.cmd.Process != nil {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		_ = p.cmd.Wait()
+	}
+	p.cmd = nil
+}
+
+func (r *rig) stopAll() {
+	for name := range r.procs {
+		r.kill(name)
+	}
+}
+
+func get(url string) (int, string) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// metric sums the samples of name (with labels containing sub) in a
+// Prometheus text page; -1 when absent.
+func metric(page, name, sub string) float64 {
+	sum, found := 0.0, false
+	sc := bufio.NewScanner(strings.NewReader(page))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != '{' && line[len(name)] != ' ') || !strings.Contains(line, sub) {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err == nil {
+			sum, found = sum+v, true
+		}
+	}
+	if !found {
+		return -1
+	}
+	return sum
+}
+
+type result struct {
+	at       time.Time
+	route    string
+	code     int
+	provider string
+	cache    string
+}
+
+// load sends rate requests a second until ctx ends, alternating routes.
+type load struct {
+	mu      sync.Mutex
+	results []result
+}
+
+func (l *load) run(ctx context.Context, proxy string, rate int) {
+	prompts := make([]string, 8)
+	tokens := make([]string, 8)
+	for i := range prompts {
+		var b strings.Builder
+		for j := 0; b.Len() < 2400; j++ {
+			fmt.Fprintf(&b, "prompt%d word%d ", i, j)
+		}
+		prompts[i] = b.String()
+		var ids []string
+		for _, t := range vllmsim.Tokenize(prompts[i]) {
+			ids = append(ids, strconv.FormatUint(uint64(t), 10))
+		}
+		tokens[i] = strings.Join(ids, ",")
+	}
+	client := http.Client{Timeout: 5 * time.Second}
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for n := 0; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		// Mostly repeated prompts (precise routing sends each to the
+		// replica holding it), a quarter through the response cache, and
+		// one in eight a new prompt (no replica holds it: spread by load).
+		route, prompt, toks := "m", prompts[n%len(prompts)], tokens[n%len(prompts)]
+		switch {
+		case n%4 == 3:
+			route = "c"
+		case n%8 == 6:
+			prompt = fmt.Sprintf("fresh prompt %d %s", n, prompts[0][:400])
+			var ids []string
+			for _, t := range vllmsim.Tokenize(prompt) {
+				ids = append(ids, strconv.FormatUint(uint64(t), 10))
+			}
+			toks = strings.Join(ids, ",")
+		}
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":1}`, route, prompt)
+			req, _ := http.NewRequest(http.MethodPost, proxy+"/v1/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Rolter-Vllm-Token-Ids", toks)
+			res := result{at: time.Now(), route: route}
+			if resp, err := client.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				res.code, res.provider, res.cache = resp.StatusCode, resp.Header.Get("X-Rolter-Provider"), resp.Header.Get("X-Rolter-Cache")
+			}
+			l.mu.Lock()
+			l.results = append(l.results, res)
+			l.mu.Unlock()
+		})
+	}
+}
+
+// servedBy reports whether provider answered a request sent after t.
+func (l *load) servedBy(provider string, t time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.results {
+		if r.at.After(t) && r.code == http.StatusOK && r.provider == provider {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *load) between(from, to time.Time) (total, failed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.results {
+		if r.at.Before(from) || r.at.After(to) {
+			continue
+		}
+		total++
+		if r.code != http.StatusOK {
+			failed++
+		}
+	}
+	return total, failed
+}
+
+func waitFor(what string, within time.Duration, cond func() bool) (time.Time, error) {
+	deadline := time.Now().Add(within)
+	for {
+		if cond() {
+			return time.Now(), nil
+		}
+		if time.Now().After(deadline) {
+			return time.Time{}, fmt.Errorf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func main() {
+	bin := flag.String("bin", "bin", "directory of the built binaries (make build) and nats-server")
+	base := flag.Int("base-port", 27000, "first loopback port used")
+	rate := flag.Int("rate", 20, "requests per second sent to the proxy")
+	down := flag.Duration("down", 3*time.Second, "how long each component stays down")
+	within := flag.Duration("within", 60*time.Second, "give up on a recovery after this long")
+	only := flag.String("only", "", "comma-separated components to test (default: all)")
+	flag.Parse()
+	if err := run(*bin, *base, *rate, *down, *within, *only); err != nil {
+		fmt.Fprintln(os.Stderr, "rolter-outage:", err)
+		os.Exit(1)
+	}
+}
+
+func run(bin string, base, rate int, down, within time.Duration, only string) error {
+	bin, _ = filepath.Abs(bin)
+	work, err := os.MkdirTemp("", "rolter-outage-")
+	if err != nil {
+		return err
+	}
+	r := &rig{bin: bin, work: work, base: base, procs: map[string]*proc{}, adminTok: "outage-admin-0123456789", nodeTok: "outage-node-0123456789"}
+	defer r.stopAll()
+	b := func(name string) string { return filepath.Join(bin, name) }
+	redisPort := strconv.Itoa(base + 1)
+	etcdURL := "http://" + r.port(3)
+	cp, nats, proxy, kvw := r.port(5), r.port(2), "http://"+r.port(10), "http://"+r.port(11)
+	tokens := []string{"ROLTER_ADMIN_TOKENS=" + r.adminTok, "ROLTER_NODE_TOKENS=" + r.nodeTok, "ROLTER_KEY_PEPPER=outage-pepper-0123456789"}
+	for _, p := range []*proc{
+		{name: "redis", args: []string{"redis-server", "--port", redisPort, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"}},
+		{name: "nats", args: []string{b("nats-server"), "-a", "127.0.0.1", "-p", strconv.Itoa(base + 2)}},
+		{name: "etcd", args: []string{b("rolter-controlplane"), "--dev", "--embed-etcd", filepath.Join(work, "etcd"), "--embed-etcd-listen", r.port(3), "--listen", r.port(4)}, env: tokens},
+		{name: "controlplane", args: []string{b("rolter-controlplane"), "--dev", "--etcd", etcdURL, "--listen", cp, "--metrics-listen", r.port(12)}, env: tokens},
+		{name: "replica-a", args: []string{b("vllmsim"), "--listen", r.port(6), "--model", "sim-model", "--kv-events", "tcp://" + r.port(7)}},
+		{name: "replica-b", args: []string{b("vllmsim"), "--listen", r.port(8), "--model", "sim-model", "--kv-events", "tcp://" + r.port(9)}},
+		{name: "kvwatcher", args: []string{b("rolter-kvwatcher"), "--controlplane", cp, "--token", r.nodeTok, "--nats", "nats://" + nats,
+			"--snapshot-cache", filepath.Join(work, "kvwatcher-snapshot.json"), "--metrics-listen", r.port(11)}},
+		{name: "proxy", args: []string{b("rolter-proxy"), "--controlplane", cp, "--token", r.nodeTok, "--nats", "nats://" + nats,
+			"--snapshot-cache", filepath.Join(work, "proxy-snapshot.json"), "--listen", r.port(10)}, env: tokens},
+	} {
+		r.procs[p.name] = p
+		if err := r.start(p); err != nil {
+			return err
+		}
+		if p.name == "controlplane" {
+			if _, err := waitFor("config applied", within, func() bool { return r.apply(cp, redisPort, 1) == nil }); err != nil {
+				return err
+			}
+		}
+	}
+	fmt.Printf("work dir (logs): %s\n", work)
+	fresh := func() float64 {
+		_, page := get(proxy + "/metrics")
+		return metric(page, "rolter_kvindex_fresh", "")
+	}
+	healthy := func() bool {
+		code, _ := get(proxy + "/readyz")
+		return code == http.StatusOK && fresh() == 2
+	}
+	// A view is fresh once its engine sent an event: start the load first.
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &load{}
+	done := make(chan struct{})
+	go func() { defer close(done); l.run(ctx, proxy, rate) }()
+	defer func() { cancel(); <-done }()
+	if _, err := waitFor("the deployment healthy", within, healthy); err != nil {
+		return err
+	}
+	time.Sleep(2 * time.Second) // warm the replicas' caches and the response cache
+
+	version := 1
+	type check struct {
+		name      string
+		recovered func() bool
+	}
+	cacheHits := func() float64 { _, page := get(proxy + "/metrics"); return metric(page, "rolter_cache_hits_total", "") }
+	var hitsAtRestart float64
+	var restartedAt time.Time
+	// watcherEpoch is the epoch the proxy's view of vllm-a follows.
+	watcherEpoch := func() string {
+		_, page := get(proxy + "/metrics")
+		for line := range strings.SplitSeq(page, "\n") {
+			if strings.HasPrefix(line, `rolter_kvindex_watcher_info{epoch="`) && strings.Contains(line, `provider="vllm-a"`) {
+				return strings.SplitN(line, `"`, 3)[1]
+			}
+		}
+		return ""
+	}
+	epochBefore := ""
+	checks := []check{
+		{"controlplane", func() bool {
+			_, page := get(proxy + "/metrics")
+			_, kpage := get(kvw + "/metrics")
+			return metric(page, "rolter_controlplane_connected", "") == 1 && strings.Contains(kpage, "rolter_kvwatcher_providers 2")
+		}},
+		{"etcd", func() bool { version++; return r.apply(cp, redisPort, version) == nil }},
+		{"nats", func() bool { return fresh() == 2 }},
+		{"kvwatcher", func() bool { return fresh() == 2 && watcherEpoch() != epochBefore }},
+		{"replica-a", func() bool { return l.servedBy("vllm-a", restartedAt) }},
+		{"redis", func() bool { return cacheHits() > hitsAtRestart }},
+	}
+	fmt.Printf("\n%-13s %9s %9s %8s %13s %15s\n", "component", "down_for", "requests", "failed", "recovered_in", "scored_while_down")
+	for _, c := range checks {
+		if only != "" && !strings.Contains(","+only+",", ","+c.name+",") {
+			continue
+		}
+		if _, err := waitFor("healthy before "+c.name, within, healthy); err != nil {
+			return err
+		}
+		_, page := get(proxy + "/metrics")
+		scoredBefore := metric(page, "rolter_routing_decisions_total", `outcome="scored"`)
+		epochBefore = watcherEpoch()
+		t0 := time.Now()
+		r.kill(c.name)
+		time.Sleep(down)
+		_, page = get(proxy + "/metrics")
+		scoredDuring := metric(page, "rolter_routing_decisions_total", `outcome="scored"`) - scoredBefore
+		hitsAtRestart = cacheHits()
+		t1 := time.Now()
+		restartedAt = t1
+		if err := r.start(r.procs[c.name]); err != nil {
+			return err
+		}
+		t2, err := waitFor(c.name+" recovered", within, c.recovered)
+		if err != nil {
+			return err
+		}
+		total, failed := l.between(t0, t2)
+		fmt.Printf("%-13s %9s %9d %8d %13s %15.0f\n", c.name, down, total, failed, t2.Sub(t1).Round(10*time.Millisecond), scoredDuring)
+	}
+	return nil
+}
+
+// apply applies the config (version n: a comment changes) through rolterctl.
+func (r *rig) apply(cp, redisPort string, n int) error {
+	a, b := r.port(6), r.port(8)
+	doc := fmt.Sprintf(`# version %d
+[server]
+require_auth = false
+[accounting]
+sink = "none"
+[cache]
+enabled = true
+redis_url = "redis://127.0.0.1:%s"
+[[providers]]
+name = "vllm-a"
+kind = "openai_compatible"
+api_base = "http://%s"
+[providers.kv_events]
+endpoint = "tcp://%s"
+[[providers]]
+name = "vllm-b"
+kind = "openai_compatible"
+api_base = "http://%s"
+[providers.kv_events]
+endpoint = "tcp://%s"
+[[routes]]
+model = "m"
+strategy = "precise_cache_aware"
+targets = [{ provider = "vllm-a", model = "sim-model" }, { provider = "vllm-b", model = "sim-model" }]
+[[routes]]
+model = "c"
+targets = [{ provider = "vllm-a", model = "sim-model" }, { provider = "vllm-b", model = "sim-model" }]
+cache = { ttl_secs = 600 }
+`, n, redisPort, a, r.port(7), b, r.port(9))
+	path := filepath.Join(r.work, "rolter.toml")
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(r.bin, "rolterctl"), "apply", "-f", path)
+	cmd.Env = append(os.Environ(), "ROLTER_CONTROLPLANE="+cp, "ROLTER_TOKEN="+r.adminTok)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("rolterctl apply: %v: %s", err, out)
+	}
+	return nil
+}

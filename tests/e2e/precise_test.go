@@ -1,0 +1,354 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"rolter.dev/dataplane/app"
+	kvapp "rolter.dev/kvwatcher/app"
+	"rolter.dev/pkg/natstest"
+	"rolter.dev/tests/vllmsim"
+)
+
+// kvFleet is n vllmsim replicas publishing their KV events over ZMQ, a
+// real kvwatcher turning them into NATS deltas, and a proxy following them
+// with route "m" on strategy (upstream model "sim").
+type kvFleet struct {
+	base     string
+	replicas []*replica
+	watcher  *prometheus.Registry
+}
+
+// storedEvents is how many BlockStored events the watcher applied for
+// provider.
+func (f *kvFleet) storedEvents(t testing.TB, provider string) float64 {
+	t.Helper()
+	mfs, err := f.watcher.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "rolter_kvwatcher_events_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["provider"] == provider && labels["kind"] == "block_stored" {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
+}
+
+// Replicas scrape [providers.engine_load] when the strategy reads it
+// (predicted_ttft: waiting requests, KV capacity); precise_cache_aware's
+// load term would otherwise see a request that ended within the last
+// scrape and, at load_weight 1, outvote the cache hit this test is about.
+func startKVFleet(t testing.TB, n int, strategy, extra, routeExtra string, opts vllmsim.Options) *kvFleet {
+	t.Helper()
+	s := natstest.Start(t)
+	f := &kvFleet{}
+	var providers kvapp.StaticSource
+	var pubs []*vllmsim.KVPublisher
+	for i := range n {
+		pub, err := vllmsim.NewKVPublisher(vllmsim.KVPublisherOptions{Endpoint: "tcp://127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = pub.Close() })
+		o := opts
+		o.Models, o.Listener = []string{"sim"}, pub
+		f.replicas = append(f.replicas, startReplica(t, o))
+		pubs = append(pubs, pub)
+		providers = append(providers, kvapp.Provider{Name: fmt.Sprintf("vllm-%d", i), KV: &kvapp.KVSpec{
+			Endpoint: pub.Endpoint(), Mode: kvapp.ModeConnect, Model: "sim", MaxBlocks: 100_000, Stale: 30 * time.Second}})
+	}
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.watcher = prometheus.NewRegistry()
+	w, err := kvapp.New(kvapp.Options{Source: providers, NATS: nc, Logger: discard(), Registerer: f.watcher,
+		Heartbeat: 100 * time.Millisecond, ReplayTimeout: time.Second, ReplayIdle: time.Second,
+		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; nc.Close() })
+	for _, pub := range pubs {
+		waitFor(t, "the watcher subscribed", func() bool { return pub.Stats().Subscribers >= 1 })
+	}
+	var b strings.Builder
+	b.WriteString(extra)
+	var targets []string
+	for i, r := range f.replicas {
+		fmt.Fprintf(&b, "\n[[providers]]\nname = \"vllm-%d\"\nkind = \"openai_compatible\"\napi_base = %q\n[providers.kv_events]\nendpoint = %q\n",
+			i, r.url()+"/v1", pubs[i].Endpoint())
+		if strategy == "predicted_ttft" {
+			b.WriteString("[providers.engine_load]\ninterval_ms = 100\n")
+		}
+		targets = append(targets, fmt.Sprintf("{ provider = \"vllm-%d\", model = \"sim\" }", i))
+	}
+	fmt.Fprintf(&b, "\n[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [%s]\n%s", strategy, strings.Join(targets, ", "), routeExtra)
+	a, _ := startProxyWith(t, b.String(), app.Options{NATSURL: s.ClientURL(), NoShare: true})
+	f.base = a.URL()
+	return f
+}
+
+// chat sends one chat completion through the proxy with the official SDK
+// (no token-ids header) and returns the provider that served it.
+func (f *kvFleet) chat(t testing.TB, system, user string) string {
+	t.Helper()
+	client := openai.NewClient(option.WithBaseURL(f.base+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	var raw *http.Response
+	_, err := client.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+		Model:               "m",
+		Messages:            []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system), openai.UserMessage(user)},
+		MaxCompletionTokens: openai.Int(2),
+	}, option.WithResponseInto(&raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw.Header.Get("X-Rolter-Provider")
+}
+
+// longSystem is a system prompt of about words words, different per seed.
+func longSystem(seed string, words int) string {
+	var b strings.Builder
+	for i := range words {
+		fmt.Fprintf(&b, "%s%d ", seed, i)
+	}
+	return b.String()
+}
+
+// TestPreciseRoutingForSDKClients: an OpenAI SDK chat request with no
+// token-ids header goes to the replica that holds its prefix, on the
+// replica's own KV events: the proxy got the token ids from the replica's
+// /tokenize, and the precise decisions are counted as scored, not neutral.
+func TestPreciseRoutingForSDKClients(t *testing.T) {
+	for _, tc := range []struct{ strategy, scored, neutral string }{
+		{"precise_cache_aware", "scored", "neutral"},
+		{"predicted_ttft", "precise", "approximate"},
+	} {
+		t.Run(tc.strategy, func(t *testing.T) {
+			// Prefill costs time (50 µs a token), as on a GPU: predicted_ttft
+			// learns it from the first tokens it sees.
+			// No speculation: a pick made before the events arrive would
+			// leave a guessed copy of the prefix on another replica for its
+			// TTL; here the engines' events alone decide.
+			f := startKVFleet(t, 3, tc.strategy, openKVConfig, "[routes.balancer]\nspeculative_ttl_ms = 0\n", vllmsim.Options{PrefillTokensPerSecond: 20_000})
+			decisions := func(outcome string) float64 {
+				return metric(t, f.base, fmt.Sprintf(`rolter_routing_decisions_total{model="m",outcome=%q,strategy=%q}`, outcome, tc.strategy))
+			}
+			for g := range 3 {
+				system := longSystem(fmt.Sprintf("g%d-", g), 400)
+				// The group's first request computes its prefix wherever it
+				// goes; that replica then holds it and publishes the blocks.
+				want := f.chat(t, system, "first question")
+				// Until the deltas arrive a pick is a guess: wait until the
+				// watcher has the blocks and then for the proxy to route a
+				// run of 10 to the holder (a lucky run is 3^-10).
+				waitFor(t, "the watcher has the blocks", func() bool { return f.storedEvents(t, want) > 0 })
+				waitFor(t, "the proxy routes the prefix to "+want, func() bool {
+					for range 10 {
+						if f.chat(t, system, "are the events in?") != want {
+							return false
+						}
+					}
+					return true
+				})
+				before := decisions(tc.scored)
+				for q := range 5 {
+					if got := f.chat(t, system, fmt.Sprintf("question %d", q)); got != want {
+						t.Fatalf("a chat with %s's prefix went to %s", want, got)
+					}
+				}
+				if got := decisions(tc.scored) - before; got < 5 {
+					t.Fatalf("%v of 5 picks %s", got, tc.scored)
+				}
+			}
+			if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="engine"}`); n < 1 {
+				t.Fatalf("the replicas' /tokenize answered %v times", n)
+			}
+			if tc.strategy == "precise_cache_aware" {
+				if n := decisions(tc.neutral); n > 0 && decisions(tc.scored) < 5*n {
+					t.Logf("%v neutral picks (before the events arrived)", n)
+				}
+			}
+		})
+	}
+}
+
+// TestTokenizeFailureDegrades: a replica whose /tokenize fails or is slower
+// than tokenize_timeout_ms costs the request nothing but precision: it is
+// served, routed on the approximate state, and the failure counted.
+func TestTokenizeFailureDegrades(t *testing.T) {
+	f := startKVFleet(t, 2, "predicted_ttft", openKVConfig, "", vllmsim.Options{})
+	for _, r := range f.replicas {
+		r.setTokenize(func(w http.ResponseWriter) {
+			http.Error(w, `{"object":"error","message":"tokenizer crashed"}`, http.StatusInternalServerError)
+		})
+	}
+	if got := f.chat(t, longSystem("x", 50), "hi"); got == "" {
+		t.Fatal("no provider served the request")
+	}
+	if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="error"}`); n != 1 {
+		t.Fatalf("error outcome counted %v times, want 1", n)
+	}
+	release := make(chan struct{})
+	defer close(release)
+	for _, r := range f.replicas {
+		r.setTokenize(func(http.ResponseWriter) { <-release })
+	}
+	if got := f.chat(t, longSystem("y", 50), "hi"); got == "" {
+		t.Fatal("no provider served the request")
+	}
+	if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="timeout"}`); n != 1 {
+		t.Fatalf("timeout outcome counted %v times, want 1", n)
+	}
+	if n := metric(t, f.base, `rolter_routing_decisions_total{model="m",outcome="precise",strategy="predicted_ttft"}`); n > 0 {
+		t.Fatalf("%v precise picks without token ids", n)
+	}
+}
+
+// TestPrefillTokensByStrategy measures, through a real proxy with the OpenAI
+// SDK as the client (no token-ids header), the prefill tokens the replicas
+// compute (vllm:prompt_tokens_total − vllm:prefix_cache_hits_total from
+// their /metrics) for the same shared-prefix traffic under each strategy,
+// at 4, 8 and 16 concurrent clients (one client alone lets least_load put everything on the first replica). It is a measurement, run on demand
+// (docs/routing.md has the command and the figures):
+// ROLTER_MEASURE_PREFILL=1. It fails only if predicted_ttft computes more
+// than least_load; the comparison with cache_aware is reported.
+func TestPrefillTokensByStrategy(t *testing.T) {
+	if os.Getenv("ROLTER_MEASURE_PREFILL") == "" {
+		t.Skip("a measurement: set ROLTER_MEASURE_PREFILL=1")
+	}
+	const replicas, groups, perGroup = 4, 12, 8
+	// Prefill at 20,000 tokens/s: a group's ~1,000-token prefix costs 50 ms
+	// uncached.
+	opts := vllmsim.Options{CapacityBlocks: 512, PrefillTokensPerSecond: 20_000, TTFT: time.Millisecond}
+	for _, clients := range []int{4, 8, 16} {
+		computed := map[string]float64{}
+		for _, strategy := range []string{"least_load", "cache_aware", "precise_cache_aware", "predicted_ttft"} {
+			f := startKVFleet(t, replicas, strategy, openKVConfig, "", opts)
+			// Each group shares a long system prompt; its requests arrive
+			// interleaved with the other groups'.
+			var jobs []func()
+			for q := range perGroup {
+				for g := range groups {
+					system := longSystem(fmt.Sprintf("group%d-", g), 300)
+					jobs = append(jobs, func() { f.chat(t, system, fmt.Sprintf("question %d of group %d", q, g)) })
+				}
+			}
+			next := make(chan func())
+			var wg sync.WaitGroup
+			for range clients {
+				wg.Go(func() {
+					for j := range next {
+						j()
+					}
+				})
+			}
+			for _, j := range jobs {
+				next <- j
+			}
+			close(next)
+			wg.Wait()
+			total := 0.0
+			for _, r := range f.replicas {
+				total += metric(t, r.url(), "vllm:prompt_tokens_total{engine=\"0\",model_name=\"sim\"}") -
+					metric(t, r.url(), "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"sim\"}")
+			}
+			computed[strategy] = total
+			t.Logf("clients %d  %-20s prefill tokens computed %8.0f", clients, strategy, total)
+		}
+		if computed["predicted_ttft"] >= computed["least_load"] {
+			t.Errorf("clients %d: predicted_ttft computed %v prefill tokens, least_load %v", clients, computed["predicted_ttft"], computed["least_load"])
+		}
+	}
+}
+
+// BenchmarkTokenizeThroughProxy measures what the proxy's /tokenize call
+// adds to a request's latency: the same chat (a ~4,000-token system prompt,
+// a different question each time) to a precise_cache_aware route over two
+// vllmsim replicas, sent with the token-ids header (no call), without it
+// (the replica's /tokenize answers each), and without it for a body seen
+// before (the proxy's cache answers). It reports each variant's latency
+// p50 and p99 in µs.
+func BenchmarkTokenizeThroughProxy(b *testing.B) {
+	f := startKVFleet(b, 2, "precise_cache_aware", openKVConfig, "", vllmsim.Options{})
+	system := longSystem("bench", 2000)
+	client := &http.Client{}
+	send := func(b *testing.B, q int, header bool) time.Duration {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, system, q)
+		req, _ := http.NewRequest(http.MethodPost, f.base+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if header {
+			ids := vllmsim.Tokenize(vllmsim.ChatPrompt([]vllmsim.Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprintf("question %d", q)}}))
+			s := make([]string, len(ids))
+			for i, id := range ids {
+				s[i] = strconv.FormatUint(uint64(id), 10)
+			}
+			req.Header.Set("X-Rolter-Vllm-Token-Ids", strings.Join(s, ","))
+		}
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		d := time.Since(start)
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+		return d
+	}
+	q := 0
+	for _, tc := range []struct {
+		name           string
+		header, repeat bool
+	}{{"header", true, false}, {"tokenize", false, false}, {"tokenize_cached", false, true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			send(b, -1, tc.header) // connections warm; -1 is the repeated body
+			var lat []time.Duration
+			for b.Loop() {
+				n := q
+				if tc.repeat {
+					n = -1
+				} else {
+					q++
+				}
+				lat = append(lat, send(b, n, tc.header))
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+		})
+	}
+}
+
+// openKVConfig is the fleets' global config: no accounting, no keys.
+const openKVConfig = "[server]\nrequire_auth = false\n[accounting]\nsink = \"none\"\n"
