@@ -124,7 +124,7 @@ func label(cmd string) string {
 			parts = append([]string{f[i+1]}, parts...)
 			i++
 		case "--quiet", "--json":
-		case "--strategies":
+		case "--strategies", "--trace-limit": // every trace run has the same limit
 			i++
 		default:
 			if strings.HasPrefix(f[i], "--") && i+1 < len(f) && f[i] != "--share" {
