@@ -126,16 +126,16 @@ func label(cmd string) string {
 		case "--quiet", "--json":
 		case "--strategies", "--trace-limit": // every trace run has the same limit
 			i++
-		default:
-			if strings.HasPrefix(f[i], "--") && i+1 < len(f) && f[i] != "--share" {
-				parts = append(parts, strings.TrimPrefix(f[i], "--")+" "+f[i+1])
-				i++
-			}
 		case "--share":
 			if f[i+1] == "on" {
 				parts = append(parts, "shared")
 			}
 			i++
+		default:
+			if strings.HasPrefix(f[i], "--") && i+1 < len(f) {
+				parts = append(parts, strings.TrimPrefix(f[i], "--")+" "+f[i+1])
+				i++
+			}
 		}
 	}
 	return strings.Join(parts, ", ")
