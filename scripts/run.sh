@@ -94,7 +94,7 @@ Both routes decide on the engines' KV events (llama-3.1-8b with predicted_ttft):
 asks a replica's /tokenize for the token ids; a client that has them may send them instead:
   IDS=\$(curl -s 127.0.0.1:8001/tokenize -d '{"model":"sim-model","prompt":"A long shared prefix ..."}' \\
         | python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["tokens"])))')
-  curl -s http://$PROXY_ADDR/v1/completions -H 'content-type: application/json' -H "x-rolter-vllm-token-ids: \$IDS" \
+  curl -s http://$PROXY_ADDR/v1/completions -H 'content-type: application/json' -H "x-rolter-vllm-token-ids: \$IDS" \\
     -d '{"model":"llama-3.1-8b-precise","prompt":"A long shared prefix ...","max_tokens":8}'
 
 Change the config through the control plane (the proxy follows within a second):
