@@ -66,7 +66,7 @@ sim: ## Build the routing simulator and compare the strategies on gsp (see docs/
 	./$(BIN)/rolter-sim --workload gsp --capacity 2048 --strategies all
 
 .PHONY: run
-run: build ## Start a control plane (embedded etcd), 3 simulated vLLM replicas and a proxy following it; Ctrl-C stops all
+run: build ## Start a control plane (embedded etcd), a kvwatcher (embedded NATS), 3 simulated vLLM replicas and two proxies following it; Ctrl-C stops all
 	@./scripts/run.sh
 
 IMAGE_REPO ?= rolter

@@ -89,12 +89,15 @@ rolter is running on this machine:
 Send a request:
   curl -s http://$PROXY_ADDR/v1/chat/completions -H 'content-type: application/json' \\
     -d '{"model":"llama-3.1-8b","messages":[{"role":"user","content":"Hello!"}]}'
+Streamed (server-sent events):
+  curl -sN http://$PROXY_ADDR/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{"model":"llama-3.1-8b","stream":true,"messages":[{"role":"user","content":"Hello!"}]}'
 
 Both routes decide on the engines' KV events (llama-3.1-8b with predicted_ttft): the proxy
 asks a replica's /tokenize for the token ids; a client that has them may send them instead:
   IDS=\$(curl -s 127.0.0.1:8001/tokenize -d '{"model":"sim-model","prompt":"A long shared prefix ..."}' \\
         | python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["tokens"])))')
-  curl -s http://$PROXY_ADDR/v1/completions -H 'content-type: application/json' -H "x-rolter-vllm-token-ids: \$IDS" \
+  curl -s http://$PROXY_ADDR/v1/completions -H 'content-type: application/json' -H "x-rolter-vllm-token-ids: \$IDS" \\
     -d '{"model":"llama-3.1-8b-precise","prompt":"A long shared prefix ...","max_tokens":8}'
 
 Change the config through the control plane (the proxy follows within a second):
@@ -102,6 +105,9 @@ Change the config through the control plane (the proxy follows within a second):
   bin/rolterctl list routes
   bin/rolterctl apply -f $CONFIG --dry-run        # edit the file first, see the diff
   bin/rolterctl status                             # which node runs which version
+  bin/rolterctl keys create team-a --models llama-3.1-8b
+      # prints the secret once; from then on every request needs a key:
+      # -H "authorization: Bearer sk-rolter-..." (OpenAI) or -H "x-api-key: sk-rolter-..." (Anthropic)
 
 Either proxy routes a conversation where the other sent its prefix; each one's
 rolter_fleet_peers shows the other:

@@ -64,8 +64,9 @@ type Options struct {
 	// listener closes (default 30 s).
 	DrainTimeout time.Duration
 	// NATSURL, when set, connects to NATS to follow the kvwatchers' KV-event
-	// and LMCache deltas (precise_cache_aware, lmcache_aware). NATS being
-	// down at start or later leaves those strategies neutral (least load);
+	// and LMCache deltas (precise_cache_aware, predicted_ttft,
+	// lmcache_aware). NATS being down at start or later leaves those
+	// strategies neutral (least load);
 	// the client reconnects by itself.
 	NATSURL string
 	// NoShare, with NATSURL, keeps this proxy's routing state to itself;

@@ -203,3 +203,85 @@ func joined(err error) []error {
 	}
 	return []error{err}
 }
+
+// proseKeyRe matches a backticked key path (`server.require_auth`,
+// `routes[2].targets[0].provider`, `server.require_auth = false`) or section
+// (`[routes.balancer]`, `[[providers]]`) anywhere in a page.
+var proseKeyRe = regexp.MustCompile("`(\\[\\[?[a-z_.]+\\]\\]?|[a-z_]+(?:\\[\\d*\\])?(?:\\.[a-z_]+(?:\\[\\d*\\])?)+)(?: = [^`]*)?`")
+
+// schemaHas reports whether the dotted key path (indices and `[]` ignored)
+// names a field of rt, the way TOML nests it: through slices, pointers and
+// maps (a map's keys are free).
+func schemaHas(rt reflect.Type, path string) bool {
+	for seg := range strings.SplitSeq(path, ".") {
+		seg, _, _ = strings.Cut(seg, "[")
+		for rt.Kind() == reflect.Pointer || rt.Kind() == reflect.Slice {
+			rt = rt.Elem()
+		}
+		switch rt.Kind() {
+		case reflect.Map:
+			rt = rt.Elem()
+			continue
+		case reflect.Struct:
+		default:
+			return false
+		}
+		found := false
+		for i := range rt.NumField() {
+			if name, _, _ := strings.Cut(rt.Field(i).Tag.Get("toml"), ","); name == seg {
+				rt, found = rt.Field(i).Type, true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// TestProseNamesOnlyKeys checks the key paths the README and every docs page
+// name in prose (not only configuration.md's tables): each one whose first
+// segment is a top-level key of Config must exist, so a renamed or removed
+// key does not live on in a how-to.
+func TestProseNamesOnlyKeys(t *testing.T) {
+	root := filepath.Join("..", "..")
+	pages, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(pages, filepath.Join(root, "README.md"))
+	top := map[string]bool{}
+	cfg := reflect.TypeFor[config.Config]()
+	for i := range cfg.NumField() {
+		name, _, _ := strings.Cut(cfg.Field(i).Tag.Get("toml"), ",")
+		top[name] = true
+	}
+	checked := 0
+	for _, page := range pages {
+		raw, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range proseKeyRe.FindAllStringSubmatch(string(raw), -1) {
+			key := strings.Trim(m[1], "[]")
+			first, _, _ := strings.Cut(strings.SplitN(key, ".", 2)[0], "[")
+			if !top[first] {
+				continue
+			}
+			checked++
+			if !schemaHas(cfg, key) {
+				t.Errorf("%s names `%s`, which is not a config key", filepath.Base(page), m[1])
+			}
+		}
+	}
+	if checked < 100 {
+		t.Fatalf("found only %d key paths in the docs: has the pattern stopped matching?", checked)
+	}
+	// The check itself rejects a misspelt leaf and section and accepts a map's key.
+	for path, want := range map[string]bool{"routes.balancer.scorers.prefix": true, "routes[0].targets[1].weight": true, "server.require_auht": false, "routes.balancr": false} {
+		if got := schemaHas(cfg, path); got != want {
+			t.Errorf("schemaHas(%q) = %v, want %v", path, got, want)
+		}
+	}
+}

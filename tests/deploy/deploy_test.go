@@ -1755,3 +1755,29 @@ func checkMountedFrom(t *testing.T, where string, svc map[string]any, file, dir 
 	}
 	t.Errorf("%s: %s is not mounted from %s", where, file, dir)
 }
+
+// TestRunScriptMessage checks the commands `make run` prints: its message is
+// an unquoted heredoc, where a line ending in one backslash is joined with the
+// next by the shell, so a printed multi-line command must end its lines in
+// `\\` (printed as `\`).
+func TestRunScriptMessage(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(repo, "scripts", "run.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := regexp.MustCompile(`(?m)^cat <<(\w+)$`).FindSubmatchIndex(raw)
+	if start == nil {
+		t.Fatal("scripts/run.sh: no `cat <<WORD` message found")
+	}
+	word := string(raw[start[2]:start[3]])
+	body, _, ok := strings.Cut(string(raw[start[1]:]), "\n"+word+"\n")
+	if !ok {
+		t.Fatalf("scripts/run.sh: the heredoc %s is not closed", word)
+	}
+	for i, line := range strings.Split(body, "\n") {
+		trail := len(line) - len(strings.TrimRight(line, `\`))
+		if trail%2 == 1 {
+			t.Errorf("scripts/run.sh message line %d ends in an odd number of backslashes: the shell joins it with the next line in the printed command\n%s", i, line)
+		}
+	}
+}

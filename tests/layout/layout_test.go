@@ -1,5 +1,6 @@
 // Package layout_test guards the repository's architecture: which module
-// may import which, and that production code never imports testing.
+// may import which, that production code never imports testing, and that
+// the Markdown's relative links and anchors resolve.
 package layout_test
 
 import (

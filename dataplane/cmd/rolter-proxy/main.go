@@ -31,7 +31,7 @@ func main() {
 	nodeID := flag.String("node-id", "", "node ID reported to the control plane (default hostname-pid)")
 	cache := flag.String("snapshot-cache", "", "file caching the last control-plane snapshot, served at startup while no control plane answers")
 	pepperFile := flag.String("key-pepper-file", "", "file holding the virtual-key pepper, the control plane's ($ROLTER_KEY_PEPPER takes precedence)")
-	natsURL := flag.String("nats", "", "NATS URL: the kvwatchers' KV-event deltas (precise_cache_aware, lmcache_aware) and the proxies' shared routing state")
+	natsURL := flag.String("nats", "", "NATS URL: the kvwatchers' KV-event deltas (precise_cache_aware, predicted_ttft, lmcache_aware) and the proxies' shared routing state")
 	share := flag.Bool("share", true, "with --nats: share routing observations and in-flight counts with the other proxies of the fleet")
 	shareFlush := flag.Duration("share-flush", fleet.DefaultFlushInterval, "with --share: how often batched routing observations are published")
 	shareGroup := flag.String("share-group", "default", "with --share: the fleet's name; proxies share state only within one group")
