@@ -3,6 +3,7 @@ package app
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,7 +15,10 @@ import (
 // FileSource is the [Source] of file mode: it loads a rolter config file
 // with config.Load and polls it for changes (size, modification time, then
 // content), so renames over the file and symlink swaps are followed. An
-// invalid change is logged and the previous providers stay in use.
+// invalid change is logged and the previous providers stay in use. An empty
+// file is invalid: it is what a file rewritten in place (truncated, then
+// written) looks like between the two steps, and loading it as "no
+// providers" would stop following every engine until the next poll.
 type FileSource struct {
 	// Path is the config file.
 	Path string
@@ -28,6 +32,8 @@ type FileSource struct {
 }
 
 var _ Source = (*FileSource)(nil)
+
+var errEmptyConfig = errors.New("the config file is empty (being rewritten?)")
 
 // Run loads the file, calls update, and polls until ctx ends. A file that
 // cannot be loaded at the start is an error.
@@ -45,6 +51,9 @@ func (s *FileSource) Run(ctx context.Context, update func([]Provider)) error {
 	var lastStat os.FileInfo
 	load := func() error {
 		cfg, data, err := config.Load(s.Path)
+		if err == nil && len(bytes.TrimSpace(data)) == 0 {
+			err = errEmptyConfig
+		}
 		if s.OnResult != nil {
 			s.OnResult(err)
 		}
@@ -59,10 +68,12 @@ func (s *FileSource) Run(ctx context.Context, update func([]Provider)) error {
 		update(providers)
 		return nil
 	}
+	// Stat before reading, as the polls do: a change made after the stat
+	// shows as a different stat at the next poll, never as a missed one.
+	lastStat, _ = os.Stat(s.Path)
 	if err := load(); err != nil {
 		return fmt.Errorf("kvwatcher: load %s: %w", s.Path, err)
 	}
-	lastStat, _ = os.Stat(s.Path)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -317,9 +317,7 @@ api_base = "http://127.0.0.1:8001"
 [providers.kv_events]
 endpoint = "` + endpoint + `"
 `
-		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		replace(t, path, data)
 	}
 	write("tcp://a:1")
 	got := make(chan []Provider, 8)
@@ -346,9 +344,7 @@ endpoint = "` + endpoint + `"
 		t.Fatalf("first list %+v", l)
 	}
 	time.Sleep(20 * time.Millisecond) // a distinct modification time
-	if err := os.WriteFile(path, []byte("[[providers]]\nname = 1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	replace(t, path, "[[providers]]\nname = 1\n")
 	eventually(t, "the invalid file is reported", func() bool { return failures.Load() > 0 })
 	write("tcp://b:2")
 	if l := next(); len(l) != 1 || l[0].KV.Endpoint != "tcp://b:2" {
@@ -360,6 +356,78 @@ endpoint = "` + endpoint + `"
 			t.Errorf("Run: %v", err)
 		}
 	})
+}
+
+// replace writes the file whole, as editors and ConfigMaps do (write
+// then rename), so the watcher never sees it half written.
+func replace(t *testing.T, path, data string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A file rewritten in place is empty between its truncation and its write:
+// the watcher refuses that state and keeps following the providers it has,
+// instead of dropping them all until the next poll.
+func TestFileSourceKeepsProvidersWhileTheFileIsRewritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rolter.toml")
+	doc := func(endpoint string) string {
+		return "[[providers]]\nname = \"a\"\nkind = \"openai_compatible\"\napi_base = \"http://127.0.0.1:8001\"\n" +
+			"[providers.kv_events]\nendpoint = \"" + endpoint + "\"\n"
+	}
+	if err := os.WriteFile(path, []byte(doc("tcp://a:1")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan []Provider, 8)
+	results := make(chan error, 64)
+	src := &FileSource{Path: path, Interval: 5 * time.Millisecond, OnResult: func(err error) { results <- err }}
+	done := make(chan error, 1)
+	go func() { done <- src.Run(t.Context(), func(l []Provider) { got <- l }) }()
+	t.Cleanup(func() {
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	if l := <-got; len(l) != 1 || l[0].KV.Endpoint != "tcp://a:1" {
+		t.Fatalf("first list %+v", l)
+	}
+	if err := <-results; err != nil {
+		t.Fatalf("first load: %v", err)
+	}
+	// The first half of an in-place rewrite: the file truncated.
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-results:
+		if err == nil {
+			t.Fatalf("the empty file was accepted; update: %+v", <-got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the truncated file was not noticed")
+	}
+	select {
+	case l := <-got:
+		t.Fatalf("the empty file replaced the providers with %+v", l)
+	default:
+	}
+	// The second half: the new content.
+	if err := os.WriteFile(path, []byte(doc("tcp://b:2")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l := <-got:
+		if len(l) != 1 || l[0].KV.Endpoint != "tcp://b:2" {
+			t.Fatalf("rewritten list %+v", l)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the rewritten file was not loaded")
+	}
 }
 
 // A publisher whose topic is not the configured one (vLLM's default topic is

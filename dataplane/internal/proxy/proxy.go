@@ -226,6 +226,51 @@ func (p *Proxy) Close() error {
 // is not draining).
 func (p *Proxy) SetDraining(v bool) { p.draining.Store(v) }
 
+// drainAwareWriter adds "Connection: close" to a response whose headers are
+// written while the proxy drains. Deciding when the headers go out, not when
+// the request arrived, covers a request already in flight when draining
+// starts (a slow answer, a stream waiting for its first event): its response
+// closes the connection too, instead of leaving the client a keep-alive
+// connection that the server closes at shutdown, which can cross the next
+// request sent on it (a POST, that HTTP/1.1 cannot retry).
+type drainAwareWriter struct {
+	http.ResponseWriter
+	draining *atomic.Bool
+	wrote    bool
+}
+
+func (w *drainAwareWriter) header() {
+	if !w.wrote {
+		w.wrote = true
+		if w.draining.Load() {
+			w.ResponseWriter.Header().Set("Connection", "close")
+		}
+	}
+}
+
+func (w *drainAwareWriter) WriteHeader(code int) {
+	if code >= 200 { // 1xx informational headers are not the response's
+		w.header()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *drainAwareWriter) Write(b []byte) (int, error) {
+	w.header()
+	return w.ResponseWriter.Write(b)
+}
+
+// FlushError is what http.ResponseController calls: a flush before any
+// write sends the headers too.
+func (w *drainAwareWriter) FlushError() error {
+	w.header()
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap lets http.ResponseController reach the server's writer (read
+// deadlines, full duplex).
+func (w *drainAwareWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // endpoint describes one API path.
 type endpoint struct {
 	path    string
@@ -266,9 +311,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	if p.draining.Load() {
-		w.Header().Set("Connection", "close")
-	}
+	w = &drainAwareWriter{ResponseWriter: w, draining: &p.draining}
 	switch r.URL.Path {
 	case "/v1/models":
 		w.Header().Set("X-Request-Id", requestID(r))

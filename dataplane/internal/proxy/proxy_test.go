@@ -462,6 +462,53 @@ func TestModelsAndProbes(t *testing.T) {
 	resp.Body.Close()
 }
 
+// A request already in flight when draining starts closes its keep-alive
+// connection too, as long as its response headers go out after that: a
+// stream (waiting for its first event) and a buffered answer alike.
+// Otherwise the client reuses the connection and the server's close at
+// shutdown can cross the next request on it.
+func TestInFlightRequestClosesItsConnectionWhenDrainingStarts(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			up := newUpstream(t, "a")
+			arrived, release := make(chan struct{}), make(chan struct{})
+			up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+				close(arrived)
+				<-release
+				if stream {
+					w.Header().Set("Content-Type", "text/event-stream")
+					fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+					return true
+				}
+				return false
+			}
+			p, srv := newTestProxy(t, openAuth+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+			type result struct {
+				resp *http.Response
+				err  error
+			}
+			done := make(chan result, 1)
+			go func() {
+				body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, stream)
+				resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				done <- result{resp, err}
+			}()
+			<-arrived // the proxy's handler is running, its response not started
+			p.SetDraining(true)
+			close(release)
+			res := <-done
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			b, _ := io.ReadAll(res.resp.Body)
+			res.resp.Body.Close()
+			if res.resp.StatusCode != 200 || !res.resp.Close {
+				t.Fatalf("status %d, Connection: close %v (%s)", res.resp.StatusCode, res.resp.Close, b)
+			}
+		})
+	}
+}
+
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
