@@ -220,13 +220,22 @@ func TestControlPlaneTLS(t *testing.T) {
 			t.Fatalf("TLS config %v, %v", cfg, err)
 		}
 		updates := runSource(t, &app.ControlPlaneSource{Addrs: []string{addr}, Token: cpNodeToken, TLSConfig: cfg, NodeID: "kvw-tls", Logger: logger()})
-		select {
-		case names := <-updates:
-			if len(names) != 1 || names[0] != "vllm-kv" {
-				t.Fatalf("providers %v, want [vllm-kv]", names)
+		// The control plane follows etcd asynchronously, so the first
+		// snapshot may predate the apply (no providers); wait for the one
+		// that carries it.
+		for {
+			select {
+			case names := <-updates:
+				if len(names) == 0 {
+					continue
+				}
+				if len(names) != 1 || names[0] != "vllm-kv" {
+					t.Fatalf("providers %v, want [vllm-kv]", names)
+				}
+			case <-failSafe:
+				t.Fatal("no snapshot over TLS")
 			}
-		case <-failSafe:
-			t.Fatal("no snapshot over TLS")
+			break
 		}
 	})
 
