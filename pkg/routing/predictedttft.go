@@ -68,13 +68,15 @@ const (
 // Prediction for target i, over the eligible set E:
 //
 //	ahead_n(i)   = pending(i) + max(0, waiting(i) - pending(i))
-//	ahead_tok(i) = pending_tokens(i) + that excess × mean pending tokens
+//	ahead_tok(i) = pending_tokens(i) - served(i) + that excess × mean pending tokens
 //	own(i)       = prompt_tokens - matched(i)
 //	ttft(i)      = w0(i) + w1(i)·ahead_n(i) + w2(i)·(ahead_tok(i) + own(i))/1000
 //
 // pending(i) and pending_tokens(i) are the requests this balancer sent to i
 // (Observe) that have no first token yet and their uncached prefill tokens,
-// as estimated when they were sent; waiting(i) is the engine's
+// as estimated when they were sent; served(i) is what i has prefilled of
+// the oldest of them since it began serving it, at the law's rate (see
+// served); waiting(i) is the engine's
 // num_requests_waiting when Spec.Engine has it fresh (it counts every
 // proxy's requests, so it covers what a peer sent); the excess is valued at
 // the mean uncached prefill of the requests this balancer has sent (the
@@ -139,6 +141,12 @@ type predictedTTFT struct {
 	// in-flight) it gives the share of the traffic this proxy sees.
 	inflight []atomic.Int64
 	start    atomic.Int64
+	// Per target, the pending prefill at the head of its queue (the oldest):
+	// its tokens, and since when the replica has been serving it (ns; the
+	// later of its dispatch and the previous first token there). What the
+	// replica has already prefilled of it is not ahead of a new request.
+	headTokens, serviceFrom, lastLeave []atomic.Int64
+	seq                                uint64 // dispatch order, under mu
 
 	mu        sync.Mutex
 	pending   []map[*Context]pendingPrefill
@@ -163,6 +171,7 @@ type pendingPrefill struct {
 	bytes    int // whole prompt bytes
 	indexed  int // bounded prompt bytes
 	knownTok int // len(TokenIDs), 0 when unknown
+	seq      uint64
 }
 
 type unsentKey struct {
@@ -199,9 +208,10 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		busySince:  make([]atomic.Int64, n),
 		arrivals:   make([]atomic.Int64, n),
 		inflight:   make([]atomic.Int64, n),
-		pending:    make([]map[*Context]pendingPrefill, n),
-		unsent:     map[unsentKey][]uint64{},
-		unitLaw:    latencyModel{w: [3]float64{0, 0, 1}, samples: PredictorMinSamples},
+		headTokens: make([]atomic.Int64, n), serviceFrom: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
+		pending: make([]map[*Context]pendingPrefill, n),
+		unsent:  map[unsentKey][]uint64{},
+		unitLaw: latencyModel{w: [3]float64{0, 0, 1}, samples: PredictorMinSamples},
 	}
 	if t.specTTL == 0 {
 		t.specTTL = DefaultSpeculativeTTL
@@ -213,6 +223,8 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	for i := range t.pending {
 		t.pending[i] = map[*Context]pendingPrefill{}
 		t.busySince[i].Store(-1)
+		t.serviceFrom[i].Store(-1)
+		t.lastLeave[i].Store(-1)
 	}
 	t.start.Store(-1)
 	t.bytesPerToken.Store(math.Float64bits(DefaultBytesPerToken))
@@ -356,9 +368,9 @@ func (f *lawFit) solve() ([3]float64, bool) {
 
 // features returns target i's prediction inputs for a request whose own
 // uncached prefill is own tokens.
-func (t *predictedTTFT) features(i int, own float64, tokens int) [3]float64 {
+func (t *predictedTTFT) features(i int, own float64, tokens int, m *latencyModel, now time.Duration) [3]float64 {
 	aheadN := float64(t.pendCount[i].Load())
-	aheadTok := float64(t.pendTokens[i].Load())
+	aheadTok := max(float64(t.pendTokens[i].Load())-t.served(i, m, now), 0)
 	if t.engine != nil {
 		if w, ok := t.engine.Waiting(i); ok && float64(w) > aheadN {
 			mean := float64(tokens)
@@ -370,6 +382,25 @@ func (t *predictedTTFT) features(i int, own float64, tokens int) [3]float64 {
 		}
 	}
 	return [3]float64{1, aheadN, (aheadTok + max(own, 0)) / 1000}
+}
+
+// served estimates the tokens target i has already prefilled of the request
+// at the head of its queue: the time since it began serving it at the
+// law's rate (w2 ms per 1,000 tokens), at most the head's tokens. Without
+// it a replica busy prefilling a prefix looks as far away as when that
+// prefill was sent, and an idle replica without the prefix wins the tie.
+func (t *predictedTTFT) served(i int, m *latencyModel, now time.Duration) float64 {
+	from := t.serviceFrom[i].Load()
+	if from < 0 || m.w[2] <= 0 || int64(now) <= from {
+		return 0
+	}
+	// The head's fixed part (w1, what a request costs beyond its tokens)
+	// is served first.
+	ms := float64(int64(now)-from)/float64(time.Millisecond) - max(m.w[1], 0)
+	if ms <= 0 {
+		return 0
+	}
+	return min(ms*1000/m.w[2], float64(t.headTokens[i].Load()))
 }
 
 // Pick implements Balancer.
@@ -402,7 +433,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		for ; w != 0; w &= w - 1 {
 			i := wi*64 + bitIndex(w)
 			own := max(float64(tokens)-match[i], 0)
-			x := t.features(i, own, tokens)
+			x := t.features(i, own, tokens, &m, now)
 			pred[i] = max(0, m.w[0]*x[0]+m.w[1]*x[1]+m.w[2]*x[2])
 			if fitted || burst {
 				pred[i] += t.externality(i, max(0, m.w[2])*own/1000, pred[i], now, scale)
@@ -450,10 +481,13 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	t.matched(ctx, tokens, match)
 	own := max(float64(tokens)-match[target], 0)
 	now := t.now()
-	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens), at: now,
+	m := t.law()
+	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens, &m, now), at: now,
 		bytes: promptBytes(ctx), indexed: len(ctx.Prompt), knownTok: len(ctx.TokenIDs)}
 
 	t.mu.Lock()
+	t.seq++
+	e.seq = t.seq
 	t.start.CompareAndSwap(-1, int64(now))
 	t.arrivals[target].Add(1)
 	t.inflight[target].Add(1)
@@ -524,6 +558,10 @@ func (t *predictedTTFT) take(target int, ctx *Context) (pendingPrefill, bool) {
 func (t *predictedTTFT) pendLocked(target int, dn, dtok int, now time.Duration) {
 	t.pendTokens[target].Add(int64(dtok))
 	after := t.pendCount[target].Add(int64(dn))
+	if dn < 0 {
+		t.lastLeave[target].Store(int64(now))
+	}
+	t.headLocked(target)
 	switch {
 	case after > 0 && t.busySince[target].Load() < 0:
 		t.busySince[target].Store(int64(now))
@@ -533,6 +571,25 @@ func (t *predictedTTFT) pendLocked(target int, dn, dtok int, now time.Duration) 
 			t.busySince[target].Store(-1)
 		}
 	}
+}
+
+// headLocked finds target's oldest pending prefill, the one the replica
+// serves first; t.mu must be held.
+func (t *predictedTTFT) headLocked(target int) {
+	var head pendingPrefill
+	found := false
+	for _, e := range t.pending[target] {
+		if !found || e.seq < head.seq {
+			head, found = e, true
+		}
+	}
+	if !found {
+		t.headTokens[target].Store(0)
+		t.serviceFrom[target].Store(-1)
+		return
+	}
+	t.headTokens[target].Store(int64(head.tokens))
+	t.serviceFrom[target].Store(max(int64(head.at), t.lastLeave[target].Load()))
 }
 
 // externality is the delay that adding own ms of prefill to a target whose

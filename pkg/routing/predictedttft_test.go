@@ -267,3 +267,24 @@ func TestPredictedTTFTRejectsNegativeCapacity(t *testing.T) {
 		t.Fatalf("New with a negative capacity: %v, want an error naming kv_capacity_tokens[1]", err)
 	}
 }
+
+// A replica that is prefilling a prefix right now is closer than when the
+// prefill was sent: what it has prefilled since, at the law's rate, is no
+// longer ahead. Counting the whole prefill as still queued made the busy
+// holder tie an idle replica without the prefix, and the idle one won.
+func TestPredictedTTFTCreditsPrefillInProgress(t *testing.T) {
+	sys := words(1, 4000)
+	for seed := range uint64(20) {
+		clock := &ttftClock{now: time.Second}
+		b := newTTFT(t, 2, seed, clock, nil)
+		first := &routing.Context{Prompt: sys + words(2, 400)}
+		b.Observe(0, first) // 1,100 tokens, no first token yet
+		// Under the unit law (1 ms per 1,000 tokens) 1 ms later the holder
+		// has 100 of them left: 100 + 100 own against 1,100 on the idle one.
+		clock.tick()
+		got := b.Pick(&routing.Context{Prompt: sys + words(3, 400)}, []int{1, 0}, routing.All(2))
+		if got != 0 {
+			t.Fatalf("seed %d: picked %d, want the holder 0, which has nearly prefilled the shared prefix", seed, got)
+		}
+	}
+}
