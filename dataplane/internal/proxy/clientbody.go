@@ -51,7 +51,10 @@ func watchBody(r *http.Request, snap *config.Snapshot, now time.Time) *clientBod
 // mid-read; it is cleared once the body is in, because the server keeps
 // reading the connection in the background while the response streams and
 // an expired deadline there would cancel the request.
-func readBody(w http.ResponseWriter, b *clientBody, limit int64) ([]byte, *apiError, string) {
+func readBody(w http.ResponseWriter, r *http.Request, b *clientBody, limit int64) ([]byte, *apiError, string) {
+	if r.ContentLength > limit { // refused on its declared length, unread
+		return nil, &errTooLarge, fmt.Sprintf("request body is larger than %d bytes", limit)
+	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(b.deadline) // not supported by test recorders: then unbounded
 	raw, err := request.Read(b, limit)

@@ -72,12 +72,7 @@ func (p *Proxy) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 		fail(*aerr, msg)
 		return
 	}
-	limit := rt.snap.Server.MaxBodyBytes
-	if r.ContentLength > limit {
-		fail(errTooLarge, fmt.Sprintf("request body is larger than %d bytes", limit))
-		return
-	}
-	raw, berr, msg := readBody(w, cb, limit)
+	raw, berr, msg := readBody(w, r, cb, rt.snap.Server.MaxBodyBytes)
 	if berr != nil {
 		fail(*berr, msg)
 		return
