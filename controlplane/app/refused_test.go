@@ -1,11 +1,10 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
+	"rolter.dev/pkg/syncbuf"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,29 +14,12 @@ import (
 	pb "rolter.dev/proto/rolter/controlplane/v1"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestRefusedCallsAreCountedAndLogged: admin calls with no, a wrong or a
 // node-only token are counted by reason (and by code among the admin
 // requests) and logged without the token.
 func TestRefusedCallsAreCountedAndLogged(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	ctx, cancel := context.WithCancel(t.Context())
 	a, err := app.Start(ctx, app.Options{
 		Listen: "127.0.0.1:0", EmbedEtcdDir: t.TempDir(), EmbedEtcdListen: "127.0.0.1:0",

@@ -1,37 +1,18 @@
 package app_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"rolter.dev/pkg/syncbuf"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"rolter.dev/dataplane/app"
 	"rolter.dev/pkg/natstest"
 )
-
-// syncBuffer is a log sink safe for the proxy's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 const doc = `
 [server]
@@ -58,7 +39,7 @@ func TestNATSDisconnectIsLogged(t *testing.T) {
 	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	a, err := app.Start(ctx, app.Options{ConfigPath: path, Listen: "127.0.0.1:0", NATSURL: s.ClientURL(), DrainTimeout: time.Second,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})

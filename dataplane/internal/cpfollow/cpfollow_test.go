@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"rolter.dev/pkg/syncbuf"
 	"strings"
 	"sync"
 	"testing"
@@ -348,24 +349,6 @@ func TestSnapshotSpans(t *testing.T) {
 	check("cache", map[attribute.Key]string{cpfollow.AttrVersion: "11", cpfollow.AttrSource: "cache", cpfollow.AttrResult: "applied", cpfollow.AttrNodeID: "n2"})
 }
 
-// syncLog is a log sink safe for the follower's goroutine.
-type syncLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestNoSnapshotIsNotServed: with an unreadable cache and no control
 // plane, the follower says it has no snapshot (the proxy answers 503), not
 // that it still serves the last one.
@@ -374,7 +357,7 @@ func TestNoSnapshotIsNotServed(t *testing.T) {
 	if err := os.WriteFile(cache, []byte("{unreadable"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncLog{}
+	logs := &syncbuf.Buffer{}
 	reg := prometheus.NewRegistry()
 	f := cpfollow.New(cpfollow.Options{
 		Addrs: []string{"127.0.0.1:1"}, NodeID: "n1", CacheFile: cache, Applier: &applier{},

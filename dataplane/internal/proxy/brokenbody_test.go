@@ -12,9 +12,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"rolter.dev/pkg/syncbuf"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -153,7 +153,7 @@ func TestResponseCutAfterItStarted(t *testing.T) {
 					up := breakingUpstream(t, d, stream, die)
 					acct, usagePath := accountingFile(t)
 					spans := tracetest.NewSpanRecorder()
-					var logs syncBuffer
+					var logs syncbuf.Buffer
 					p := New(Options{
 						TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
 						Logger:         slog.New(slog.NewJSONHandler(&logs, nil)),
@@ -392,25 +392,6 @@ func TestCutStreamIsNeverCached(t *testing.T) {
 	if s := p.rt.Load().cache.cache.Stats(); s.Stores != 0 || s.Incomplete != 2 {
 		t.Fatalf("cache stats %+v, want no store and 2 incomplete", s)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's and the test's
-// goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func hasAttr(s sdktrace.ReadOnlySpan, key, value string) bool {

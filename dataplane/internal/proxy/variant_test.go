@@ -13,6 +13,7 @@ import (
 
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/routing"
+	"rolter.dev/pkg/syncbuf"
 )
 
 const chat = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
@@ -347,7 +348,7 @@ func TestVariantObservability(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	p := New(Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 	if err := p.Apply(snap); err != nil {
 		t.Fatal(err)
