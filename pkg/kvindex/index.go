@@ -32,9 +32,10 @@ const (
 	DefaultMissedHeartbeats = 3
 )
 
-// beatWindow is how many intervals between the followed watcher's messages
-// the index remembers to estimate its heartbeat period: the longest of
-// them, since LMCache updates and deltas only add messages between beats.
+// beatWindow is how many intervals between the followed watcher's status
+// messages the index remembers to estimate its heartbeat period: the longest
+// of them, since LMCache updates and reconnects only add statuses between
+// beats.
 const beatWindow = 8
 
 // Options configures an [Index]. The zero value takes the defaults.
@@ -237,11 +238,18 @@ func (p *provider) beat() time.Duration {
 	return b
 }
 
-// heard records a message of the followed epoch at now. p.mu is held.
-func (p *provider) heard(now time.Time) {
-	if !p.statusAt.IsZero() {
-		p.beats[p.nbeats%beatWindow] = now.Sub(p.statusAt)
-		p.nbeats++
+// heard records a message of the followed epoch at now. Only status
+// messages time the period: the watcher sends one every heartbeat however
+// many deltas it publishes, while a burst of deltas would fill the window
+// with intervals far shorter than a beat and make a quiet moment after it
+// look like a dead watcher. p.mu is held.
+func (p *provider) heard(now time.Time, status bool) {
+	if status {
+		if !p.beatAt.IsZero() {
+			p.beats[p.nbeats%beatWindow] = now.Sub(p.beatAt)
+			p.nbeats++
+		}
+		p.beatAt = now
 	}
 	p.statusAt = now
 }
@@ -384,7 +392,8 @@ type provider struct {
 	blocks    Residency // on Unix time
 	status    kvdelta.Status
 	statusAt  time.Time
-	beats     [beatWindow]time.Duration // recent intervals between the followed epoch's messages
+	beats     [beatWindow]time.Duration // recent intervals between the followed epoch's status messages
+	beatAt    time.Time                 // the followed epoch's last status message
 	nbeats    int
 	sickSince time.Time            // since when the followed status is not healthy (zero: healthy)
 	others    map[uint64]time.Time // other epochs → last heard
@@ -449,11 +458,11 @@ func (p *provider) onMsg(msg *nats.Msg) {
 		p.failovers.Add(1)
 		delete(p.others, m.Epoch)
 		p.epoch = m.Epoch
-		p.nbeats, p.statusAt = 0, time.Time{} // another watcher, another period
+		p.nbeats, p.statusAt, p.beatAt = 0, time.Time{}, time.Time{} // another watcher, another period
 		p.startResync(nil)
 	}
 	p.status = m.Status
-	p.heard(now)
+	p.heard(now, m.Type == kvdelta.TypeStatus)
 	if healthy(m.Status, 0) {
 		p.sickSince = time.Time{}
 	} else if p.sickSince.IsZero() {
