@@ -14,10 +14,8 @@ func TestBurstOfDeltasKeepsTheHeartbeatPeriod(t *testing.T) {
 	for i := range 3 {
 		p.heard(t0.Add(time.Duration(i)*time.Second), true)
 	}
-	last := t0.Add(2 * time.Second)
 	for i := range 2 * beatWindow {
-		last = t0.Add(2*time.Second + time.Duration(i+1)*time.Millisecond)
-		p.heard(last, false)
+		p.heard(t0.Add(2*time.Second+time.Duration(i+1)*time.Millisecond), false)
 	}
 	if got := p.beat(); got != time.Second {
 		t.Fatalf("beat = %v after a burst of deltas, want the 1s between statuses", got)
