@@ -159,9 +159,14 @@ type predictedTTFT struct {
 	bytesSeen, indexedSeen, tokensSeen float64
 	bytesPerToken, indexedPerToken     atomic.Uint64 // float64 bits
 	observes                           atomic.Uint64
-	uncachedSum                        atomic.Int64     // Σ uncached prefill tokens of every Observe
-	decisions                          [2]atomic.Uint64 // precise, approximate
-	unitLaw                            latencyModel
+	uncachedSum                        atomic.Int64 // Σ uncached prefill tokens of every Observe
+	// novelty is Σ over every Observe of the share of its prompt that no
+	// target held (float64 bits, written under mu): how much of the traffic
+	// so far was new to the whole fleet.
+	novelty    atomic.Uint64
+	noveltySum float64          // under mu
+	decisions  [2]atomic.Uint64 // precise, approximate
+	unitLaw    latencyModel
 }
 
 type pendingPrefill struct {
@@ -485,9 +490,18 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens, &m, now), at: now,
 		bytes: promptBytes(ctx), indexed: len(ctx.Prompt), knownTok: len(ctx.TokenIDs)}
 
+	held := 0.0
+	for _, v := range match {
+		held = max(held, v)
+	}
+
 	t.mu.Lock()
 	t.seq++
 	e.seq = t.seq
+	if tokens > 0 {
+		t.noveltySum += 1 - min(held/float64(tokens), 1)
+		t.novelty.Store(math.Float64bits(t.noveltySum))
+	}
 	t.start.CompareAndSwap(-1, int64(now))
 	t.arrivals[target].Add(1)
 	t.inflight[target].Add(1)
@@ -600,9 +614,20 @@ func (t *predictedTTFT) headLocked(target int) {
 // the mean share of time a target's prefill queue was busy, both since the
 // first request; pooled over the targets because a target's own rate
 // mostly reflects how routing treated it so far (an avoided replica looks
-// idle), and the pooled figures routed better (docs/routing.md). When every
-// request so far arrived in one instant (a burst), the arrivals at the
-// target so far stand in for λ × ttft.
+// idle), and the pooled figures routed better (docs/routing.md).
+//
+// When every request so far arrived in one instant (a burst: a load
+// generator's clients starting together) there is no rate, and the burst so
+// far stands in for what is still to come: as many arrivals again, of which
+// the share q that were new to every target (the mean share of a prompt no
+// target held, novelty) spread evenly, and the rest follow what each target
+// already holds, as many at i as i has had. So i expects
+// (1 − q)·arrivals(i) + q·arrivals/n later arrivals. With q ≈ 1 (many
+// distinct prefixes) a holder's follower stays with it rather than copying
+// the prefix to a target that will soon have new prefixes of its own; with
+// q ≈ 0 (one prefix shared by everyone, e.g. agents with one system prompt)
+// an idle target expects nobody and takes the next session, so the burst
+// spreads instead of piling onto the first holder (docs/routing.md).
 func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, now time.Duration, scale float64) float64 {
 	start := t.start.Load()
 	if start < 0 || ownMS <= 0 {
@@ -610,7 +635,15 @@ func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, now time.Durat
 	}
 	elapsed := float64(int64(now)-start) / float64(time.Millisecond)
 	if elapsed <= 0 {
-		return ownMS * float64(t.arrivals[i].Load())
+		var arrivals float64
+		for j := range t.n {
+			arrivals += float64(t.arrivals[j].Load())
+		}
+		if arrivals <= 0 {
+			return 0
+		}
+		q := min(max(loadFloat(&t.novelty)/arrivals, 0), 1)
+		return ownMS * ((1-q)*float64(t.arrivals[i].Load()) + q*arrivals/float64(t.n))
 	}
 	var busy, arrivals float64
 	for j := range t.n {

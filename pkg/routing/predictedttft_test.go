@@ -115,6 +115,54 @@ func TestPredictedTTFTColdStartSpreads(t *testing.T) {
 	}
 }
 
+// In a burst of many distinct prefixes (a gsp-like benchmark starting all
+// its clients at once), a follower of a prefix stays with its holder even
+// while some targets are still idle: they will soon have new prefixes of
+// their own, so a copy of the prefix there would delay them. (Estimating a
+// target's later arrivals by its own arrivals so far, 0 for an idle one,
+// copied the prefix.)
+func TestPredictedTTFTBurstKeepsFollowerWithHolder(t *testing.T) {
+	for seed := range uint64(10) {
+		clock := &ttftClock{now: time.Second}
+		b := newTTFT(t, 8, seed, clock, nil)
+		holder := -1
+		for g := range 3 {
+			ctx := &routing.Context{Prompt: words(uint64(200+g), 8000) + words(uint64(300+g), 500)}
+			target := b.Pick(ctx, nil, routing.All(8))
+			b.Observe(target, ctx)
+			if g == 0 {
+				holder = target
+			}
+		}
+		follower := &routing.Context{Prompt: words(200, 8000) + words(400, 500)}
+		if got := b.Pick(follower, nil, routing.All(8)); got != holder {
+			t.Fatalf("seed %d: follower picked %d, want its prefix's holder %d", seed, got, holder)
+		}
+	}
+}
+
+// In a burst where everyone shares one prefix (agents with one system
+// prompt starting together, each session then sticking to its replica), the
+// burst spreads over the targets instead of piling onto the prefix's first
+// holder: an idle target expects no followers.
+func TestPredictedTTFTBurstSpreadsOneSharedPrefix(t *testing.T) {
+	sys := words(1, 16000)
+	clock := &ttftClock{now: time.Second}
+	b := newTTFT(t, 16, 5, clock, nil)
+	counts := make([]int, 16)
+	for a := range 64 {
+		ctx := &routing.Context{Prompt: sys + words(uint64(500+a), 1000)}
+		target := b.Pick(ctx, nil, routing.All(16))
+		b.Observe(target, ctx)
+		counts[target]++
+	}
+	for i, c := range counts {
+		if c < 2 || c > 6 {
+			t.Fatalf("target %d got %d of 64 sessions, want about 4 each: %v", i, c, counts)
+		}
+	}
+}
+
 func TestPredictedTTFTTiesSpread(t *testing.T) {
 	clock := &ttftClock{now: time.Second}
 	b := newTTFT(t, 4, 4, clock, nil)
