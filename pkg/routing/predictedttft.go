@@ -70,7 +70,8 @@ const (
 //	ahead_n(i)   = pending(i) + max(0, waiting(i) - pending(i))
 //	ahead_tok(i) = pending_tokens(i) - served(i) + that excess × mean pending tokens
 //	own(i)       = prompt_tokens - matched(i)
-//	ttft(i)      = w0(i) + w1(i)·ahead_n(i) + w2(i)·(ahead_tok(i) + own(i))/1000
+//	ttft(i)      = w0 + w1·ahead_n(i) + w2·ahead_tok(i)/1000 + w3·own(i)/1000
+//	cost(i)      = ttft(i) + externality (see externality)
 //
 // pending(i) and pending_tokens(i) are the requests this balancer sent to i
 // (Observe) that have no first token yet and their uncached prefill tokens,
@@ -88,16 +89,16 @@ const (
 // matched bytes scaled to tokens. prompt_tokens is len(TokenIDs), else the
 // prompt's bytes / the learned bytes per token.
 //
-// w(i) is target i's latency law, fitted online by the NLMS of
-// predicted_latency (step 0.15, ≥ 8 samples) on every FirstToken: x =
-// (1, ahead_n, work/1000) as predicted at Observe, y = TTFT in ms. Until i
-// has 8 samples it uses the mean of the fitted targets' laws, and before any
-// target is fitted the unit law ttft = work/1000 (Dynamo's cost with overlap
-// weight 1 and no decode term), under which homogeneous replicas already
-// rank correctly: the law only scales. The pick is the argmin; predictions
-// within 1e-6 of the minimum tie (a cold start: nothing cached, nothing
-// pending), and among the tied the least-loaded (loads, when known), then a
-// uniform draw, wins.
+// w is the fleet's latency law: the least-squares fit, no weight negative,
+// of y = TTFT in ms on x = (1, ahead_n, ahead_tok/1000, own/1000) as
+// predicted at Observe, over every target's first tokens (pooled: see
+// law). It is used from PredictorMinSamples samples on, once its own-work
+// weight is determined (see lawFit.determined); before that the unit law
+// w = (0, 0, 1, 1) (Dynamo's cost with overlap weight 1 and no decode
+// term), under which homogeneous replicas already rank correctly: the law
+// only scales. The pick is the argmin of cost; costs within 1e-6 of the
+// minimum tie (a cold start: nothing cached, nothing pending), and among
+// the tied the least-loaded (loads, when known), then a uniform draw, wins.
 //
 // Capacity: the approximate index holds, per target, at most
 // capacity_tokens(i) × indexed bytes per token / 64 chunks, where
@@ -128,8 +129,8 @@ type predictedTTFT struct {
 	publish func(int, string)
 
 	fitMu      sync.Mutex
-	fits       []lawFit                     // per target, under fitMu
-	fleet      atomic.Pointer[latencyModel] // the pooled fit; nil until fitted
+	fits       []lawFit                // per target, under fitMu
+	fleet      atomic.Pointer[ttftLaw] // the pooled fit; nil until fitted
 	pendTokens []atomic.Int64
 	pendCount  []atomic.Int64
 	// Per target, for its queue's utilisation and arrival rate: time with
@@ -166,12 +167,12 @@ type predictedTTFT struct {
 	novelty    atomic.Uint64
 	noveltySum float64          // under mu
 	decisions  [2]atomic.Uint64 // precise, approximate
-	unitLaw    latencyModel
+	unitLaw    ttftLaw
 }
 
 type pendingPrefill struct {
 	tokens   int
-	x        [3]float64
+	x        [lawFeatures]float64
 	at       time.Duration
 	bytes    int // whole prompt bytes
 	indexed  int // bounded prompt bytes
@@ -216,7 +217,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		headTokens: make([]atomic.Int64, n), serviceFrom: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
 		pending: make([]map[*Context]pendingPrefill, n),
 		unsent:  map[unsentKey][]uint64{},
-		unitLaw: latencyModel{w: [3]float64{0, 0, 1}, samples: PredictorMinSamples},
+		unitLaw: ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1}, samples: PredictorMinSamples},
 	}
 	if t.specTTL == 0 {
 		t.specTTL = DefaultSpeculativeTTL
@@ -297,47 +298,177 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 // pick uses the pooled one: on a homogeneous fleet the per-target fits
 // differ by noise alone, and that noise steered traffic (rolter-sim unique:
 // imbalance 1.64 with per-target laws, 1.03 pooled; docs/routing.md).
-func (t *predictedTTFT) law() latencyModel {
+func (t *predictedTTFT) law() ttftLaw {
 	if m := t.fleet.Load(); m != nil {
 		return *m
 	}
 	return t.unitLaw
 }
 
+func (m *ttftLaw) predict(x [lawFeatures]float64) float64 {
+	var y float64
+	for i, v := range x {
+		y += m.w[i] * v
+	}
+	return y
+}
+
+// The inputs of predicted_ttft's latency law, by index: 1, the requests
+// ahead, the queued prefill tokens ahead (thousands), this request's own
+// uncached tokens (thousands). Queued and own work have their own weights:
+// an engine that prefills one request at a time (vLLM's token budget per
+// step) charges both, one that prefills every request on its own (vllmsim)
+// only the own, and the fit learns which.
+const (
+	lawBase = iota
+	lawAhead
+	lawQueued
+	lawOwn
+	lawFeatures
+)
+
+// ttftLaw is predicted_ttft's latency law: TTFT (ms) = w·x.
+type ttftLaw struct {
+	w       [lawFeatures]float64
+	samples int
+}
+
 // lawFit accumulates the normal equations of the least-squares fit of
 // y = w·x.
 type lawFit struct {
-	xx [3][3]float64
-	xy [3]float64
+	xx [lawFeatures][lawFeatures]float64
+	xy [lawFeatures]float64
+	yy float64
 	n  int
 }
 
-func (f *lawFit) add(x [3]float64, y float64) {
+func (f *lawFit) add(x [lawFeatures]float64, y float64) {
 	for r := range x {
 		for c := range x {
 			f.xx[r][c] += x[r] * x[c]
 		}
 		f.xy[r] += x[r] * y
 	}
+	f.yy += y * y
 	f.n++
 }
 
-// solve returns the least-squares weights, with a ridge of 1e-9 of the
-// mean diagonal so that a feature that never varied (no queue yet) gets
-// weight 0 instead of a singular system; false when there is nothing to
-// fit.
-func (f *lawFit) solve() ([3]float64, bool) {
-	a, b := f.xx, f.xy
-	ridge := 1e-9 * (a[0][0] + a[1][1] + a[2][2]) / 3
+// solve returns the least-squares weights, none negative (every input of
+// the law is work that can only delay a first token; an unconstrained fit
+// on a few noisy samples gave own prefill a negative weight, so the replica
+// without the prefix looked fastest), with a ridge of 1e-9 of the mean
+// diagonal so that a feature that never varied (no queue yet) gets weight 0
+// instead of a singular system; false when there is nothing to fit. The
+// constraint is met by refitting without the most negative weight until
+// none is left (the active-set idea of Lawson and Hanson's NNLS).
+func (f *lawFit) solve() ([lawFeatures]float64, bool) {
+	var active [lawFeatures]bool
+	for i := range active {
+		active[i] = true
+	}
+	for {
+		w, ok := f.solveActive(active)
+		if !ok {
+			return w, false
+		}
+		worst := -1
+		for i, v := range w {
+			if active[i] && v < 0 && (worst < 0 || v < w[worst]) {
+				worst = i
+			}
+		}
+		if worst < 0 {
+			return w, true
+		}
+		active[worst] = false
+	}
+}
+
+// solveActive solves the normal equations with the inactive features'
+// weights held at 0.
+func (f *lawFit) solveActive(active [lawFeatures]bool) ([lawFeatures]float64, bool) {
+	a, ok := f.normal(active)
+	if !ok {
+		return [lawFeatures]float64{}, false
+	}
+	b := f.xy
+	for i := range b {
+		if !active[i] {
+			b[i] = 0
+		}
+	}
+	return gauss(a, b)
+}
+
+// normal returns the normal matrix with the ridge, the inactive features'
+// rows and columns replaced by the identity's.
+func (f *lawFit) normal(active [lawFeatures]bool) ([lawFeatures][lawFeatures]float64, bool) {
+	a := f.xx
+	var trace float64
+	for i := range a {
+		trace += a[i][i]
+	}
+	ridge := 1e-9 * trace / lawFeatures
 	if ridge <= 0 {
-		return [3]float64{}, false
+		return a, false
 	}
 	for i := range a {
+		if !active[i] {
+			a[i] = [lawFeatures]float64{}
+			for r := range a {
+				a[r][i] = 0
+			}
+			a[i][i] = 1
+			continue
+		}
 		a[i][i] += ridge
 	}
-	for c := range 3 { // Gaussian elimination with partial pivoting
+	return a, true
+}
+
+// determined reports whether the samples determine weight k of the fit w:
+// it exceeds twice its standard error (the conventional 95 % level). A law
+// fitted before the own prefill ever varied (the first first tokens are
+// often all cache hits) has an own-work weight that is noise, often 0, and
+// would route as if prefill were free.
+func (f *lawFit) determined(w [lawFeatures]float64, k int) bool {
+	var active [lawFeatures]bool
+	p := 0
+	for i, v := range w {
+		active[i] = v != 0
+		if active[i] {
+			p++
+		}
+	}
+	if !active[k] || f.n <= p {
+		return false
+	}
+	rss := f.yy
+	for i := range w {
+		rss -= 2 * w[i] * f.xy[i]
+		for j := range w {
+			rss += w[i] * f.xx[i][j] * w[j]
+		}
+	}
+	a, ok := f.normal(active)
+	if !ok {
+		return false
+	}
+	var e [lawFeatures]float64
+	e[k] = 1
+	inv, ok := gauss(a, e)
+	if !ok || inv[k] <= 0 {
+		return false
+	}
+	se := math.Sqrt(max(rss, 0) / float64(f.n-p) * inv[k])
+	return w[k] > 2*se
+}
+
+// gauss solves a·w = b by Gaussian elimination with partial pivoting.
+func gauss(a [lawFeatures][lawFeatures]float64, b [lawFeatures]float64) ([lawFeatures]float64, bool) {
+	for c := range lawFeatures {
 		p := c
-		for r := c + 1; r < 3; r++ {
+		for r := c + 1; r < lawFeatures; r++ {
 			if math.Abs(a[r][c]) > math.Abs(a[p][c]) {
 				p = r
 			}
@@ -345,27 +476,27 @@ func (f *lawFit) solve() ([3]float64, bool) {
 		a[c], a[p] = a[p], a[c]
 		b[c], b[p] = b[p], b[c]
 		if a[c][c] == 0 {
-			return [3]float64{}, false
+			return [lawFeatures]float64{}, false
 		}
-		for r := c + 1; r < 3; r++ {
+		for r := c + 1; r < lawFeatures; r++ {
 			k := a[r][c] / a[c][c]
-			for j := c; j < 3; j++ {
+			for j := c; j < lawFeatures; j++ {
 				a[r][j] -= k * a[c][j]
 			}
 			b[r] -= k * b[c]
 		}
 	}
-	var w [3]float64
-	for r := 2; r >= 0; r-- {
+	var w [lawFeatures]float64
+	for r := lawFeatures - 1; r >= 0; r-- {
 		v := b[r]
-		for j := r + 1; j < 3; j++ {
+		for j := r + 1; j < lawFeatures; j++ {
 			v -= a[r][j] * w[j]
 		}
 		w[r] = v / a[r][r]
 	}
 	for _, v := range w {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return [3]float64{}, false
+			return [lawFeatures]float64{}, false
 		}
 	}
 	return w, true
@@ -373,7 +504,7 @@ func (f *lawFit) solve() ([3]float64, bool) {
 
 // features returns target i's prediction inputs for a request whose own
 // uncached prefill is own tokens.
-func (t *predictedTTFT) features(i int, own float64, tokens int, m *latencyModel, now time.Duration) [3]float64 {
+func (t *predictedTTFT) features(i int, own float64, tokens int, m *ttftLaw, now time.Duration) [lawFeatures]float64 {
 	aheadN := float64(t.pendCount[i].Load())
 	aheadTok := max(float64(t.pendTokens[i].Load())-t.served(i, m, now), 0)
 	if t.engine != nil {
@@ -386,26 +517,26 @@ func (t *predictedTTFT) features(i int, own float64, tokens int, m *latencyModel
 			aheadN = float64(w)
 		}
 	}
-	return [3]float64{1, aheadN, (aheadTok + max(own, 0)) / 1000}
+	return [lawFeatures]float64{1, aheadN, aheadTok / 1000, max(own, 0) / 1000}
 }
 
 // served estimates the tokens target i has already prefilled of the request
 // at the head of its queue: the time since it began serving it at the
-// law's rate (w2 ms per 1,000 tokens), at most the head's tokens. Without
+// engine's prefill rate (the own-work weight, ms per 1,000 tokens), at most the head's tokens. Without
 // it a replica busy prefilling a prefix looks as far away as when that
 // prefill was sent, and an idle replica without the prefix wins the tie.
-func (t *predictedTTFT) served(i int, m *latencyModel, now time.Duration) float64 {
+func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration) float64 {
 	from := t.serviceFrom[i].Load()
-	if from < 0 || m.w[2] <= 0 || int64(now) <= from {
+	if from < 0 || m.w[lawOwn] <= 0 || int64(now) <= from {
 		return 0
 	}
-	// The head's fixed part (w1, what a request costs beyond its tokens)
+	// The head's fixed part (the per-request weight, what a request costs beyond its tokens)
 	// is served first.
-	ms := float64(int64(now)-from)/float64(time.Millisecond) - max(m.w[1], 0)
+	ms := float64(int64(now)-from)/float64(time.Millisecond) - max(m.w[lawAhead], 0)
 	if ms <= 0 {
 		return 0
 	}
-	return min(ms*1000/m.w[2], float64(t.headTokens[i].Load()))
+	return min(ms*1000/m.w[lawOwn], float64(t.headTokens[i].Load()))
 }
 
 // Pick implements Balancer.
@@ -431,7 +562,6 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	now := t.now()
 	m := t.law()
 	fitted := m != t.unitLaw
-	burst := t.start.Load() == int64(now)
 	scale := t.fleetScale(loads)
 	best := math.Inf(1)
 	for wi, w := range el.w {
@@ -439,10 +569,8 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			i := wi*64 + bitIndex(w)
 			own := max(float64(tokens)-match[i], 0)
 			x := t.features(i, own, tokens, &m, now)
-			pred[i] = max(0, m.w[0]*x[0]+m.w[1]*x[1]+m.w[2]*x[2])
-			if fitted || burst {
-				pred[i] += t.externality(i, max(0, m.w[2])*own/1000, pred[i], now, scale)
-			}
+			pred[i] = max(0, m.predict(x))
+			pred[i] += t.externality(i, max(0, m.w[lawQueued])*own/1000, pred[i], now, scale, fitted)
 			best = min(best, pred[i])
 		}
 	}
@@ -616,9 +744,10 @@ func (t *predictedTTFT) headLocked(target int) {
 // mostly reflects how routing treated it so far (an avoided replica looks
 // idle), and the pooled figures routed better (docs/routing.md).
 //
-// When every request so far arrived in one instant (a burst: a load
-// generator's clients starting together) there is no rate, and the burst so
-// far stands in for what is still to come: as many arrivals again, of which
+// Until the law is fitted there is no time scale (the unit law's
+// milliseconds are nominal), and when every request so far arrived in one
+// instant (a burst: a load generator's clients starting together) there is
+// no rate; then the arrivals so far stand in for what is still to come: as many arrivals again, of which
 // the share q that were new to every target (the mean share of a prompt no
 // target held, novelty) spread evenly, and the rest follow what each target
 // already holds, as many at i as i has had. So i expects
@@ -628,13 +757,13 @@ func (t *predictedTTFT) headLocked(target int) {
 // q ≈ 0 (one prefix shared by everyone, e.g. agents with one system prompt)
 // an idle target expects nobody and takes the next session, so the burst
 // spreads instead of piling onto the first holder (docs/routing.md).
-func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, now time.Duration, scale float64) float64 {
+func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, now time.Duration, scale float64, fitted bool) float64 {
 	start := t.start.Load()
 	if start < 0 || ownMS <= 0 {
 		return 0
 	}
 	elapsed := float64(int64(now)-start) / float64(time.Millisecond)
-	if elapsed <= 0 {
+	if elapsed <= 0 || !fitted {
 		var arrivals float64
 		for j := range t.n {
 			arrivals += float64(t.arrivals[j].Load())
@@ -701,11 +830,16 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 			}
 			pooled.xy[r] += f.xy[r]
 		}
+		pooled.yy += f.yy
 		pooled.n += f.n
 	}
 	if pooled.n >= PredictorMinSamples {
-		if w, ok := pooled.solve(); ok {
-			t.fleet.Store(&latencyModel{w: w, samples: pooled.n})
+		// The law replaces the unit law once it is fitted and its own-work
+		// weight (the engine's prefill rate, which the pick and the served
+		// credit rest on) is determined; a later fit that is not keeps the
+		// last one that was.
+		if w, ok := pooled.solve(); ok && pooled.determined(w, lawOwn) {
+			t.fleet.Store(&ttftLaw{w: w, samples: pooled.n})
 		}
 	}
 	t.fitMu.Unlock()

@@ -11,37 +11,55 @@ import (
 // The fleet's law is the least-squares fit of the first tokens: a replica
 // with 5 ms per request and 50 µs per token (the routing simulator's
 // defaults) is recovered from noisy samples, where NLMS (predicted_latency's
-// fit) settled at half the per-token cost.
+// fit) settled at half the per-token cost. Queued and own prefill have
+// their own weights: an engine that prefills one request at a time makes
+// both 50 ms per 1,000 tokens, one that prefills every request on its own
+// (vllmsim) leaves the queued weight at 0.
 func TestPredictedTTFTFitsLaw(t *testing.T) {
-	var f lawFit
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 2000 {
-		n := float64(rng.IntN(6))
-		work := 200 + rng.Float64()*8000
-		x := [3]float64{1, n, work / 1000}
-		y := 5 + 5*n + 50*work/1000 + rng.NormFloat64()*3
-		f.add(x, y)
-	}
-	w, ok := f.solve()
-	if !ok {
-		t.Fatal("solve failed")
-	}
-	want := [3]float64{5, 5, 50}
-	for i := range w {
-		if math.Abs(w[i]-want[i]) > 0.5 {
-			t.Fatalf("fitted %v, want about %v", w, want)
+	for _, queued := range []float64{50, 0} {
+		var f lawFit
+		rng := rand.New(rand.NewPCG(1, 2))
+		for range 2000 {
+			n := float64(rng.IntN(6))
+			ahead := n * rng.Float64() * 4000
+			own := 200 + rng.Float64()*8000
+			x := [lawFeatures]float64{1, n, ahead / 1000, own / 1000}
+			y := 5 + 5*n + queued*ahead/1000 + 50*own/1000 + rng.NormFloat64()*3
+			f.add(x, y)
+		}
+		w, ok := f.solve()
+		if !ok {
+			t.Fatal("solve failed")
+		}
+		want := [lawFeatures]float64{5, 5, queued, 50}
+		for i := range w {
+			if math.Abs(w[i]-want[i]) > 0.5 {
+				t.Fatalf("fitted %v, want about %v", w, want)
+			}
 		}
 	}
 	// A feature that never varied (no queue ever) gets weight 0, not a
 	// singular system.
 	var g lawFit
 	for k := range 50 {
-		work := float64(1000 + 100*k)
-		g.add([3]float64{1, 0, work / 1000}, 5+50*work/1000)
+		own := float64(1000 + 100*k)
+		g.add([lawFeatures]float64{1, 0, 0, own / 1000}, 5+50*own/1000)
 	}
-	w, ok = g.solve()
-	if !ok || math.Abs(w[1]) > 1e-6 || math.Abs(w[2]-50) > 0.01 {
-		t.Fatalf("fit without a queue: %v %v, want [5 0 50]", w, ok)
+	w, ok := g.solve()
+	if !ok || math.Abs(w[1]) > 1e-6 || math.Abs(w[2]) > 1e-6 || math.Abs(w[3]-50) > 0.01 {
+		t.Fatalf("fit without a queue: %v %v, want [5 0 0 50]", w, ok)
+	}
+	// No weight is negative, even where noise makes the unconstrained fit
+	// say more work is faster: the feature is dropped and the rest refit.
+	var h lawFit
+	for k := range 50 {
+		n := float64(k % 5)
+		own := float64(1000 + 100*k)
+		h.add([lawFeatures]float64{1, n, n, own / 1000}, 20-3*n+50*own/1000)
+	}
+	w, ok = h.solve()
+	if !ok || w[1] < 0 || w[2] < 0 || math.Abs(w[3]-50) > 1 {
+		t.Fatalf("fit with a falling queue term: %v %v, want no negative weight and about 50 per 1,000 own tokens", w, ok)
 	}
 	var empty lawFit
 	if _, ok := empty.solve(); ok {
@@ -68,11 +86,46 @@ func TestPredictedTTFTLearnsFleetLaw(t *testing.T) {
 		tok := 100 * (k + 1)
 		p.FirstToken(k%2, ctx, time.Duration(5+tok/20)*time.Millisecond, tok)
 	}
-	if m := p.law(); m == p.unitLaw || math.Abs(m.w[2]-50) > 1 {
+	if m := p.law(); m == p.unitLaw || math.Abs(m.w[3]-50) > 1 {
 		t.Fatalf("law after %d samples: %+v, want about 50 ms per 1,000 tokens", PredictorMinSamples, m)
 	}
 	if got := loadFloat(&p.bytesPerToken); got != 4 {
 		t.Fatalf("bytes per token %v, want 4 (400 bytes per 100 tokens)", got)
+	}
+}
+
+// The law waits for samples that determine the engine's prefill rate: first
+// tokens of cache hits alone (own prefill about 0, latency noise) leave the
+// unit law in place, where a fit would have priced own prefill at 0 and
+// routed as if every replica held the prefix.
+func TestPredictedTTFTLawWaitsForOwnWork(t *testing.T) {
+	var now time.Duration
+	b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1}, Now: func() time.Duration { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := b.(*predictedTTFT)
+	sys := strings.Repeat("s", 4000)
+	p.Observe(0, &Context{Prompt: sys})
+	rng := rand.New(rand.NewPCG(3, 4))
+	for k := range 3 * PredictorMinSamples {
+		ctx := &Context{Prompt: sys + strings.Repeat(string(rune('a'+k%26)), 8)}
+		p.Observe(0, ctx)
+		now += time.Millisecond
+		p.FirstToken(0, ctx, time.Duration(2+rng.Float64()*4)*time.Millisecond, 1002)
+	}
+	if p.law() != p.unitLaw {
+		t.Fatalf("law after cache hits only: %+v, want the unit law", p.law())
+	}
+	for k := range PredictorMinSamples {
+		ctx := &Context{Prompt: strings.Repeat(string(rune('A'+k)), 4000*(k%3+1))}
+		p.Observe(1, ctx)
+		now += time.Millisecond
+		tok := 1000 * (k%3 + 1)
+		p.FirstToken(1, ctx, time.Duration(2+tok/20)*time.Millisecond, tok)
+	}
+	if m := p.law(); m == p.unitLaw || m.w[lawOwn] < 25 {
+		t.Fatalf("law after cold prefills: %+v, want about 50 ms per 1,000 own tokens", m)
 	}
 }
 
