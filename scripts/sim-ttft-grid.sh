@@ -5,7 +5,8 @@
 #   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|share OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # TRACE_LIMIT bounds the trace runs (default 1500 records, for a 2-core
-# machine shared by 8 agents). Judge and chart with
+# machine shared by 8 agents); SEED, when set, runs every part on that seed
+# instead of the simulator's default (1). Judge and chart with
 #   (cd tests && go run ./cmd/rolter-sim-grid --png ../docs/routing-ttft.png OUT...)
 set -eu
 part=$1
@@ -13,7 +14,11 @@ out=$2
 S=${STRATEGIES:-predicted_ttft,predicted_ttft:kv_events=0,cache_aware,least_load,peers}
 L=${TRACE_LIMIT:-1500}
 T=${TRACE_STRATEGIES:-predicted_ttft,predicted_ttft:kv_events=0,sglang,llmd_approx,llmd_approx_bench,llmd_precise,dynamo,dynamo_approx,aibrix}
-run() { echo "# bin/rolter-sim --quiet --json $*" >>"$out"; ${SIM:-bin/rolter-sim} --quiet --json "$@" >>"$out"; }
+run() {
+	set -- ${SEED:+--seed "$SEED"} "$@"
+	echo "# bin/rolter-sim --quiet --json $*" >>"$out"
+	${SIM:-bin/rolter-sim} --quiet --json "$@" >>"$out"
+}
 : >"$out"
 case $part in
 synthetic)

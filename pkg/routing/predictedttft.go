@@ -294,7 +294,7 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 
 // law returns the fleet's latency law (the least-squares fit over every
 // target's first tokens), or the unit law before it has
-// PredictorMinSamples of them. Per-target fits are kept (lawFit) but the
+// PredictorMinSamples of them with a determined own-work weight. Per-target fits are kept (lawFit) but the
 // pick uses the pooled one: on a homogeneous fleet the per-target fits
 // differ by noise alone, and that noise steered traffic (rolter-sim unique:
 // imbalance 1.64 with per-target laws, 1.03 pooled; docs/routing.md).
