@@ -182,6 +182,12 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 		if p.kv != nil {
 			src := newKVSource(p.kv, pl.targets)
 			spec.KV, spec.LMCache = src, src
+		} else if readsKVEvents(strategy) && publishesKV(targets) {
+			// File mode without --nats: the engines' events never reach
+			// this proxy. Not an error (the strategy falls back), but the
+			// operator configured events for a reason.
+			p.log.Warn("route's strategy reads the engines' KV events, but this proxy follows none (start it with --nats): it routes on its approximate index",
+				"route", rc.Model, "variant", variant, "strategy", strategy)
 		}
 		spec.Engine = engineState{targets: pl.targets}
 		for _, tc := range targets {
@@ -204,6 +210,27 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 		pl.fleet.SetOwnLoad(func(i int) int { return ts[i].state.InFlight() })
 	}
 	return pl, nil
+}
+
+// readsKVEvents reports whether strategy reads the engines' KV events or
+// LMCache occupancy (routing.Spec.KV, routing.Spec.LMCache).
+func readsKVEvents(strategy string) bool {
+	switch strategy {
+	case routing.PreciseCacheAware, routing.PredictedTTFT, routing.LMCacheAware:
+		return true
+	}
+	return false
+}
+
+// publishesKV reports whether any target's provider publishes KV events or
+// LMCache occupancy.
+func publishesKV(targets []config.CompiledTarget) bool {
+	for _, t := range targets {
+		if t.Provider.KVEvents != nil || t.Provider.LMCache != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func fingerprint(strategy string, bp config.Balancer, ttl time.Duration, targets []config.CompiledTarget) string {

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/kvindex"
+	"rolter.dev/pkg/natstest"
 	"rolter.dev/pkg/routing"
 	"rolter.dev/pkg/syncbuf"
 )
@@ -380,5 +382,60 @@ func TestVariantObservability(t *testing.T) {
 	rows, _ := os.ReadFile(usagePath)
 	if !strings.Contains(string(rows), `"variant":"canary"`) || strings.Count(string(rows), `"variant"`) != 1 {
 		t.Errorf("usage rows:\n%s", rows)
+	}
+}
+
+// TestWarnsWhenKVEventsAreNotFollowed: a route whose strategy reads the
+// engines' KV events, to providers that publish them, on a proxy that
+// follows none (file mode without --nats) is logged once per balancer built,
+// naming the route; the same route with cache_aware, or a proxy that
+// follows the events, is not.
+func TestWarnsWhenKVEventsAreNotFollowed(t *testing.T) {
+	a := newUpstream(t, "a")
+	doc := func(strategy string) string {
+		return fmt.Sprintf("[server]\nrequire_auth = false\n\n[[providers]]\nname = \"v\"\nkind = \"openai_compatible\"\napi_base = %q\n[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\n\n[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [{ provider = \"v\" }]\n", a.URL, strategy)
+	}
+	const warning = "follows none"
+	for _, tc := range []struct {
+		strategy string
+		kv       bool
+		want     bool
+	}{
+		{"predicted_ttft", false, true},
+		{"precise_cache_aware", false, true},
+		{"cache_aware", false, false},
+		{"predicted_ttft", true, false},
+	} {
+		cfg, err := config.Parse([]byte(doc(tc.strategy)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap, err := config.Compile(cfg, config.CompileOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs syncbuf.Buffer
+		opts := Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
+		if tc.kv {
+			ix, err := kvindex.New(natstest.Connect(t, natstest.Start(t)), nil, kvindex.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(ix.Close)
+			opts.KVIndex = ix
+		}
+		p := New(opts)
+		if err := p.Apply(snap); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(logs.String(), warning); got != tc.want {
+			t.Errorf("%s, KV index %v: warned %v, want %v:\n%s", tc.strategy, tc.kv, got, tc.want, logs.String())
+		}
+		if tc.want && !strings.Contains(logs.String(), `"route":"m"`) {
+			t.Errorf("%s: the warning does not name the route:\n%s", tc.strategy, logs.String())
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
