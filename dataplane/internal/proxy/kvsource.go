@@ -3,6 +3,7 @@ package proxy
 import (
 	"time"
 
+	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/routing"
 )
@@ -29,9 +30,20 @@ var (
 func newKVSource(ix *kvindex.Index, targets []target) *kvSource {
 	s := &kvSource{ix: ix}
 	for _, t := range targets {
-		s.targets = append(s.targets, kvTarget{provider: t.cfg.Provider.Name, seed: kvindex.Seed(t.cfg.Model)})
+		s.targets = append(s.targets, kvTarget{provider: t.cfg.Provider.Name, seed: kvindex.Seed(identityModel(t.cfg))})
 	}
 	return s
+}
+
+// identityModel is the model name a target's block identities are seeded
+// with: the provider's kv_events.model when set, as the kvwatcher seeds the
+// engine's blocks, else the upstream model the proxy sends (the watcher's
+// default too, from the routes' targets).
+func identityModel(t config.CompiledTarget) string {
+	if kv := t.Provider.KVEvents; kv != nil && kv.Model != "" {
+		return kv.Model
+	}
+	return t.Model
 }
 
 // KVScores implements routing.KVSource: the share of the request's full
