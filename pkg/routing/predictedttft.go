@@ -294,8 +294,8 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 
 // law returns the fleet's latency law (the least-squares fit over every
 // target's first tokens), or the unit law before it has
-// PredictorMinSamples of them with a determined own-work weight. Per-target fits are kept (lawFit) but the
-// pick uses the pooled one: on a homogeneous fleet the per-target fits
+// PredictorMinSamples of them with a determined own-work weight. Per-target
+// fits are kept (lawFit) but the pick uses the pooled one: on a homogeneous fleet the per-target fits
 // differ by noise alone, and that noise steered traffic (rolter-sim unique:
 // imbalance 1.64 with per-target laws, 1.03 pooled; docs/routing.md).
 func (t *predictedTTFT) law() ttftLaw {
@@ -522,16 +522,17 @@ func (t *predictedTTFT) features(i int, own float64, tokens int, m *ttftLaw, now
 
 // served estimates the tokens target i has already prefilled of the request
 // at the head of its queue: the time since it began serving it at the
-// engine's prefill rate (the own-work weight, ms per 1,000 tokens), at most the head's tokens. Without
-// it a replica busy prefilling a prefix looks as far away as when that
-// prefill was sent, and an idle replica without the prefix wins the tie.
+// engine's prefill rate (the own-work weight, ms per 1,000 tokens), at most
+// the head's tokens. Without it a replica busy prefilling a prefix looks as
+// far away as when that prefill was sent, and an idle replica without the
+// prefix wins the tie.
 func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration) float64 {
 	from := t.serviceFrom[i].Load()
 	if from < 0 || m.w[lawOwn] <= 0 || int64(now) <= from {
 		return 0
 	}
-	// The head's fixed part (the per-request weight, what a request costs beyond its tokens)
-	// is served first.
+	// The head's fixed part (the per-request weight, what a request costs
+	// beyond its tokens) is served first.
 	ms := float64(int64(now)-from)/float64(time.Millisecond) - max(m.w[lawAhead], 0)
 	if ms <= 0 {
 		return 0

@@ -237,10 +237,11 @@ func TestTokenizeFailureDegrades(t *testing.T) {
 // SDK as the client (no token-ids header), the prefill tokens the replicas
 // compute (vllm:prompt_tokens_total − vllm:prefix_cache_hits_total from
 // their /metrics) for the same shared-prefix traffic under each strategy,
-// at 4, 8 and 16 concurrent clients (one client alone lets least_load put everything on the first replica). It is a measurement, run on demand
+// at 4, 8 and 16 concurrent clients (one client alone lets least_load put
+// everything on the first replica). It is a measurement, run on demand
 // (docs/routing.md has the command and the figures):
-// ROLTER_MEASURE_PREFILL=1. It fails only if predicted_ttft computes more
-// than least_load; the comparison with cache_aware is reported.
+// ROLTER_MEASURE_PREFILL=1. It fails if predicted_ttft computes as much as
+// least_load at any concurrency, or more than cache_aware over the three.
 func TestPrefillTokensByStrategy(t *testing.T) {
 	if os.Getenv("ROLTER_MEASURE_PREFILL") == "" {
 		t.Skip("a measurement: set ROLTER_MEASURE_PREFILL=1")
