@@ -64,6 +64,10 @@ type CompiledProvider struct {
 	KVCapacityTokens int
 }
 
+// PublishesKV reports whether the provider's engine publishes KV state a
+// kvwatcher follows: KV events or LMCache occupancy.
+func (p *CompiledProvider) PublishesKV() bool { return p.KVEvents != nil || p.LMCache != nil }
+
 // CompiledEngineLoad is a provider's engine-load scraping, defaults applied.
 type CompiledEngineLoad struct {
 	// URL is scraped with GET: api_base without a trailing /v1, plus path.

@@ -168,7 +168,7 @@ func (p *Proxy) Apply(snap *config.Snapshot) error {
 	if p.kv != nil {
 		var names []string
 		for _, pr := range snap.Providers {
-			if pr.KVEvents != nil || pr.LMCache != nil {
+			if pr.PublishesKV() {
 				names = append(names, pr.Name)
 			}
 		}

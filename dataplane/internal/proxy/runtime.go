@@ -212,25 +212,15 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 	return pl, nil
 }
 
-// readsKVEvents reports whether strategy reads the engines' KV events or
-// LMCache occupancy (routing.Spec.KV, routing.Spec.LMCache).
+// readsKVEvents reports whether strategy reads the engines' KV events
+// (routesOnKV) or LMCache occupancy (routing.Spec.KV, routing.Spec.LMCache).
 func readsKVEvents(strategy string) bool {
-	switch strategy {
-	case routing.PreciseCacheAware, routing.PredictedTTFT, routing.LMCacheAware:
-		return true
-	}
-	return false
+	return routesOnKV(strategy) || strategy == routing.LMCacheAware
 }
 
-// publishesKV reports whether any target's provider publishes KV events or
-// LMCache occupancy.
+// publishesKV reports whether any target's provider publishes KV state.
 func publishesKV(targets []config.CompiledTarget) bool {
-	for _, t := range targets {
-		if t.Provider.KVEvents != nil || t.Provider.LMCache != nil {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(targets, func(t config.CompiledTarget) bool { return t.Provider.PublishesKV() })
 }
 
 func fingerprint(strategy string, bp config.Balancer, ttl time.Duration, targets []config.CompiledTarget) string {
