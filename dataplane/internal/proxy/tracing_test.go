@@ -7,27 +7,15 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-
-	"rolter.dev/pkg/config"
 )
 
 func TestTracingSpanTreeAndPropagation(t *testing.T) {
 	a := newUpstream(t, "a")
 	doc := openAuth + providers(a) + "[[routes]]\nmodel = \"m\"\nstrategy = \"least_load\"\ntargets = [{ provider = \"p0\" }]\n"
-	cfg, err := config.Parse([]byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap, err := config.Compile(cfg, config.CompileOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	p := New(Options{TracerProvider: tp})
-	if err := p.Apply(snap); err != nil {
-		t.Fatal(err)
-	}
+	applyDoc(t, p, doc)
 	srv := newServer(t, p)
 	const clientTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
 	resp, _ := post(t, srv+"/v1/chat/completions", "", `{"model":"m","messages":[]}`,

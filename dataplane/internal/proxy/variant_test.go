@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/natstest"
 	"rolter.dev/pkg/routing"
@@ -305,20 +304,7 @@ func TestVariantBalancersKeptAcrossWeightChange(t *testing.T) {
 	a, b := newUpstream(t, "a"), newUpstream(t, "b")
 	p, _ := newTestProxy(t, providers(a, b)+variantRoute(90, 10, "strategy = \"cache_aware\""))
 	before := p.rt.Load().routes["m"].pools
-	apply := func(doc string) {
-		t.Helper()
-		cfg, err := config.Parse([]byte(doc))
-		if err != nil {
-			t.Fatal(err)
-		}
-		snap, err := config.Compile(cfg, config.CompileOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Apply(snap); err != nil {
-			t.Fatal(err)
-		}
-	}
+	apply := func(doc string) { t.Helper(); applyDoc(t, p, doc) }
 	apply(providers(a, b) + variantRoute(75, 25, "strategy = \"cache_aware\""))
 	after := p.rt.Load().routes["m"]
 	if after.pools[0].balancer != before[0].balancer || after.pools[1].balancer != before[1].balancer {
@@ -342,19 +328,9 @@ func TestVariantObservability(t *testing.T) {
 	usagePath := t.TempDir() + "/usage.jsonl"
 	doc := providers(a, b) + strings.Replace(variantRoute(1, 1, "allow_variant_pin = true"), "sink = \"none\"", fmt.Sprintf("sink = \"file\"\npath = %q", usagePath), 1) +
 		"[[routes]]\nmodel = \"plain\"\ntargets = [{ provider = \"p0\" }]\n"
-	cfg, err := config.Parse([]byte(doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap, err := config.Compile(cfg, config.CompileOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs syncbuf.Buffer
 	p := New(Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
-	if err := p.Apply(snap); err != nil {
-		t.Fatal(err)
-	}
+	applyDoc(t, p, doc)
 	url := newServer(t, p)
 	post(t, url+"/v1/chat/completions", "", chat, "X-Rolter-Variant", "canary")
 	post(t, url+"/v1/chat/completions", "", `{"model":"plain"}`)
@@ -393,7 +369,7 @@ func TestVariantObservability(t *testing.T) {
 func TestWarnsWhenKVEventsAreNotFollowed(t *testing.T) {
 	a := newUpstream(t, "a")
 	doc := func(strategy string) string {
-		return fmt.Sprintf("[server]\nrequire_auth = false\n\n[[providers]]\nname = \"v\"\nkind = \"openai_compatible\"\napi_base = %q\n[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\n\n[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [{ provider = \"v\" }]\n", a.URL, strategy)
+		return openAuth + fmt.Sprintf("\n[[providers]]\nname = \"v\"\nkind = \"openai_compatible\"\napi_base = %q\n[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\n\n[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [{ provider = \"v\" }]\n", a.URL, strategy)
 	}
 	const warning = "follows none"
 	for _, tc := range []struct {
@@ -406,14 +382,6 @@ func TestWarnsWhenKVEventsAreNotFollowed(t *testing.T) {
 		{"cache_aware", false, false},
 		{"predicted_ttft", true, false},
 	} {
-		cfg, err := config.Parse([]byte(doc(tc.strategy)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		snap, err := config.Compile(cfg, config.CompileOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
 		var logs syncbuf.Buffer
 		opts := Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))}
 		if tc.kv {
@@ -425,9 +393,7 @@ func TestWarnsWhenKVEventsAreNotFollowed(t *testing.T) {
 			opts.KVIndex = ix
 		}
 		p := New(opts)
-		if err := p.Apply(snap); err != nil {
-			t.Fatal(err)
-		}
+		applyDoc(t, p, doc(tc.strategy))
 		if got := strings.Contains(logs.String(), warning); got != tc.want {
 			t.Errorf("%s, KV index %v: warned %v, want %v:\n%s", tc.strategy, tc.kv, got, tc.want, logs.String())
 		}
