@@ -8,6 +8,17 @@ import (
 	"time"
 )
 
+// newTwoTargetTTFT is a predicted_ttft balancer over two targets on the
+// virtual clock *now.
+func newTwoTargetTTFT(t *testing.T, now *time.Duration) *predictedTTFT {
+	t.Helper()
+	b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1}, Now: func() time.Duration { return *now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.(*predictedTTFT)
+}
+
 // The fleet's law is the least-squares fit of the first tokens: a replica
 // with 5 ms per request and 50 µs per token (the routing simulator's
 // defaults) is recovered from noisy samples, where NLMS (predicted_latency's
@@ -71,17 +82,13 @@ func TestPredictedTTFTFitsLaw(t *testing.T) {
 // fitted law.
 func TestPredictedTTFTLearnsFleetLaw(t *testing.T) {
 	var now time.Duration
-	b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1}, Now: func() time.Duration { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := b.(*predictedTTFT)
+	p := newTwoTargetTTFT(t, &now)
 	if p.law() != p.unitLaw {
 		t.Fatal("a fresh balancer has a fitted law")
 	}
 	for k := range PredictorMinSamples {
 		ctx := &Context{Prompt: strings.Repeat(string(rune('a'+k)), 400*(k+1))}
-		b.Observe(k%2, ctx)
+		p.Observe(k%2, ctx)
 		now += time.Millisecond
 		tok := 100 * (k + 1)
 		p.FirstToken(k%2, ctx, time.Duration(5+tok/20)*time.Millisecond, tok)
@@ -100,11 +107,7 @@ func TestPredictedTTFTLearnsFleetLaw(t *testing.T) {
 // routed as if every replica held the prefix.
 func TestPredictedTTFTLawWaitsForOwnWork(t *testing.T) {
 	var now time.Duration
-	b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1}, Now: func() time.Duration { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := b.(*predictedTTFT)
+	p := newTwoTargetTTFT(t, &now)
 	sys := strings.Repeat("s", 4000)
 	p.Observe(0, &Context{Prompt: sys})
 	rng := rand.New(rand.NewPCG(3, 4))
