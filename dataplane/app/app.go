@@ -78,6 +78,9 @@ type Options struct {
 	// ShareFlush is how often batched observations are published (default
 	// 25 ms): shorter means fresher peers, more and smaller messages.
 	ShareFlush time.Duration
+	// ShareQueueInterval is how often the prefill each predicted_ttft route
+	// has queued per target is published (default 5 ms).
+	ShareQueueInterval time.Duration
 }
 
 // ControlPlaneOptions configures control-plane mode (see package cpfollow).
@@ -150,7 +153,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		reg.MustRegister(kv.Collector())
 		go func() { <-ctx.Done(); kv.Close(); nc.Close() }() // owned: ends with the app's context
 		if !opts.NoShare {
-			node = fleet.NewNode(fleet.Options{Group: opts.ShareGroup, FlushInterval: opts.ShareFlush})
+			node = fleet.NewNode(fleet.Options{Group: opts.ShareGroup, FlushInterval: opts.ShareFlush, QueueInterval: opts.ShareQueueInterval})
 		}
 	}
 	p := proxy.New(proxy.Options{Logger: log, Registerer: reg, Gatherer: reg, TracerProvider: tp, KVIndex: kv, Fleet: node})

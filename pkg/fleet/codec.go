@@ -76,6 +76,19 @@ func DecodeObservations(b []byte) (*fleetv1.Observations, error) {
 	if err := checkRoutes(m.Routes); err != nil {
 		return nil, err
 	}
+	for _, q := range m.Queues {
+		if q.Route == "" || len(q.Route) > maxRouteBytes {
+			return nil, malformed("queues: route name of %d bytes", len(q.Route))
+		}
+		for _, t := range q.Targets {
+			if t.Target >= maxTargets {
+				return nil, malformed("queues: route %q: target %d out of range", q.Route, t.Target)
+			}
+		}
+	}
+	if len(m.Queues) > 0 && m.QueueTtlMs == 0 {
+		return nil, malformed("observations: queues with ttl 0")
+	}
 	return m, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"rolter.dev/pkg/fleet"
+	"rolter.dev/pkg/routing"
 )
 
 // FuzzDecode feeds arbitrary bytes to every decoder and to a node's
@@ -17,6 +18,10 @@ func FuzzDecode(f *testing.F) {
 		a.send(conversation(i))
 	}
 	f.Add(a.node.FlushObservations())
+	now := time.Second
+	q := newTTFTMember(f, "q", &now)
+	q.b.Observe(1, &routing.Context{Prompt: conversation(1)})
+	f.Add(q.node.FlushQueues())
 	f.Add(a.node.LoadReport())
 	f.Add(a.node.SnapshotRequest())
 	f.Add(a.node.SnapshotReply(newMember(f, "b", 1).node.SnapshotRequest(), 1<<20))
@@ -27,6 +32,13 @@ func FuzzDecode(f *testing.F) {
 				for _, tc := range r.Targets {
 					if tc.Target >= 256 {
 						t.Fatalf("target %d accepted", tc.Target)
+					}
+				}
+			}
+			for _, r := range m.Queues {
+				for _, tq := range r.Targets {
+					if tq.Target >= 256 {
+						t.Fatalf("queue of target %d accepted", tq.Target)
 					}
 				}
 			}
@@ -43,6 +55,14 @@ func FuzzDecode(f *testing.F) {
 			if n.route.PeerLoad(i) < 0 {
 				t.Fatal("negative peer load")
 			}
+		}
+		// A predicted_ttft route folds queue reports; whatever they say,
+		// it still picks a target.
+		at := time.Second
+		qm := newTTFTMember(t, "fuzzq", &at)
+		qm.node.HandleObservations(data, time.Now())
+		if got := qm.b.Pick(&routing.Context{Prompt: conversation(2)}, nil, routing.Set{}); got < 0 || got >= targets {
+			t.Fatalf("picked %d after folding", got)
 		}
 	})
 }

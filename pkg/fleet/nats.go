@@ -13,8 +13,8 @@ import (
 const warmTimeout = 2 * time.Second
 
 // Run connects the node to its peers over nc until ctx ends: it subscribes
-// to the group's subjects, publishes observations every flush interval and
-// loads every load interval, answers snapshot requests, and asks for one
+// to the group's subjects, publishes observations every flush interval,
+// queued prefill every queue interval and loads every load interval, answers snapshot requests, and asks for one
 // whenever a route is bound for the first time. Publishing never blocks the
 // request path; while NATS is down nats.go buffers (and then drops) what is
 // published, and peers' loads expire, so the node routes on its own view.
@@ -51,6 +51,8 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 	defer flush.Stop()
 	load := time.NewTicker(n.opts.LoadInterval)
 	defer load.Stop()
+	queues := time.NewTicker(n.opts.QueueInterval)
+	defer queues.Stop()
 	warmDone := make(chan struct{}, 1)
 	warming, again := false, false
 	for {
@@ -62,6 +64,12 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 			return nil
 		case <-flush.C:
 			if b := n.FlushObservations(); b != nil {
+				if err := nc.Publish(obsSubj, b); err != nil {
+					n.stats.publishErrors.Add(1)
+				}
+			}
+		case <-queues.C:
+			if b := n.FlushQueues(); b != nil {
 				if err := nc.Publish(obsSubj, b); err != nil {
 					n.stats.publishErrors.Add(1)
 				}

@@ -3,11 +3,15 @@ package fleet
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
+	"rolter.dev/pkg/routing"
 	fleetv1 "rolter.dev/proto/rolter/fleet/v1"
 )
 
@@ -16,6 +20,11 @@ const (
 	DefaultGroup         = "default"
 	DefaultFlushInterval = 25 * time.Millisecond
 	DefaultLoadInterval  = 100 * time.Millisecond
+	// DefaultQueueInterval is how often queued prefill is published: a
+	// prefill lasts tens of milliseconds, so a view 25 ms old (the flush)
+	// misses most of what a peer queued (docs/routing.md measures 5, 10
+	// and 25 ms).
+	DefaultQueueInterval = 5 * time.Millisecond
 	// loadTTLIntervals is how many load intervals a report stays valid: a
 	// peer's counts survive two lost reports.
 	loadTTLIntervals = 3
@@ -31,6 +40,8 @@ type Options struct {
 	FlushInterval time.Duration
 	// LoadInterval is how often in-flight counts are published.
 	LoadInterval time.Duration
+	// QueueInterval is how often queued prefill is published.
+	QueueInterval time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -48,6 +59,9 @@ func (o Options) withDefaults() Options {
 	if o.LoadInterval <= 0 {
 		o.LoadInterval = DefaultLoadInterval
 	}
+	if o.QueueInterval <= 0 {
+		o.QueueInterval = DefaultQueueInterval
+	}
 	return o
 }
 
@@ -57,6 +71,13 @@ type Affinity interface {
 	RecordLocal(target int, prompt string, dst []uint64) []uint64
 	FoldPeer(target int, chunks []uint64)
 	ExportShared(target int, dst []uint64, limit int) []uint64
+}
+
+// Queue is what a node needs of a balancer that shares the prefill it has
+// queued at each target (rolter.dev/pkg/routing.SharedQueue).
+type Queue interface {
+	LocalQueue(target int) routing.QueueState
+	FoldPeerQueue(peer string, target int, q routing.QueueState, ttl time.Duration)
 }
 
 // Node is one proxy's membership in the fleet. Its methods are safe for
@@ -99,11 +120,19 @@ type Route struct {
 	queued []localPick // picks not yet recorded and published
 
 	aff      atomic.Pointer[affinityBox]
+	queue    atomic.Pointer[queueBox]
 	own      atomic.Pointer[func(int) int]
 	peerLoad []atomic.Int64
+
+	// reported marks the targets whose last published queue was not empty
+	// (so an emptied queue is published once, clearing the peers' copy).
+	// Only TakeQueues touches it.
+	reported []bool
 }
 
 type affinityBox struct{ Affinity }
+
+type queueBox struct{ Queue }
 
 // localPick is one local routing decision waiting for the flush.
 type localPick struct {
@@ -142,7 +171,7 @@ func (n *Node) Bind(name string, layout uint64, targets int) *Route {
 	if r := n.routes[k]; r != nil && r.n == targets {
 		return r
 	}
-	r := &Route{node: n, key: k, n: targets, peerLoad: make([]atomic.Int64, targets)}
+	r := &Route{node: n, key: k, n: targets, peerLoad: make([]atomic.Int64, targets), reported: make([]bool, targets)}
 	n.routes[k] = r
 	n.sumLoads(r, time.Now())
 	select {
@@ -171,6 +200,15 @@ func (r *Route) SetAffinity(a Affinity) {
 		return
 	}
 	r.aff.Store(&affinityBox{a})
+}
+
+// SetQueue connects the route's balancer's queue; nil disconnects it.
+func (r *Route) SetQueue(q Queue) {
+	if q == nil {
+		r.queue.Store(nil)
+		return
+	}
+	r.queue.Store(&queueBox{q})
 }
 
 // SetOwnLoad sets how the node reads its own in-flight count of a target,
@@ -248,6 +286,83 @@ func (n *Node) TakeObservations() *fleetv1.Observations {
 	return msg
 }
 
+// TakeQueues returns the queued prefill of every route whose balancer
+// shares it (see takeQueues) as the next batch, or nil when there is none.
+func (n *Node) TakeQueues() *fleetv1.Observations {
+	n.mu.Lock()
+	routes := make([]*Route, 0, len(n.routes))
+	for _, r := range n.routes {
+		routes = append(routes, r)
+	}
+	n.mu.Unlock()
+	msg := &fleetv1.Observations{Proxy: n.opts.ID}
+	for _, r := range routes {
+		if rq := n.takeQueues(r); rq != nil {
+			msg.Queues = append(msg.Queues, rq)
+		}
+	}
+	if len(msg.Queues) == 0 {
+		return nil
+	}
+	msg.QueueTtlMs = uint32(max(queueTTLIntervals*n.opts.QueueInterval/time.Millisecond, 1))
+	n.mu.Lock()
+	n.obsSeq++
+	msg.Seq = n.obsSeq
+	n.mu.Unlock()
+	return msg
+}
+
+// FlushQueues encodes TakeQueues; nil when there is nothing to publish.
+func (n *Node) FlushQueues() []byte {
+	msg := n.TakeQueues()
+	if msg == nil {
+		return nil
+	}
+	b := encode(msg)
+	n.stats.bytesPublished.Add(uint64(len(b)))
+	return b
+}
+
+// queueTTLIntervals is how many queue intervals a queue report stays
+// valid: a non-empty queue is reported every interval, so it survives two
+// lost reports, and a peer that went silent stops counting soon after.
+const queueTTLIntervals = 3
+
+// maxQueueTTL caps the validity a peer claims for its queue reports, so
+// that a misconfigured or hostile peer cannot pin a stale queue: a real
+// one re-reports a non-empty queue every queue interval.
+const maxQueueTTL = 10 * time.Second
+
+// takeQueues returns r's balancer's queue at each target that is not empty,
+// or was at the last report, or saw a first token since it (which tells
+// the peers when the target began serving their next request); nil when
+// there is none. Only TakeQueues calls it, from one goroutine.
+func (n *Node) takeQueues(r *Route) *fleetv1.RouteQueues {
+	box := r.queue.Load()
+	if box == nil {
+		return nil
+	}
+	var rq *fleetv1.RouteQueues
+	for t := range r.n {
+		q := box.LocalQueue(t)
+		recent := q.LeaveAge >= 0 && q.LeaveAge < n.opts.QueueInterval
+		if q.Requests <= 0 && !r.reported[t] && !recent {
+			continue
+		}
+		r.reported[t] = q.Requests > 0
+		tq := &fleetv1.TargetQueue{Target: uint32(t), Requests: uint32(max(q.Requests, 0)), Tokens: uint64(max(q.Tokens, 0)),
+			HeadTokens: uint64(max(q.HeadTokens, 0)), HeadAgeUs: uint64(max(q.HeadAge, 0) / time.Microsecond)}
+		if q.LeaveAge >= 0 {
+			tq.LeaveAgeUs = proto.Uint64(uint64(q.LeaveAge / time.Microsecond))
+		}
+		if rq == nil {
+			rq = &fleetv1.RouteQueues{Route: r.key.name, Layout: r.key.layout}
+		}
+		rq.Targets = append(rq.Targets, tq)
+	}
+	return rq
+}
+
 // FlushObservations encodes TakeObservations; nil when there is nothing to
 // publish.
 func (n *Node) FlushObservations() []byte {
@@ -301,6 +416,57 @@ func (n *Node) HandleObservations(data []byte, now time.Time) {
 	n.mu.Unlock()
 	n.stats.batchesReceived.Add(1)
 	n.fold(msg.Routes)
+	n.foldQueues(msg.Proxy, msg.Queues, min(time.Duration(msg.QueueTtlMs)*time.Millisecond, maxQueueTTL))
+}
+
+// foldQueues hands a peer's queue reports to the balancers of the routes
+// this node has with the same layout, like fold.
+func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.Duration) {
+	type fold struct {
+		q      Queue
+		target int
+		state  routing.QueueState
+	}
+	var folds []fold
+	n.mu.Lock()
+	for _, rq := range queues {
+		r := n.routes[routeKey{rq.Route, rq.Layout}]
+		var box *queueBox
+		if r != nil {
+			box = r.queue.Load()
+		}
+		if box == nil {
+			n.stats.unknownRoute.Add(1)
+			continue
+		}
+		for _, tq := range rq.Targets {
+			if int(tq.Target) >= r.n {
+				n.stats.malformed.Add(1)
+				continue
+			}
+			st := routing.QueueState{Requests: int(tq.Requests), Tokens: clampInt(tq.Tokens), HeadTokens: clampInt(tq.HeadTokens),
+				HeadAge: micros(tq.HeadAgeUs), LeaveAge: -1}
+			if tq.LeaveAgeUs != nil {
+				st.LeaveAge = micros(*tq.LeaveAgeUs)
+			}
+			folds = append(folds, fold{box.Queue, int(tq.Target), st})
+		}
+	}
+	n.mu.Unlock()
+	for _, f := range folds {
+		f.q.FoldPeerQueue(peer, f.target, f.state, ttl)
+	}
+	n.stats.queueReports.Add(uint64(len(folds)))
+}
+
+// clampInt converts a count from the wire, capped at MaxInt32 (a queue of
+// more tokens is a malformed report, not a real one).
+func clampInt(v uint64) int { return int(min(v, math.MaxInt32)) }
+
+// micros converts microseconds from the wire, capped at an hour (an older
+// report is nonsense; a pending prefill is dropped after minutes).
+func micros(us uint64) time.Duration {
+	return time.Duration(min(us, uint64(time.Hour/time.Microsecond))) * time.Microsecond
 }
 
 // fold folds a peer's per-route hashes (a batch or a snapshot) into the

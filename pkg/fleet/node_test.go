@@ -235,3 +235,75 @@ func TestRecordQueueIsBounded(t *testing.T) {
 	var nilRoute *fleet.Route
 	nilRoute.Record(0, "no route")
 }
+
+// ttftMember is a proxy with one predicted_ttft route on a virtual clock.
+type ttftMember struct {
+	*member
+	now *time.Duration
+}
+
+func newTTFTMember(t testing.TB, id string, now *time.Duration) ttftMember {
+	t.Helper()
+	m := newMember(t, id, 9)
+	b, err := routing.New(routing.Spec{Strategy: routing.PredictedTTFT, Weights: []int{1, 1, 1, 1}, Share: m.route.Record,
+		Now: func() time.Duration { return *now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.b = b
+	m.route.SetAffinity(b.(routing.SharedAffinity))
+	m.route.SetQueue(b.(routing.SharedQueue))
+	return ttftMember{m, now}
+}
+
+// A predicted_ttft proxy's pending prefill reaches its peers (every queue
+// interval): the peer routes around it, hears once that the queue emptied,
+// and is then told nothing more.
+func TestQueuesReachPeers(t *testing.T) {
+	now := time.Second
+	a, b := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now)
+	long := &routing.Context{Prompt: strings.Repeat("a long unrelated prompt. ", 400)}
+	a.b.Observe(2, long)
+	batch := a.node.FlushQueues()
+	msg, err := fleet.DecodeObservations(batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msg.Queues) != 1 || len(msg.Queues[0].Targets) != 1 || msg.Queues[0].Targets[0].Target != 2 ||
+		msg.Queues[0].Targets[0].Requests != 1 || msg.QueueTtlMs == 0 {
+		t.Fatalf("published queues %v (ttl %d ms), want target 2's one request", msg.Queues, msg.QueueTtlMs)
+	}
+	b.node.HandleObservations(batch, time.Now())
+	if st := b.node.Stats(time.Now()); st.QueueReports != 1 {
+		t.Fatalf("receiver folded %d queue reports, want 1", st.QueueReports)
+	}
+	for i := range 40 {
+		if got := b.b.Pick(&routing.Context{Prompt: conversation(100 + i)}, nil, routing.Set{}); got == 2 {
+			t.Fatalf("draw %d: b picked target 2, where a has a long prefill queued", i)
+		}
+	}
+	// A non-empty queue is reported at every flush, so it does not expire
+	// while it lasts.
+	if m, _ := fleet.DecodeObservations(a.node.FlushQueues()); m == nil || len(m.Queues) != 1 {
+		t.Fatalf("second flush with the prefill still pending published %v", m)
+	}
+	now += time.Millisecond
+	a.b.(routing.TTFTObserver).FirstToken(2, long, 100*time.Millisecond, 0)
+	raw := a.node.FlushQueues()
+	emptied, err := fleet.DecodeObservations(raw)
+	if err != nil || len(emptied.Queues) != 1 || emptied.Queues[0].Targets[0].Requests != 0 || emptied.Queues[0].Targets[0].LeaveAgeUs == nil {
+		t.Fatalf("flush after the first token published %v (%v), want target 2 empty with its leave time", emptied, err)
+	}
+	b.node.HandleObservations(raw, time.Now())
+	seen := map[int]bool{}
+	for i := range 80 {
+		seen[b.b.Pick(&routing.Context{Prompt: conversation(200 + i)}, nil, routing.Set{})] = true
+	}
+	if !seen[2] {
+		t.Fatalf("after the queue emptied b picked %v, never target 2", seen)
+	}
+	now += time.Second
+	if batch := a.node.FlushQueues(); batch != nil {
+		t.Fatalf("a flush with nothing pending and no recent first token published %d bytes", len(batch))
+	}
+}

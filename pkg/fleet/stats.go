@@ -16,8 +16,9 @@ type Stats struct {
 	// BatchesReceived counts peers' observation batches folded;
 	// ChunksFolded the hashes folded from them and from snapshots.
 	BatchesReceived, ChunksFolded uint64
-	// LoadReports counts peers' load reports taken.
-	LoadReports uint64
+	// LoadReports counts peers' load reports taken; QueueReports the
+	// per-target queue reports folded from their observation batches.
+	LoadReports, QueueReports uint64
 	// Malformed counts messages that did not decode (or named a target out
 	// of range); UnknownRoute entries for a route or layout this node does
 	// not have (a config change in flight); LostBatches the gaps in peers'
@@ -37,6 +38,7 @@ type Stats struct {
 type counters struct {
 	batchesPublished, chunksPublished, bytesPublished atomic.Uint64
 	batchesReceived, chunksFolded, loadReports        atomic.Uint64
+	queueReports                                      atomic.Uint64
 	malformed, unknownRoute, lostBatches              atomic.Uint64
 	snapshotsServed, snapshotsApplied                 atomic.Uint64
 	publishErrors, overflow                           atomic.Uint64
@@ -61,6 +63,7 @@ func (n *Node) Stats(now time.Time) Stats {
 		BatchesReceived:  n.stats.batchesReceived.Load(),
 		ChunksFolded:     n.stats.chunksFolded.Load(),
 		LoadReports:      n.stats.loadReports.Load(),
+		QueueReports:     n.stats.queueReports.Load(),
 		Malformed:        n.stats.malformed.Load(),
 		UnknownRoute:     n.stats.unknownRoute.Load(),
 		LostBatches:      n.stats.lostBatches.Load(),

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,8 +115,12 @@ const (
 // is never read after Observe returns.
 //
 // Sharing (Spec.Share): the approximate index is the shared one; peers'
-// observations fold into it (SharedAffinity). Pending prefill stays per
-// proxy; the engines' waiting counts cover the peers' queues.
+// observations fold into it (SharedAffinity). Each proxy also publishes its
+// pending prefill per target (SharedQueue, every few milliseconds through
+// rolter.dev/pkg/fleet), and pending(i), pending_tokens(i) and the head
+// served() credits then cover the peers' requests too: each proxy sends
+// only part of a target's queue. A peer's report is valid for a few of its
+// intervals; the engines' waiting counts still cover what no report does.
 type predictedTTFT struct {
 	n       int
 	kv      KVSource
@@ -146,8 +151,19 @@ type predictedTTFT struct {
 	// its tokens, and since when the replica has been serving it (ns; the
 	// later of its dispatch and the previous first token there). What the
 	// replica has already prefilled of it is not ahead of a new request.
-	headTokens, serviceFrom, lastLeave []atomic.Int64
-	seq                                uint64 // dispatch order, under mu
+	headTokens, headAt, lastLeave []atomic.Int64
+	seq                           uint64 // dispatch order, under mu
+
+	// What peer proxies have pending at each target (Spec.Share): per peer
+	// and target under peerMu, and per target their sum, which Pick reads.
+	peerMu     sync.Mutex
+	peerQueues map[string][]peerQueue
+	peerSum    []atomic.Pointer[peerQueue]
+	// peerLeave is, per target, the latest first token a peer reported
+	// there (ns on t.now's clock, -1: none). It outlives the reports: a
+	// peer whose queue emptied stops reporting, but the time its last
+	// request left still bounds when the target began serving the next.
+	peerLeave []atomic.Int64
 
 	mu        sync.Mutex
 	pending   []map[*Context]pendingPrefill
@@ -180,6 +196,14 @@ type pendingPrefill struct {
 	seq      uint64
 }
 
+// peerQueue is a peer's pending prefill at a target, on this balancer's
+// clock (t.now): a QueueState as received, or the sum over peers (the
+// oldest head, the earliest expiry).
+type peerQueue struct {
+	requests, tokens, headTokens int64
+	headAt, until                time.Duration
+}
+
 type unsentKey struct {
 	target int
 	digest uint64
@@ -199,6 +223,7 @@ var (
 	_ Learner         = (*predictedTTFT)(nil)
 	_ DecisionCounter = (*predictedTTFT)(nil)
 	_ SharedAffinity  = (*predictedTTFT)(nil)
+	_ SharedQueue     = (*predictedTTFT)(nil)
 )
 
 func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
@@ -214,7 +239,8 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		busySince:  make([]atomic.Int64, n),
 		arrivals:   make([]atomic.Int64, n),
 		inflight:   make([]atomic.Int64, n),
-		headTokens: make([]atomic.Int64, n), serviceFrom: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
+		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
+		peerQueues: map[string][]peerQueue{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
 		pending: make([]map[*Context]pendingPrefill, n),
 		unsent:  map[unsentKey][]uint64{},
 		unitLaw: ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1}, samples: PredictorMinSamples},
@@ -229,8 +255,9 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	for i := range t.pending {
 		t.pending[i] = map[*Context]pendingPrefill{}
 		t.busySince[i].Store(-1)
-		t.serviceFrom[i].Store(-1)
+		t.headAt[i].Store(-1)
 		t.lastLeave[i].Store(-1)
+		t.peerLeave[i].Store(-1)
 	}
 	t.start.Store(-1)
 	t.bytesPerToken.Store(math.Float64bits(DefaultBytesPerToken))
@@ -505,8 +532,9 @@ func gauss(a [lawFeatures][lawFeatures]float64, b [lawFeatures]float64) ([lawFea
 // features returns target i's prediction inputs for a request whose own
 // uncached prefill is own tokens.
 func (t *predictedTTFT) features(i int, own float64, tokens int, m *ttftLaw, now time.Duration) [lawFeatures]float64 {
-	aheadN := float64(t.pendCount[i].Load())
-	aheadTok := max(float64(t.pendTokens[i].Load())-t.served(i, m, now), 0)
+	peers := t.peersAt(i, now)
+	aheadN := float64(t.pendCount[i].Load() + peers.requests)
+	aheadTok := max(float64(t.pendTokens[i].Load()+peers.tokens)-t.served(i, m, now, peers), 0)
 	if t.engine != nil {
 		if w, ok := t.engine.Waiting(i); ok && float64(w) > aheadN {
 			mean := float64(tokens)
@@ -525,10 +553,19 @@ func (t *predictedTTFT) features(i int, own float64, tokens int, m *ttftLaw, now
 // engine's prefill rate (the own-work weight, ms per 1,000 tokens), at most
 // the head's tokens. Without it a replica busy prefilling a prefix looks as
 // far away as when that prefill was sent, and an idle replica without the
-// prefix wins the tie.
-func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration) float64 {
-	from := t.serviceFrom[i].Load()
-	if from < 0 || m.w[lawOwn] <= 0 || int64(now) <= from {
+// prefix wins the tie. The head is the oldest pending request of this
+// balancer's and its peers' (peers), and the replica began serving it at
+// the later of its dispatch and the last first token there.
+func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration, peers peerQueue) float64 {
+	headAt, headTok := t.headAt[i].Load(), t.headTokens[i].Load()
+	if peers.requests > 0 && (headAt < 0 || int64(peers.headAt) < headAt) {
+		headAt, headTok = int64(peers.headAt), peers.headTokens
+	}
+	if headAt < 0 || m.w[lawOwn] <= 0 {
+		return 0
+	}
+	from := max(headAt, t.lastLeave[i].Load(), t.peerLeave[i].Load())
+	if int64(now) <= from {
 		return 0
 	}
 	// The head's fixed part (the per-request weight, what a request costs
@@ -537,7 +574,7 @@ func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration) float64 {
 	if ms <= 0 {
 		return 0
 	}
-	return min(ms*1000/m.w[lawOwn], float64(t.headTokens[i].Load()))
+	return min(ms*1000/m.w[lawOwn], float64(headTok))
 }
 
 // Pick implements Balancer.
@@ -728,11 +765,107 @@ func (t *predictedTTFT) headLocked(target int) {
 	}
 	if !found {
 		t.headTokens[target].Store(0)
-		t.serviceFrom[target].Store(-1)
+		t.headAt[target].Store(-1)
 		return
 	}
 	t.headTokens[target].Store(int64(head.tokens))
-	t.serviceFrom[target].Store(max(int64(head.at), t.lastLeave[target].Load()))
+	t.headAt[target].Store(int64(head.at))
+}
+
+// LocalQueue implements [SharedQueue].
+func (t *predictedTTFT) LocalQueue(target int) QueueState {
+	if target < 0 || target >= t.n {
+		return QueueState{LeaveAge: -1}
+	}
+	now := t.now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	q := QueueState{Requests: int(t.pendCount[target].Load()), Tokens: int(t.pendTokens[target].Load()), LeaveAge: -1}
+	if at := t.headAt[target].Load(); at >= 0 {
+		q.HeadTokens, q.HeadAge = int(t.headTokens[target].Load()), max(now-time.Duration(at), 0)
+	}
+	if at := t.lastLeave[target].Load(); at >= 0 {
+		q.LeaveAge = max(now-time.Duration(at), 0)
+	}
+	return q
+}
+
+// FoldPeerQueue implements [SharedQueue]: the report's ages become instants
+// on this balancer's clock (the trip from the peer is not subtracted: it is
+// a millisecond or two, against flushes every 25 ms).
+func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl time.Duration) {
+	if target < 0 || target >= t.n || ttl <= 0 {
+		return
+	}
+	now := t.now()
+	pq := peerQueue{requests: int64(max(q.Requests, 0)), tokens: int64(max(q.Tokens, 0)),
+		headTokens: int64(max(q.HeadTokens, 0)), headAt: now - max(q.HeadAge, 0), until: now + ttl}
+	if q.LeaveAge >= 0 {
+		at := int64(now - q.LeaveAge)
+		for old := t.peerLeave[target].Load(); at > old && !t.peerLeave[target].CompareAndSwap(old, at); old = t.peerLeave[target].Load() {
+		}
+	}
+	t.peerMu.Lock()
+	defer t.peerMu.Unlock()
+	qs := t.peerQueues[peer]
+	if qs == nil {
+		qs = make([]peerQueue, t.n)
+		for i := range qs {
+			qs[i].until = -1
+		}
+		t.peerQueues[peer] = qs
+	}
+	qs[target] = pq
+	t.sumPeersLocked(target, now)
+}
+
+// peersAt returns what t's peers have pending at target i, summed.
+func (t *predictedTTFT) peersAt(i int, now time.Duration) peerQueue {
+	p := t.peerSum[i].Load()
+	if p == nil {
+		return peerQueue{headAt: -1}
+	}
+	if now > p.until {
+		t.peerMu.Lock()
+		t.sumPeersLocked(i, now)
+		p = t.peerSum[i].Load()
+		t.peerMu.Unlock()
+		if p == nil {
+			return peerQueue{headAt: -1}
+		}
+	}
+	return *p
+}
+
+// sumPeersLocked recomputes peerSum[i] from the peers' unexpired reports,
+// forgetting peers with none left; t.peerMu must be held.
+func (t *predictedTTFT) sumPeersLocked(i int, now time.Duration) {
+	sum := peerQueue{headAt: -1, until: -1}
+	live := false
+	for id, qs := range t.peerQueues {
+		q := qs[i]
+		if q.until < now {
+			qs[i].until = -1
+			if !slices.ContainsFunc(qs, func(q peerQueue) bool { return q.until >= now }) {
+				delete(t.peerQueues, id)
+			}
+			continue
+		}
+		if !live || q.until < sum.until {
+			sum.until = q.until
+		}
+		live = true
+		sum.requests += q.requests
+		sum.tokens += q.tokens
+		if q.requests > 0 && (sum.headAt < 0 || q.headAt < sum.headAt) {
+			sum.headAt, sum.headTokens = q.headAt, q.headTokens
+		}
+	}
+	if !live {
+		t.peerSum[i].Store(nil)
+		return
+	}
+	t.peerSum[i].Store(&sum)
 }
 
 // externality is the delay that adding own ms of prefill to a target whose

@@ -336,3 +336,65 @@ func TestPredictedTTFTCreditsPrefillInProgress(t *testing.T) {
 		}
 	}
 }
+
+// pickedTargets returns the targets b picks for draws fresh prompts that no
+// target holds.
+func pickedTargets(b routing.Balancer, n, draws int) map[int]bool {
+	seen := map[int]bool{}
+	for i := range draws {
+		seen[b.Pick(&routing.Context{Prompt: words(uint64(1000+i), 400)}, nil, routing.All(n))] = true
+	}
+	return seen
+}
+
+// Several proxies: what a peer has pending at a target counts as queued
+// there, until the peer reports the queue emptied or its report expires.
+func TestPredictedTTFTFoldsPeerQueue(t *testing.T) {
+	clock := &ttftClock{now: time.Second}
+	a := newTTFT(t, 2, 1, clock, nil)
+	peer := newTTFT(t, 2, 2, clock, nil)
+	peer.Observe(0, &routing.Context{Prompt: words(1, 8000)})
+	q := peer.(routing.SharedQueue).LocalQueue(0)
+	if q.Requests != 1 || q.Tokens != 2000 || q.HeadTokens != 2000 || q.HeadAge != 0 || q.LeaveAge >= 0 {
+		t.Fatalf("peer's queue %+v, want one request of 2,000 tokens, just sent, no first token yet", q)
+	}
+	if got := pickedTargets(a, 2, 40); !got[0] || !got[1] {
+		t.Fatalf("before the report: picked %v, want both targets (a tie)", got)
+	}
+	const ttl = 75 * time.Millisecond
+	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, q, ttl)
+	if got := pickedTargets(a, 2, 40); got[0] {
+		t.Fatalf("with the peer's 2,000 tokens queued at 0: picked %v, want 1 only", got)
+	}
+	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, routing.QueueState{LeaveAge: 0}, ttl)
+	if got := pickedTargets(a, 2, 40); !got[0] || !got[1] {
+		t.Fatalf("after the peer reported its queue empty: picked %v, want both", got)
+	}
+	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, q, ttl)
+	clock.now += ttl + time.Millisecond
+	if got := pickedTargets(a, 2, 40); !got[0] || !got[1] {
+		t.Fatalf("after the report expired: picked %v, want both", got)
+	}
+}
+
+// A peer's pending head has been in service since the last first token at
+// the target (any proxy's), not since its dispatch: a head sent long ago
+// behind a request that has only just left is still all ahead.
+func TestPredictedTTFTPeerHeadServedSinceLastLeave(t *testing.T) {
+	clock := &ttftClock{now: time.Second}
+	a := newTTFT(t, 2, 1, clock, nil)
+	const ttl = time.Minute
+	// Under the unit law a target prefills 1,000 tokens per ms, so a head
+	// of 2,000 tokens sent 100 ms ago is done unless its service began
+	// later.
+	old := routing.QueueState{Requests: 1, Tokens: 2000, HeadTokens: 2000, HeadAge: 100 * time.Millisecond, LeaveAge: -1}
+	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, old, ttl)
+	if got := pickedTargets(a, 2, 40); !got[0] || !got[1] {
+		t.Fatalf("head served since its dispatch: picked %v, want both", got)
+	}
+	old.LeaveAge = 0
+	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, old, ttl)
+	if got := pickedTargets(a, 2, 40); got[0] {
+		t.Fatalf("head in service only since a first token now: picked %v, want 1 only", got)
+	}
+}

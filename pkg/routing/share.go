@@ -1,6 +1,8 @@
 package routing
 
 import (
+	"time"
+
 	"github.com/zeebo/xxh3"
 
 	"rolter.dev/pkg/chunkindex"
@@ -174,4 +176,32 @@ func (s *sharing) SharedStats() []chunkindex.Stats {
 		out[i] = s.index.Stats(i)
 	}
 	return out
+}
+
+// SharedQueue is implemented by balancers that predict the wait at each
+// target from the prefill they sent there (predicted_ttft). Behind an L4
+// balancer each of several proxies sends only part of a target's queue, so
+// each would see a fraction of it; the fleet publishes every proxy's queue
+// and folds the peers' in, so that each predicts from the whole.
+type SharedQueue interface {
+	// LocalQueue returns the prefill this balancer has pending at target.
+	LocalQueue(target int) QueueState
+	// FoldPeerQueue replaces what peer has pending at target; it holds for
+	// ttl unless a newer report replaces it.
+	FoldPeerQueue(peer string, target int, q QueueState, ttl time.Duration)
+}
+
+// QueueState is one proxy's pending prefill at one target: the requests it
+// sent there that have not produced a first token.
+type QueueState struct {
+	// Requests and Tokens count them and their uncached prompt tokens.
+	Requests, Tokens int
+	// HeadTokens and HeadAge are the oldest one's tokens and the time since
+	// it was dispatched (meaningful when Requests > 0).
+	HeadTokens int
+	HeadAge    time.Duration
+	// LeaveAge is the time since one of this proxy's requests last produced
+	// its first token at the target (the target then began serving the
+	// next), negative when none has.
+	LeaveAge time.Duration
 }

@@ -34,7 +34,8 @@
 //
 // With Config.Share the proxies share their routing state as rolter-proxy
 // --nats does: each is a pkg/fleet node, its balancer built with
-// routing.Spec.Share, publishing its observations every Config.ShareFlush and
+// routing.Spec.Share, publishing its observations every Config.ShareFlush,
+// its queued prefill (predicted_ttft) every Config.ShareQueueInterval and
 // its in-flight counts every Config.ShareLoadInterval; every other node
 // receives the encoded messages Config.ShareDelay later, and a proxy's
 // balancer sees its own counts plus its peers' latest (share.go).

@@ -55,7 +55,8 @@ func (r *run) newShareNode(p int, env *Env) {
 			r.share.total += len(s.Turns)
 		}
 	}
-	n := fleet.NewNode(fleet.Options{ID: fmt.Sprintf("proxy-%d", p), FlushInterval: r.cfg.ShareFlush, LoadInterval: r.cfg.ShareLoadInterval})
+	n := fleet.NewNode(fleet.Options{ID: fmt.Sprintf("proxy-%d", p), FlushInterval: r.cfg.ShareFlush, LoadInterval: r.cfg.ShareLoadInterval,
+		QueueInterval: r.cfg.ShareQueueInterval})
 	rt := n.Bind("sim", 1, r.cfg.Replicas)
 	r.share.nodes = append(r.share.nodes, n)
 	r.share.routes = append(r.share.routes, rt)
@@ -70,6 +71,9 @@ func (r *run) bindShare(p int, px *proxy) {
 		if sa, ok := b.inner().b.(routing.SharedAffinity); ok {
 			rt.SetAffinity(sa)
 		}
+		if sq, ok := b.inner().b.(routing.SharedQueue); ok {
+			rt.SetQueue(sq)
+		}
 	}
 	rt.SetOwnLoad(func(i int) int { return px.loads[i] })
 }
@@ -78,6 +82,7 @@ func (r *run) bindShare(p int, px *proxy) {
 func (r *run) startShare() {
 	r.pushShare(r.now+r.cfg.ShareFlush, evShareFlush, nil)
 	r.pushShare(r.now+r.cfg.ShareLoadInterval, evShareLoad, nil)
+	r.pushShare(r.now+r.cfg.ShareQueueInterval, evShareQueue, nil)
 }
 
 func (r *run) pushShare(at time.Duration, kind uint8, m *shareMsg) {
@@ -91,13 +96,16 @@ func (r *run) pushShare(at time.Duration, kind uint8, m *shareMsg) {
 func (r *run) shareEvent(e event) {
 	sh, now := r.share, simEpoch.Add(r.now)
 	switch e.kind {
-	case evShareFlush, evShareLoad:
+	case evShareFlush, evShareQueue, evShareLoad:
 		for p, n := range sh.nodes {
 			m := &shareMsg{from: p, loads: e.kind == evShareLoad}
-			if m.loads {
+			switch e.kind {
+			case evShareLoad:
 				m.data = n.LoadReport()
 				n.Expire(now)
-			} else {
+			case evShareQueue:
+				m.data = n.FlushQueues()
+			default:
 				m.data = n.FlushObservations()
 			}
 			if m.data != nil {
@@ -106,8 +114,11 @@ func (r *run) shareEvent(e event) {
 		}
 		if r.completed < sh.total {
 			every := r.cfg.ShareFlush
-			if e.kind == evShareLoad {
+			switch e.kind {
+			case evShareLoad:
 				every = r.cfg.ShareLoadInterval
+			case evShareQueue:
+				every = r.cfg.ShareQueueInterval
 			}
 			r.pushShare(r.now+every, e.kind, nil)
 		}

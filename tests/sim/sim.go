@@ -63,11 +63,12 @@ type Config struct {
 	// Share makes the proxies share their routing state (prefix
 	// observations and in-flight counts) through pkg/fleet, as rolter-proxy
 	// --nats does; only rolter's strategies share. ShareDelay is a message's
-	// trip from one proxy to the others, ShareFlush and ShareLoadInterval
-	// how often each proxy publishes observations and loads (zero: the
-	// defaults, 2 ms, 25 ms and 100 ms).
-	Share                                     bool
-	ShareDelay, ShareFlush, ShareLoadInterval time.Duration
+	// trip from one proxy to the others, ShareFlush, ShareQueueInterval
+	// and ShareLoadInterval how often each proxy publishes observations,
+	// queued prefill (predicted_ttft) and loads (zero: the defaults, 2 ms,
+	// 25 ms, 5 ms and 100 ms).
+	Share                                                         bool
+	ShareDelay, ShareFlush, ShareQueueInterval, ShareLoadInterval time.Duration
 	// Progress, if set, is called once per completed request.
 	Progress func()
 }
@@ -180,6 +181,7 @@ const (
 	evKV // a replica's KV events reach the proxies
 	// sharing among proxies (share.go)
 	evShareFlush
+	evShareQueue
 	evShareLoad
 	evShareDeliver
 	evScrape // a metrics scrape of every replica (metricsScraper)
@@ -268,6 +270,7 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 	r.cfg.ShareDelay = cmp.Or(r.cfg.ShareDelay, DefaultShareDelay)
 	r.cfg.ShareFlush = cmp.Or(r.cfg.ShareFlush, fleet.DefaultFlushInterval)
 	r.cfg.ShareLoadInterval = cmp.Or(r.cfg.ShareLoadInterval, fleet.DefaultLoadInterval)
+	r.cfg.ShareQueueInterval = cmp.Or(r.cfg.ShareQueueInterval, fleet.DefaultQueueInterval)
 	events := false
 	for p := range cfg.Proxies {
 		env := Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, CapacityBlocks: cfg.CapacityBlocks,
@@ -341,7 +344,7 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 			r.firstToken(e.f)
 		case evDone:
 			r.done(e.f)
-		case evShareFlush, evShareLoad, evShareDeliver:
+		case evShareFlush, evShareQueue, evShareLoad, evShareDeliver:
 			r.shareEvent(e)
 		case evScrape:
 			copy(r.scrapedWaiting, r.waiting)

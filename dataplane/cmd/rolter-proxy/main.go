@@ -34,6 +34,7 @@ func main() {
 	natsURL := flag.String("nats", "", "NATS URL: the kvwatchers' KV-event deltas (precise_cache_aware, predicted_ttft, lmcache_aware) and the proxies' shared routing state")
 	share := flag.Bool("share", true, "with --nats: share routing observations and in-flight counts with the other proxies of the fleet")
 	shareFlush := flag.Duration("share-flush", fleet.DefaultFlushInterval, "with --share: how often batched routing observations are published")
+	shareQueue := flag.Duration("share-queue-interval", fleet.DefaultQueueInterval, "with --share: how often each predicted_ttft route's queued prefill per target is published")
 	shareGroup := flag.String("share-group", "default", "with --share: the fleet's name; proxies share state only within one group")
 	drainDelay := flag.Duration("drain-delay", 0, "on SIGTERM: answer /readyz with 503 but keep accepting requests this long (longer than your load balancer takes to notice), then close the listener")
 	drainTimeout := flag.Duration("drain-timeout", 30*time.Second, "on SIGTERM: how long in-flight requests and streams may take once the listener is closed")
@@ -50,7 +51,7 @@ func main() {
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	opts := app.Options{ConfigPath: *configPath, Listen: *listen, Logger: log, NATSURL: *natsURL, NoShare: !*share, ShareGroup: *shareGroup, ShareFlush: *shareFlush,
-		DrainDelay: *drainDelay, DrainTimeout: *drainTimeout}
+		ShareQueueInterval: *shareQueue, DrainDelay: *drainDelay, DrainTimeout: *drainTimeout}
 	if *cpAddrs != "" {
 		cp, err := controlPlaneOptions(*cpAddrs, *token, *tokenFile, cpTLS, *pepperFile)
 		if err != nil {

@@ -206,6 +206,9 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 		if sa, ok := pl.balancer.(routing.SharedAffinity); ok {
 			pl.fleet.SetAffinity(sa)
 		}
+		if sq, ok := pl.balancer.(routing.SharedQueue); ok {
+			pl.fleet.SetQueue(sq)
+		}
 		ts := pl.targets
 		pl.fleet.SetOwnLoad(func(i int) int { return ts[i].state.InFlight() })
 	}

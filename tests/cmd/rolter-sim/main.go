@@ -109,6 +109,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&c.ShareDelay, "share-delay", sim.DefaultShareDelay, "with --share on: a fleet message's trip from one proxy to the others")
 	fs.DurationVar(&c.ShareFlush, "share-flush", fleet.DefaultFlushInterval, "with --share on: how often each proxy publishes its observations (rolter-proxy --share-flush)")
 	fs.DurationVar(&c.ShareLoadInterval, "share-load-interval", fleet.DefaultLoadInterval, "with --share on: how often each proxy publishes its in-flight counts")
+	fs.DurationVar(&c.ShareQueueInterval, "share-queue-interval", fleet.DefaultQueueInterval, "with --share on: how often each proxy publishes its queued prefill (predicted_ttft; rolter-proxy --share-queue-interval)")
 	fs.IntVar(&c.Concurrency, "concurrency", 0, "closed-loop clients (0: the workload's default)")
 	fs.DurationVar(&c.Ramp, "ramp", 0, "start the closed-loop clients one by one over this time instead of all at once")
 	fs.Float64Var(&c.Rate, "rate", 0, "open-loop Poisson session arrivals per second instead of the closed loop")

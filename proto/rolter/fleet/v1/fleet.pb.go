@@ -34,8 +34,14 @@ type Observations struct {
 	Proxy string `protobuf:"bytes,1,opt,name=proxy,proto3" json:"proxy,omitempty"`
 	// seq counts the publisher's batches from 1; a receiver counts gaps as
 	// lost batches.
-	Seq           uint64         `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
-	Routes        []*RouteChunks `protobuf:"bytes,3,rep,name=routes,proto3" json:"routes,omitempty"`
+	Seq    uint64         `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Routes []*RouteChunks `protobuf:"bytes,3,rep,name=routes,proto3" json:"routes,omitempty"`
+	// queues are the prefill this proxy had queued at each target at the
+	// flush (predicted_ttft), for the routes whose balancer shares it.
+	Queues []*RouteQueues `protobuf:"bytes,4,rep,name=queues,proto3" json:"queues,omitempty"`
+	// queue_ttl_ms is how long a queue report stays valid without a newer one
+	// (a non-empty queue is reported at every flush).
+	QueueTtlMs    uint32 `protobuf:"varint,5,opt,name=queue_ttl_ms,json=queueTtlMs,proto3" json:"queue_ttl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -89,6 +95,20 @@ func (x *Observations) GetRoutes() []*RouteChunks {
 		return x.Routes
 	}
 	return nil
+}
+
+func (x *Observations) GetQueues() []*RouteQueues {
+	if x != nil {
+		return x.Queues
+	}
+	return nil
+}
+
+func (x *Observations) GetQueueTtlMs() uint32 {
+	if x != nil {
+		return x.QueueTtlMs
+	}
+	return 0
 }
 
 // RouteChunks is one route's observations.
@@ -212,6 +232,162 @@ func (x *TargetChunks) GetChunks() []uint64 {
 	return nil
 }
 
+// RouteQueues is one route's queued prefill per target.
+type RouteQueues struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Route         string                 `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	Layout        uint64                 `protobuf:"fixed64,2,opt,name=layout,proto3" json:"layout,omitempty"`
+	Targets       []*TargetQueue         `protobuf:"bytes,3,rep,name=targets,proto3" json:"targets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteQueues) Reset() {
+	*x = RouteQueues{}
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteQueues) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteQueues) ProtoMessage() {}
+
+func (x *RouteQueues) ProtoReflect() protoreflect.Message {
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteQueues.ProtoReflect.Descriptor instead.
+func (*RouteQueues) Descriptor() ([]byte, []int) {
+	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RouteQueues) GetRoute() string {
+	if x != nil {
+		return x.Route
+	}
+	return ""
+}
+
+func (x *RouteQueues) GetLayout() uint64 {
+	if x != nil {
+		return x.Layout
+	}
+	return 0
+}
+
+func (x *RouteQueues) GetTargets() []*TargetQueue {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+// TargetQueue is the prefill one proxy sent to one target that has not
+// produced its first token yet: what a request it sends next waits behind.
+// Ages are measured at the flush on the publisher's clock, so the
+// receiver's clock need not agree with it.
+type TargetQueue struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Target uint32                 `protobuf:"varint,1,opt,name=target,proto3" json:"target,omitempty"`
+	// requests and tokens count the pending requests and their uncached
+	// prompt tokens (as predicted at dispatch); both 0 clears the queue.
+	Requests uint32 `protobuf:"varint,2,opt,name=requests,proto3" json:"requests,omitempty"`
+	Tokens   uint64 `protobuf:"varint,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// head_tokens and head_age_us are the oldest pending request's uncached
+	// tokens and the microseconds since it was dispatched.
+	HeadTokens uint64 `protobuf:"varint,4,opt,name=head_tokens,json=headTokens,proto3" json:"head_tokens,omitempty"`
+	HeadAgeUs  uint64 `protobuf:"varint,5,opt,name=head_age_us,json=headAgeUs,proto3" json:"head_age_us,omitempty"`
+	// leave_age_us is the microseconds since a request of this proxy last
+	// produced its first token at the target (unset: never), which is when the
+	// target began serving the next one.
+	LeaveAgeUs    *uint64 `protobuf:"varint,6,opt,name=leave_age_us,json=leaveAgeUs,proto3,oneof" json:"leave_age_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TargetQueue) Reset() {
+	*x = TargetQueue{}
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TargetQueue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TargetQueue) ProtoMessage() {}
+
+func (x *TargetQueue) ProtoReflect() protoreflect.Message {
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TargetQueue.ProtoReflect.Descriptor instead.
+func (*TargetQueue) Descriptor() ([]byte, []int) {
+	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TargetQueue) GetTarget() uint32 {
+	if x != nil {
+		return x.Target
+	}
+	return 0
+}
+
+func (x *TargetQueue) GetRequests() uint32 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *TargetQueue) GetTokens() uint64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *TargetQueue) GetHeadTokens() uint64 {
+	if x != nil {
+		return x.HeadTokens
+	}
+	return 0
+}
+
+func (x *TargetQueue) GetHeadAgeUs() uint64 {
+	if x != nil {
+		return x.HeadAgeUs
+	}
+	return 0
+}
+
+func (x *TargetQueue) GetLeaveAgeUs() uint64 {
+	if x != nil && x.LeaveAgeUs != nil {
+		return *x.LeaveAgeUs
+	}
+	return 0
+}
+
 // Loads is one proxy's in-flight counts, published on
 // "rolter.fleet.v1.<group>.load" every load interval; it doubles as the
 // proxy's heartbeat.
@@ -228,7 +404,7 @@ type Loads struct {
 
 func (x *Loads) Reset() {
 	*x = Loads{}
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[3]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -240,7 +416,7 @@ func (x *Loads) String() string {
 func (*Loads) ProtoMessage() {}
 
 func (x *Loads) ProtoReflect() protoreflect.Message {
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[3]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -253,7 +429,7 @@ func (x *Loads) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Loads.ProtoReflect.Descriptor instead.
 func (*Loads) Descriptor() ([]byte, []int) {
-	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{3}
+	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Loads) GetProxy() string {
@@ -297,7 +473,7 @@ type RouteLoads struct {
 
 func (x *RouteLoads) Reset() {
 	*x = RouteLoads{}
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[4]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -309,7 +485,7 @@ func (x *RouteLoads) String() string {
 func (*RouteLoads) ProtoMessage() {}
 
 func (x *RouteLoads) ProtoReflect() protoreflect.Message {
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[4]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -322,7 +498,7 @@ func (x *RouteLoads) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteLoads.ProtoReflect.Descriptor instead.
 func (*RouteLoads) Descriptor() ([]byte, []int) {
-	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{4}
+	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RouteLoads) GetRoute() string {
@@ -359,7 +535,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[5]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +547,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[5]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +560,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{5}
+	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SnapshotRequest) GetProxy() string {
@@ -415,7 +591,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[6]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +603,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[6]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +616,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{6}
+	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Snapshot) GetProxy() string {
@@ -468,18 +644,35 @@ var File_rolter_fleet_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_rolter_fleet_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x1brolter/fleet/v1/fleet.proto\x12\x0frolter.fleet.v1\"l\n" +
+	"\x1brolter/fleet/v1/fleet.proto\x12\x0frolter.fleet.v1\"\xc4\x01\n" +
 	"\fObservations\x12\x14\n" +
 	"\x05proxy\x18\x01 \x01(\tR\x05proxy\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x124\n" +
-	"\x06routes\x18\x03 \x03(\v2\x1c.rolter.fleet.v1.RouteChunksR\x06routes\"t\n" +
+	"\x06routes\x18\x03 \x03(\v2\x1c.rolter.fleet.v1.RouteChunksR\x06routes\x124\n" +
+	"\x06queues\x18\x04 \x03(\v2\x1c.rolter.fleet.v1.RouteQueuesR\x06queues\x12 \n" +
+	"\fqueue_ttl_ms\x18\x05 \x01(\rR\n" +
+	"queueTtlMs\"t\n" +
 	"\vRouteChunks\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x16\n" +
 	"\x06layout\x18\x02 \x01(\x06R\x06layout\x127\n" +
 	"\atargets\x18\x03 \x03(\v2\x1d.rolter.fleet.v1.TargetChunksR\atargets\">\n" +
 	"\fTargetChunks\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\rR\x06target\x12\x16\n" +
-	"\x06chunks\x18\x02 \x03(\x06R\x06chunks\"{\n" +
+	"\x06chunks\x18\x02 \x03(\x06R\x06chunks\"s\n" +
+	"\vRouteQueues\x12\x14\n" +
+	"\x05route\x18\x01 \x01(\tR\x05route\x12\x16\n" +
+	"\x06layout\x18\x02 \x01(\x06R\x06layout\x126\n" +
+	"\atargets\x18\x03 \x03(\v2\x1c.rolter.fleet.v1.TargetQueueR\atargets\"\xd2\x01\n" +
+	"\vTargetQueue\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\rR\x06target\x12\x1a\n" +
+	"\brequests\x18\x02 \x01(\rR\brequests\x12\x16\n" +
+	"\x06tokens\x18\x03 \x01(\x04R\x06tokens\x12\x1f\n" +
+	"\vhead_tokens\x18\x04 \x01(\x04R\n" +
+	"headTokens\x12\x1e\n" +
+	"\vhead_age_us\x18\x05 \x01(\x04R\theadAgeUs\x12%\n" +
+	"\fleave_age_us\x18\x06 \x01(\x04H\x00R\n" +
+	"leaveAgeUs\x88\x01\x01B\x0f\n" +
+	"\r_leave_age_us\"{\n" +
 	"\x05Loads\x12\x14\n" +
 	"\x05proxy\x18\x01 \x01(\tR\x05proxy\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x15\n" +
@@ -510,26 +703,30 @@ func file_rolter_fleet_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_rolter_fleet_v1_fleet_proto_rawDescData
 }
 
-var file_rolter_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_rolter_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_rolter_fleet_v1_fleet_proto_goTypes = []any{
 	(*Observations)(nil),    // 0: rolter.fleet.v1.Observations
 	(*RouteChunks)(nil),     // 1: rolter.fleet.v1.RouteChunks
 	(*TargetChunks)(nil),    // 2: rolter.fleet.v1.TargetChunks
-	(*Loads)(nil),           // 3: rolter.fleet.v1.Loads
-	(*RouteLoads)(nil),      // 4: rolter.fleet.v1.RouteLoads
-	(*SnapshotRequest)(nil), // 5: rolter.fleet.v1.SnapshotRequest
-	(*Snapshot)(nil),        // 6: rolter.fleet.v1.Snapshot
+	(*RouteQueues)(nil),     // 3: rolter.fleet.v1.RouteQueues
+	(*TargetQueue)(nil),     // 4: rolter.fleet.v1.TargetQueue
+	(*Loads)(nil),           // 5: rolter.fleet.v1.Loads
+	(*RouteLoads)(nil),      // 6: rolter.fleet.v1.RouteLoads
+	(*SnapshotRequest)(nil), // 7: rolter.fleet.v1.SnapshotRequest
+	(*Snapshot)(nil),        // 8: rolter.fleet.v1.Snapshot
 }
 var file_rolter_fleet_v1_fleet_proto_depIdxs = []int32{
 	1, // 0: rolter.fleet.v1.Observations.routes:type_name -> rolter.fleet.v1.RouteChunks
-	2, // 1: rolter.fleet.v1.RouteChunks.targets:type_name -> rolter.fleet.v1.TargetChunks
-	4, // 2: rolter.fleet.v1.Loads.routes:type_name -> rolter.fleet.v1.RouteLoads
-	1, // 3: rolter.fleet.v1.Snapshot.routes:type_name -> rolter.fleet.v1.RouteChunks
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	3, // 1: rolter.fleet.v1.Observations.queues:type_name -> rolter.fleet.v1.RouteQueues
+	2, // 2: rolter.fleet.v1.RouteChunks.targets:type_name -> rolter.fleet.v1.TargetChunks
+	4, // 3: rolter.fleet.v1.RouteQueues.targets:type_name -> rolter.fleet.v1.TargetQueue
+	6, // 4: rolter.fleet.v1.Loads.routes:type_name -> rolter.fleet.v1.RouteLoads
+	1, // 5: rolter.fleet.v1.Snapshot.routes:type_name -> rolter.fleet.v1.RouteChunks
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_rolter_fleet_v1_fleet_proto_init() }
@@ -537,13 +734,14 @@ func file_rolter_fleet_v1_fleet_proto_init() {
 	if File_rolter_fleet_v1_fleet_proto != nil {
 		return
 	}
+	file_rolter_fleet_v1_fleet_proto_msgTypes[4].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rolter_fleet_v1_fleet_proto_rawDesc), len(file_rolter_fleet_v1_fleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
