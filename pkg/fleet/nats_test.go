@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"rolter.dev/pkg/natstest"
+	"rolter.dev/pkg/routing"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -83,5 +85,22 @@ func TestNATSDownFallsBackToOwnView(t *testing.T) {
 	// b keeps routing on its own view.
 	if got := b.send("anything"); got < 0 || got >= targets {
 		t.Fatalf("pick %d with NATS down", got)
+	}
+}
+
+// A predicted_ttft route's queued prefill crosses NATS on the queue
+// interval: b routes around the long prefill a has queued at target 2.
+func TestQueuesOverNATS(t *testing.T) {
+	s := natstest.Start(t)
+	now := time.Second // never advanced: the balancers' clock is read by the NATS goroutines
+	a, b := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now)
+	a.b.Observe(2, &routing.Context{Prompt: strings.Repeat("a long unrelated prompt. ", 400)})
+	runMember(t, s, a.member)
+	runMember(t, s, b.member)
+	eventually(t, "a's queue reaches b", func() bool { return b.node.Stats(time.Now()).QueueReports > 0 })
+	for i := range 40 {
+		if got := b.b.Pick(&routing.Context{Prompt: conversation(100 + i)}, nil, routing.Set{}); got == 2 {
+			t.Fatalf("draw %d: b picked target 2, where a has a long prefill queued", i)
+		}
 	}
 }

@@ -319,6 +319,7 @@ func (n *Node) FlushQueues() []byte {
 		return nil
 	}
 	b := encode(msg)
+	n.stats.batchesPublished.Add(1)
 	n.stats.bytesPublished.Add(uint64(len(b)))
 	return b
 }

@@ -10,8 +10,9 @@ import (
 // Stats are a node's counters, for metrics.
 type Stats struct {
 	// BatchesPublished, ChunksPublished and BytesPublished count what the
-	// node sent: observation batches, the hashes in them, and the bytes of
-	// every message (observations, loads, snapshots).
+	// node sent: observation batches (prefix hashes or queued prefill), the
+	// hashes in them, and the bytes of every message (observations, queues,
+	// loads, snapshots).
 	BatchesPublished, ChunksPublished, BytesPublished uint64
 	// BatchesReceived counts peers' observation batches folded;
 	// ChunksFolded the hashes folded from them and from snapshots.
