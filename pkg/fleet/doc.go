@@ -18,6 +18,15 @@
 // fraction it compares against its threshold reflects what the whole fleet
 // sent to each replica.
 //
+// Queued prefill: a route whose balancer predicts from the prefill queued
+// at each target (predicted_ttft, routing.SharedQueue) is connected with
+// [Route.SetQueue]. Every queue interval (5 ms) the node publishes, per
+// target with anything pending (and once after its queue empties, or after
+// a first token there), what that balancer has pending: requests, tokens,
+// the oldest's tokens and age, and the age of its last first token there,
+// as Observations.queues, valid for 3 intervals. A receiver hands each
+// report to its balancer, which adds the peers' queues to its own.
+//
 // Load: every load interval (100 ms) each node publishes its in-flight count
 // per route target (rolter.fleet.v1.Loads, which doubles as a heartbeat).
 // [Route.PeerLoad] is the sum of the latest counts of the peers heard within

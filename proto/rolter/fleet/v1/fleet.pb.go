@@ -6,8 +6,9 @@
 
 // Package rolter.fleet.v1 is what rolter proxies tell one another over NATS
 // so that several proxies behind an L4 balancer route as well as one: what
-// each routed where (prefix fingerprints, never prompt text) and how many
-// requests each has in flight per target. See rolter.dev/pkg/fleet.
+// each routed where (prefix fingerprints, never prompt text), the prefill
+// each has queued per target (predicted_ttft) and how many requests each
+// has in flight per target. See rolter.dev/pkg/fleet.
 
 package fleetv1
 
