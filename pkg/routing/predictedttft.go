@@ -612,9 +612,16 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			best = min(best, pred[i])
 		}
 	}
-	// Among the tied minimum: the least loaded, then uniform.
+	// Among the tied minimum: the least loaded, then uniform; with loads
+	// partly not this balancer's own (see tiedOfTwo), the less loaded of
+	// two drawn at random.
 	eps := tieEpsilon * max(1, best)
 	known := len(loads) == t.n
+	if known && scale > 1 {
+		if i, ok := t.tiedOfTwo(pred, best+eps, loads, el); ok {
+			return i
+		}
+	}
 	pick, minLoad, ties := -1, 0, 0
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
@@ -638,6 +645,39 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		}
 	}
 	return pick
+}
+
+// tiedOfTwo draws two of the targets whose cost is at most limit and
+// returns the less loaded; false when at most two are tied (then the least
+// loaded is the same pick). It is the tie rule when the loads include other
+// proxies' requests (fleetScale > 1): their counts arrive late (every load
+// interval) and miss what the peers picked in the same instant, so every
+// proxy would send its next tied pick to the same least-loaded target and
+// they would pile up there; two random choices keep most of the balance
+// and spread a burst (Mitzenmacher, "How useful is old information?",
+// 2000). Measured in docs/routing.md (several proxies).
+func (t *predictedTTFT) tiedOfTwo(pred []float64, limit float64, loads []int, el Set) (int, bool) {
+	var buf [MaxTargets]uint8
+	tied := buf[:0]
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			if i := wi*64 + bitIndex(w); pred[i] <= limit {
+				tied = append(tied, uint8(i))
+			}
+		}
+	}
+	if len(tied) <= 2 {
+		return -1, false
+	}
+	a := int(tied[t.intn(len(tied))])
+	b := int(tied[t.intn(len(tied)-1)])
+	if b == a {
+		b = int(tied[len(tied)-1]) // the draw skipped a
+	}
+	if loads[b] < loads[a] {
+		return b, true
+	}
+	return a, true
 }
 
 // Observe implements Balancer: the request joins target's pending prefill

@@ -398,3 +398,31 @@ func TestPredictedTTFTPeerHeadServedSinceLastLeave(t *testing.T) {
 		t.Fatalf("head in service only since a first token now: picked %v, want 1 only", got)
 	}
 }
+
+// Among tied targets the least loaded wins while the loads are this
+// balancer's own; once they include other proxies' requests (known late,
+// and not at all for a peer's pick in the same instant) the less loaded of
+// two drawn at random wins, so several proxies do not all send their next
+// tied pick to the same target.
+func TestPredictedTTFTTiesWithPeersLoadsDrawTwo(t *testing.T) {
+	clock := &ttftClock{now: time.Second}
+	b := newTTFT(t, 4, 1, clock, nil)
+	// One request of this balancer's own still in flight at target 0, its
+	// first token seen: nothing pending anywhere, so fresh prompts tie.
+	own := &routing.Context{Prompt: words(1, 400)}
+	served(b, 0, own, clock)
+	pick := func(loads []int) map[int]int {
+		got := map[int]int{}
+		for i := range 200 {
+			got[b.Pick(&routing.Context{Prompt: words(uint64(500+i), 400)}, loads, routing.All(4))]++
+		}
+		return got
+	}
+	if got := pick([]int{1, 0, 0, 0}); got[0] != 0 || len(got) != 3 {
+		t.Fatalf("own loads only: picked %v, want the three least loaded (1-3), never 0", got)
+	}
+	got := pick([]int{1, 6, 6, 6})
+	if got[0] == 200 || got[0] < 60 {
+		t.Fatalf("with peers' loads: picked %v, want target 0 about half the time (when drawn) and the others otherwise", got)
+	}
+}
