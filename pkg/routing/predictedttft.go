@@ -99,7 +99,9 @@ const (
 // term), under which homogeneous replicas already rank correctly: the law
 // only scales. The pick is the argmin of cost; costs within 1e-6 of the
 // minimum tie (a cold start: nothing cached, nothing pending), and among
-// the tied the least-loaded (loads, when known), then a uniform draw, wins.
+// the tied the least-loaded (loads, when known), then a uniform draw, wins;
+// when the loads include other proxies' requests, the less loaded of two
+// tied targets drawn at random (tiedOfTwo).
 //
 // Capacity: the approximate index holds, per target, at most
 // capacity_tokens(i) × indexed bytes per token / 64 chunks, where
