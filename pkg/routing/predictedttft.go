@@ -166,6 +166,9 @@ type predictedTTFT struct {
 	// peer whose queue emptied stops reporting, but the time its last
 	// request left still bounds when the target began serving the next.
 	peerLeave []atomic.Int64
+	// peerHeard is when the latest peer queue report was folded (ns on
+	// t.now's clock, -1: never).
+	peerHeard atomic.Int64
 
 	mu        sync.Mutex
 	pending   []map[*Context]pendingPrefill
@@ -196,6 +199,9 @@ type pendingPrefill struct {
 	indexed  int // bounded prompt bytes
 	knownTok int // len(TokenIDs), 0 when unknown
 	seq      uint64
+	// blind: no peer had been heard from at dispatch, so x misses what
+	// peers had queued if there are peers (see FirstToken).
+	blind bool
 }
 
 // peerQueue is a peer's pending prefill at a target, on this balancer's
@@ -262,6 +268,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		t.peerLeave[i].Store(-1)
 	}
 	t.start.Store(-1)
+	t.peerHeard.Store(-1)
 	t.bytesPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.indexedPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.refreshCapacity()
@@ -696,7 +703,7 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	now := t.now()
 	m := t.law()
 	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens, &m, now), at: now,
-		bytes: promptBytes(ctx), indexed: len(ctx.Prompt), knownTok: len(ctx.TokenIDs)}
+		bytes: promptBytes(ctx), indexed: len(ctx.Prompt), knownTok: len(ctx.TokenIDs), blind: t.peerHeard.Load() < 0}
 
 	held := 0.0
 	for _, v := range match {
@@ -840,6 +847,7 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 		return
 	}
 	now := t.now()
+	t.peerHeard.Store(int64(now))
 	pq := peerQueue{requests: int64(max(q.Requests, 0)), tokens: int64(max(q.Tokens, 0)),
 		headTokens: int64(max(q.HeadTokens, 0)), headAt: now - max(q.HeadAge, 0), until: now + ttl}
 	if q.LeaveAge >= 0 {
@@ -995,6 +1003,15 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 		return
 	}
 	y := float64(ttft) / float64(time.Millisecond)
+	// A request sent before any peer was heard from, by a balancer that has
+	// peers (it has heard one since), was predicted without the peers'
+	// queues: a fleet's first burst, whose waits behind the peers' picks
+	// the law would otherwise learn as fixed cost and per-request delay
+	// (docs/routing.md, several proxies). It teaches the law nothing.
+	if e.blind && t.peerHeard.Load() >= 0 {
+		t.learnRatios(e, promptTokens)
+		return
+	}
 	t.fitMu.Lock()
 	t.fits[target].add(e.x, y)
 	var pooled lawFit
@@ -1019,6 +1036,12 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 		}
 	}
 	t.fitMu.Unlock()
+	t.learnRatios(e, promptTokens)
+}
+
+// learnRatios teaches the bytes-per-token ratios from an attempt's prompt
+// token count (promptTokens, else its token ids' count).
+func (t *predictedTTFT) learnRatios(e pendingPrefill, promptTokens int) {
 	toks := promptTokens
 	if toks <= 0 {
 		toks = e.knownTok
