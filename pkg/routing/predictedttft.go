@@ -570,7 +570,9 @@ func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration, peers peerQ
 	if peers.requests > 0 && (headAt < 0 || int64(peers.headAt) < headAt) {
 		headAt, headTok = int64(peers.headAt), peers.headTokens
 	}
-	if headAt < 0 || m.w[lawOwn] <= 0 {
+	// The unit law's weights are not milliseconds (see externality): until
+	// the law is fitted there is no rate to credit elapsed time at.
+	if headAt < 0 || m.w[lawOwn] <= 0 || *m == t.unitLaw {
 		return 0
 	}
 	from := max(headAt, t.lastLeave[i].Load(), t.peerLeave[i].Load())

@@ -162,3 +162,51 @@ func TestPredictedTTFTFleetScale(t *testing.T) {
 		t.Fatalf("in flight after completion and abandon: %d %d", p.inflight[0].Load(), p.inflight[1].Load())
 	}
 }
+
+// simLaw is the routing simulator's truth: 5 ms per request, 5 per request
+// ahead, 50 per 1,000 tokens queued or own.
+var simLaw = ttftLaw{w: [lawFeatures]float64{5, 5, 50, 50}, samples: 100}
+
+// A replica that is prefilling a prefix right now is closer than when the
+// prefill was sent: what it has prefilled since, at the law's rate, is no
+// longer ahead. Counting the whole prefill as still queued made the busy
+// holder tie an idle replica without the prefix, and the idle one won.
+// Under the unit law, whose weights are not milliseconds, nothing is
+// credited.
+func TestPredictedTTFTCreditsPrefillInProgress(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	b.Observe(0, &Context{Prompt: strings.Repeat("x", 4400)}) // 1,100 tokens
+	now += 50 * time.Millisecond
+	// 50 ms less the request's 5 ms at 50 ms per 1,000 tokens: 900 done.
+	if x := b.features(0, 0, 0, &simLaw, now); math.Abs(x[lawQueued]-0.2) > 1e-9 || x[lawAhead] != 1 {
+		t.Fatalf("fitted law: features %v, want 1 request and 200 tokens ahead", x)
+	}
+	if x := b.features(0, 0, 0, &b.unitLaw, now); math.Abs(x[lawQueued]-1.1) > 1e-9 {
+		t.Fatalf("unit law: features %v, want all 1,100 tokens ahead", x)
+	}
+}
+
+// A peer's pending head has been in service since the last first token at
+// the target (any proxy's), not since its dispatch: a head sent long ago
+// behind a request that has only just left is still nearly all ahead.
+func TestPredictedTTFTPeerHeadServedSinceLastLeave(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	q := QueueState{Requests: 1, Tokens: 2000, HeadTokens: 2000, HeadAge: 100 * time.Millisecond, LeaveAge: -1}
+	b.FoldPeerQueue("peer", 0, q, time.Minute)
+	// Served since its dispatch 100 ms ago: (100 - 5) / 50 × 1,000 = 1,900.
+	if x := b.features(0, 0, 0, &simLaw, now); math.Abs(x[lawQueued]-0.1) > 1e-9 || x[lawAhead] != 1 {
+		t.Fatalf("head served since dispatch: features %v, want 1 request and 100 tokens ahead", x)
+	}
+	// A first token there 10 ms ago: (10 - 5) / 50 × 1,000 = 100 served.
+	q.LeaveAge = 10 * time.Millisecond
+	b.FoldPeerQueue("peer", 0, q, time.Minute)
+	if x := b.features(0, 0, 0, &simLaw, now); math.Abs(x[lawQueued]-1.9) > 1e-9 {
+		t.Fatalf("head in service for 10 ms: features %v, want 1,900 tokens ahead", x)
+	}
+	// The other target is untouched by the peer's report.
+	if x := b.features(1, 0, 0, &simLaw, now); x[lawAhead] != 0 || x[lawQueued] != 0 {
+		t.Fatalf("target 1: features %v, want nothing ahead", x)
+	}
+}

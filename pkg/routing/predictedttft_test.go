@@ -316,27 +316,6 @@ func TestPredictedTTFTRejectsNegativeCapacity(t *testing.T) {
 	}
 }
 
-// A replica that is prefilling a prefix right now is closer than when the
-// prefill was sent: what it has prefilled since, at the law's rate, is no
-// longer ahead. Counting the whole prefill as still queued made the busy
-// holder tie an idle replica without the prefix, and the idle one won.
-func TestPredictedTTFTCreditsPrefillInProgress(t *testing.T) {
-	sys := words(1, 4000)
-	for seed := range uint64(20) {
-		clock := &ttftClock{now: time.Second}
-		b := newTTFT(t, 2, seed, clock, nil)
-		first := &routing.Context{Prompt: sys + words(2, 400)}
-		b.Observe(0, first) // 1,100 tokens, no first token yet
-		// Under the unit law (1 ms per 1,000 tokens) 1 ms later the holder
-		// has 100 of them left: 100 + 100 own against 1,100 on the idle one.
-		clock.tick()
-		got := b.Pick(&routing.Context{Prompt: sys + words(3, 400)}, []int{1, 0}, routing.All(2))
-		if got != 0 {
-			t.Fatalf("seed %d: picked %d, want the holder 0, which has nearly prefilled the shared prefix", seed, got)
-		}
-	}
-}
-
 // pickedTargets returns the targets b picks for draws fresh prompts that no
 // target holds.
 func pickedTargets(b routing.Balancer, n, draws int) map[int]bool {
@@ -374,28 +353,6 @@ func TestPredictedTTFTFoldsPeerQueue(t *testing.T) {
 	clock.now += ttl + time.Millisecond
 	if got := pickedTargets(a, 2, 40); !got[0] || !got[1] {
 		t.Fatalf("after the report expired: picked %v, want both", got)
-	}
-}
-
-// A peer's pending head has been in service since the last first token at
-// the target (any proxy's), not since its dispatch: a head sent long ago
-// behind a request that has only just left is still all ahead.
-func TestPredictedTTFTPeerHeadServedSinceLastLeave(t *testing.T) {
-	clock := &ttftClock{now: time.Second}
-	a := newTTFT(t, 2, 1, clock, nil)
-	const ttl = time.Minute
-	// Under the unit law a target prefills 1,000 tokens per ms, so a head
-	// of 2,000 tokens sent 100 ms ago is done unless its service began
-	// later.
-	old := routing.QueueState{Requests: 1, Tokens: 2000, HeadTokens: 2000, HeadAge: 100 * time.Millisecond, LeaveAge: -1}
-	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, old, ttl)
-	if got := pickedTargets(a, 2, 40); !got[0] || !got[1] {
-		t.Fatalf("head served since its dispatch: picked %v, want both", got)
-	}
-	old.LeaveAge = 0
-	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, old, ttl)
-	if got := pickedTargets(a, 2, 40); got[0] {
-		t.Fatalf("head in service only since a first token now: picked %v, want 1 only", got)
 	}
 }
 

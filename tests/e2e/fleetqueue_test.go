@@ -1,0 +1,88 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"rolter.dev/dataplane/app"
+	"rolter.dev/pkg/natstest"
+	"rolter.dev/tests/vllmsim"
+)
+
+// TestProxiesShareQueuedPrefill runs two predicted_ttft proxies sharing
+// over NATS in front of two replicas that prefill 200 tokens a second.
+// Through proxy A a long decode lands on one replica and then a prompt of a
+// few thousand tokens, whose prefill outlasts the test, on the other: both
+// replicas carry one request in flight, and only one has prefill queued.
+// Proxy B, which sent neither, hears A's queue and sends every new request
+// to the replica with nothing queued; without the report the two would tie
+// (equal loads, nothing cached) and B would pick either.
+func TestProxiesShareQueuedPrefill(t *testing.T) {
+	ns := natstest.Start(t)
+	opts := vllmsim.Options{Models: []string{"sim"}, PrefillTokensPerSecond: 200, ITL: 100 * time.Millisecond}
+	rs := []*replica{startReplica(t, opts), startReplica(t, opts)}
+	cfg := fleetConfig("[accounting]\nsink = \"none\"\n", "predicted_ttft", rs...)
+	share := app.Options{NATSURL: ns.ClientURL(), ShareGroup: "queues"}
+	a, _ := startProxyWith(t, cfg, share)
+	b, _ := startProxyWith(t, cfg, share)
+	for _, u := range []string{a.URL(), b.URL()} {
+		waitFor(t, "proxy sees its peer", func() bool { return metric(t, u, "rolter_fleet_peers") == 1 })
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	background := func(body string) {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.URL()+"/v1/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	requests := func() []uint64 { return []uint64{rs[0].sim.Stats().Requests, rs[1].sim.Stats().Requests} }
+
+	// A long decode (1,000 tokens at 100 ms), its first token out at once.
+	background(`{"model":"m","prompt":"decode for a while","max_tokens":1000,"ignore_eos":true}`)
+	waitFor(t, "the decode runs", func() bool { r := requests(); return r[0]+r[1] == 1 && rs[0].sim.Stats().Running+rs[1].sim.Stats().Running == 1 })
+	decoding := 0
+	if requests()[1] == 1 {
+		decoding = 1
+	}
+	// A's next pick is the other replica (least loaded among equal costs).
+	long := strings.Repeat("an unrelated long document sentence. ", 800)
+	background(fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, "summarise: "+long))
+	waitFor(t, "the long prefill is admitted", func() bool { r := requests(); return r[0] == 1 && r[1] == 1 })
+	queued := 1 - decoding
+	waitFor(t, "B hears A's queue", func() bool {
+		return metric(t, b.URL(), `rolter_fleet_received_total{unit="queue_reports"}`) > 0
+	})
+
+	const n = 8
+	before := requests()
+	for i := range n {
+		resp, err := http.Post(b.URL()+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"model":"m","prompt":"question %d: what now?","max_tokens":1}`, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+	after := requests()
+	if got := after[queued] - before[queued]; got != 0 {
+		t.Fatalf("B sent %d of %d requests to replica %d, where A's long prefill is queued (the other got %d)",
+			got, n, queued, after[decoding]-before[decoding])
+	}
+}
