@@ -52,7 +52,10 @@ func TestProxiesShareQueuedPrefill(t *testing.T) {
 
 	// A long decode (1,000 tokens at 100 ms), its first token out at once.
 	background(`{"model":"m","prompt":"decode for a while","max_tokens":1000,"ignore_eos":true}`)
-	waitFor(t, "the decode runs", func() bool { r := requests(); return r[0]+r[1] == 1 && rs[0].sim.Stats().Running+rs[1].sim.Stats().Running == 1 })
+	waitFor(t, "the decode runs", func() bool {
+		r := requests()
+		return r[0]+r[1] == 1 && rs[0].sim.Stats().Running+rs[1].sim.Stats().Running == 1
+	})
 	decoding := 0
 	if requests()[1] == 1 {
 		decoding = 1
