@@ -242,16 +242,36 @@ func (r *Route) PeerLoad(target int) int {
 	return int(r.peerLoad[target].Load())
 }
 
-// TakeObservations records the picks queued since the last call in their
-// balancers' shared indexes and returns what is new as the next batch, or
-// nil when nothing is.
-func (n *Node) TakeObservations() *fleetv1.Observations {
+// boundRoutes returns the routes bound now.
+func (n *Node) boundRoutes() []*Route {
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	routes := make([]*Route, 0, len(n.routes))
 	for _, r := range n.routes {
 		routes = append(routes, r)
 	}
-	n.mu.Unlock()
+	return routes
+}
+
+// boundBox returns the route bound as (name, layout) and the balancer box
+// get reads from it, or nils after counting the entry as for an unknown
+// route (none bound, another layout, or no balancer connected). n.mu must
+// be held.
+func boundBox[B any](n *Node, name string, layout uint64, get func(*Route) *B) (*Route, *B) {
+	if r := n.routes[routeKey{name, layout}]; r != nil {
+		if box := get(r); box != nil {
+			return r, box
+		}
+	}
+	n.stats.unknownRoute.Add(1)
+	return nil, nil
+}
+
+// TakeObservations records the picks queued since the last call in their
+// balancers' shared indexes and returns what is new as the next batch, or
+// nil when nothing is.
+func (n *Node) TakeObservations() *fleetv1.Observations {
+	routes := n.boundRoutes()
 	msg := &fleetv1.Observations{Proxy: n.opts.ID}
 	for _, r := range routes {
 		r.mu.Lock()
@@ -289,12 +309,7 @@ func (n *Node) TakeObservations() *fleetv1.Observations {
 // TakeQueues returns the queued prefill of every route whose balancer
 // shares it (see takeQueues) as the next batch, or nil when there is none.
 func (n *Node) TakeQueues() *fleetv1.Observations {
-	n.mu.Lock()
-	routes := make([]*Route, 0, len(n.routes))
-	for _, r := range n.routes {
-		routes = append(routes, r)
-	}
-	n.mu.Unlock()
+	routes := n.boundRoutes()
 	msg := &fleetv1.Observations{Proxy: n.opts.ID}
 	for _, r := range routes {
 		if rq := n.takeQueues(r); rq != nil {
@@ -431,13 +446,8 @@ func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.D
 	var folds []fold
 	n.mu.Lock()
 	for _, rq := range queues {
-		r := n.routes[routeKey{rq.Route, rq.Layout}]
-		var box *queueBox
-		if r != nil {
-			box = r.queue.Load()
-		}
+		r, box := boundBox(n, rq.Route, rq.Layout, func(r *Route) *queueBox { return r.queue.Load() })
 		if box == nil {
-			n.stats.unknownRoute.Add(1)
 			continue
 		}
 		for _, tq := range rq.Targets {
@@ -484,13 +494,8 @@ func (n *Node) fold(routes []*fleetv1.RouteChunks) int {
 	var folds []fold
 	n.mu.Lock()
 	for _, rc := range routes {
-		r := n.routes[routeKey{rc.Route, rc.Layout}]
-		var box *affinityBox
-		if r != nil {
-			box = r.aff.Load()
-		}
+		r, box := boundBox(n, rc.Route, rc.Layout, func(r *Route) *affinityBox { return r.aff.Load() })
 		if box == nil {
-			n.stats.unknownRoute.Add(1)
 			continue
 		}
 		for _, tc := range rc.Targets {

@@ -47,17 +47,8 @@ func TestEngineLoadSteersAwayFromBusyReplica(t *testing.T) {
 	// many reached A and B.
 	send := func(proxyURL string) (toA, toB uint64) {
 		a0, b0 := a.sim.Stats().Requests, b.sim.Stats().Requests
-		for i := range n {
-			resp, err := http.Post(proxyURL+"/v1/completions", "application/json",
-				strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":1}`))
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("request %d: status %d", i, resp.StatusCode)
-			}
+		for range n {
+			postOK(t, proxyURL, "/v1/completions", `{"model":"m","prompt":"hello","max_tokens":1}`)
 		}
 		return a.sim.Stats().Requests - a0, b.sim.Stats().Requests - b0
 	}

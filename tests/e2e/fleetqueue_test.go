@@ -72,16 +72,7 @@ func TestProxiesShareQueuedPrefill(t *testing.T) {
 	const n = 8
 	before := requests()
 	for i := range n {
-		resp, err := http.Post(b.URL()+"/v1/completions", "application/json",
-			strings.NewReader(fmt.Sprintf(`{"model":"m","prompt":"question %d: what now?","max_tokens":1}`, i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("request %d: status %d", i, resp.StatusCode)
-		}
+		postOK(t, b.URL(), "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":"question %d: what now?","max_tokens":1}`, i))
 	}
 	after := requests()
 	if got := after[queued] - before[queued]; got != 0 {
