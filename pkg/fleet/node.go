@@ -22,8 +22,8 @@ const (
 	DefaultLoadInterval  = 100 * time.Millisecond
 	// DefaultQueueInterval is how often queued prefill is published: a
 	// prefill lasts tens of milliseconds, so a view 25 ms old (the flush)
-	// misses most of what a peer queued (docs/routing.md measures 5, 10
-	// and 25 ms).
+	// misses much of what the peers queued since (docs/routing.md measures
+	// 1, 5, 10 and 25 ms).
 	DefaultQueueInterval = 5 * time.Millisecond
 	// loadTTLIntervals is how many load intervals a report stays valid: a
 	// peer's counts survive two lost reports.
@@ -361,7 +361,9 @@ func (n *Node) takeQueues(r *Route) *fleetv1.RouteQueues {
 	var rq *fleetv1.RouteQueues
 	for t := range r.n {
 		q := box.LocalQueue(t)
-		recent := q.LeaveAge >= 0 && q.LeaveAge < n.opts.QueueInterval
+		// Within two intervals, so that a late tick still reports it (a
+		// report twice is harmless: peers keep the latest leave).
+		recent := q.LeaveAge >= 0 && q.LeaveAge < 2*n.opts.QueueInterval
 		if q.Requests <= 0 && !r.reported[t] && !recent {
 			continue
 		}

@@ -150,9 +150,10 @@ type predictedTTFT struct {
 	inflight []atomic.Int64
 	start    atomic.Int64
 	// Per target, the pending prefill at the head of its queue (the oldest):
-	// its tokens, and since when the replica has been serving it (ns; the
-	// later of its dispatch and the previous first token there). What the
-	// replica has already prefilled of it is not ahead of a new request.
+	// its tokens and its dispatch (ns, -1: none), and this balancer's latest
+	// first token there (ns, -1: none). The replica has served the head
+	// since the later of the two (see served); what it has prefilled of it
+	// is not ahead of a new request.
 	headTokens, headAt, lastLeave []atomic.Int64
 	seq                           uint64 // dispatch order, under mu
 
@@ -842,8 +843,8 @@ func (t *predictedTTFT) LocalQueue(target int) QueueState {
 }
 
 // FoldPeerQueue implements [SharedQueue]: the report's ages become instants
-// on this balancer's clock (the trip from the peer is not subtracted: it is
-// a millisecond or two, against flushes every 25 ms).
+// on this balancer's clock (the trip from the peer, a millisecond or two,
+// is not subtracted).
 func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl time.Duration) {
 	if target < 0 || target >= t.n || ttl <= 0 {
 		return
