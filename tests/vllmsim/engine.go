@@ -175,19 +175,21 @@ func (g *generation) close(err error) {
 		s.cache.Extend(g.lease, seq)
 	}
 	s.cache.Release(g.lease)
+	s.mu.Lock()
+	if err != nil {
+		s.stats.cancelled++
+		s.stats.finished["abort"]++
+	} else {
+		s.stats.completed++
+		s.stats.finished[g.finishReason()]++
+	}
+	s.mu.Unlock()
+	// The gauge drops once the outcome is counted, so that whoever sees the
+	// generation gone from Running also sees how it ended.
 	s.running.Add(-1)
 	if s.slots != nil {
 		<-s.slots
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err != nil {
-		s.stats.cancelled++
-		s.stats.finished["abort"]++
-		return
-	}
-	s.stats.completed++
-	s.stats.finished[g.finishReason()]++
 }
 
 // sleep waits for d or until ctx ends, whichever comes first, and returns
