@@ -136,7 +136,7 @@ type predictedTTFT struct {
 	publish func(int, string)
 
 	fitMu      sync.Mutex
-	fits       []lawFit                // per target, under fitMu
+	pooled     lawFit                  // every target's first tokens, under fitMu
 	fleet      atomic.Pointer[ttftLaw] // the pooled fit; nil until fitted
 	pendTokens []atomic.Int64
 	pendCount  []atomic.Int64
@@ -241,7 +241,6 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		n: n, kv: spec.KV, engine: spec.Engine, capCfg: spec.KVCapacityTokens,
 		specTTL: spec.SpeculativeTTL, intn: p.intn, now: p.now, publish: spec.Share,
 		index:      chunkindex.New(n, max(DefaultMaxTrieNodes/chunkindex.ChunkBytes, 1)),
-		fits:       make([]lawFit, n),
 		pendTokens: make([]atomic.Int64, n),
 		pendCount:  make([]atomic.Int64, n),
 		busyTotal:  make([]atomic.Int64, n),
@@ -331,10 +330,10 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 
 // law returns the fleet's latency law (the least-squares fit over every
 // target's first tokens), or the unit law before it has
-// PredictorMinSamples of them with a determined own-work weight. Per-target
-// fits are kept (lawFit) but the pick uses the pooled one: on a homogeneous fleet the per-target fits
-// differ by noise alone, and that noise steered traffic (rolter-sim unique:
-// imbalance 1.64 with per-target laws, 1.03 pooled; docs/routing.md).
+// PredictorMinSamples of them with a determined own-work weight. One fit
+// pools every target: on a homogeneous fleet per-target fits differ by
+// noise alone, and that noise steered traffic (rolter-sim unique: imbalance
+// 1.64 with per-target laws, 1.03 pooled; docs/routing.md).
 func (t *predictedTTFT) law() ttftLaw {
 	if m := t.fleet.Load(); m != nil {
 		return *m
@@ -1016,19 +1015,8 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 		return
 	}
 	t.fitMu.Lock()
-	t.fits[target].add(e.x, y)
-	var pooled lawFit
-	for i := range t.fits {
-		f := &t.fits[i]
-		for r := range f.xx {
-			for c := range f.xx[r] {
-				pooled.xx[r][c] += f.xx[r][c]
-			}
-			pooled.xy[r] += f.xy[r]
-		}
-		pooled.yy += f.yy
-		pooled.n += f.n
-	}
+	pooled := &t.pooled
+	pooled.add(e.x, y)
 	if pooled.n >= PredictorMinSamples {
 		// The law replaces the unit law once it is fitted and its own-work
 		// weight (the engine's prefill rate, which the pick and the served
