@@ -47,9 +47,13 @@ func checkID(id string) error {
 	return nil
 }
 
+// validRoute reports whether a route name from the wire is one a route can
+// have: not empty, at most maxRouteBytes.
+func validRoute(name string) bool { return name != "" && len(name) <= maxRouteBytes }
+
 func checkRoutes(rs []*fleetv1.RouteChunks) error {
 	for _, r := range rs {
-		if r.Route == "" || len(r.Route) > maxRouteBytes {
+		if !validRoute(r.Route) {
 			return malformed("route name of %d bytes", len(r.Route))
 		}
 		for _, t := range r.Targets {
@@ -77,7 +81,7 @@ func DecodeObservations(b []byte) (*fleetv1.Observations, error) {
 		return nil, err
 	}
 	for _, q := range m.Queues {
-		if q.Route == "" || len(q.Route) > maxRouteBytes {
+		if !validRoute(q.Route) {
 			return nil, malformed("queues: route name of %d bytes", len(q.Route))
 		}
 		for _, t := range q.Targets {
@@ -105,7 +109,7 @@ func DecodeLoads(b []byte) (*fleetv1.Loads, error) {
 		return nil, malformed("loads: ttl 0")
 	}
 	for _, r := range m.Routes {
-		if r.Route == "" || len(r.Route) > maxRouteBytes || len(r.InFlight) > maxTargets {
+		if !validRoute(r.Route) || len(r.InFlight) > maxTargets {
 			return nil, malformed("loads: route %q with %d targets", r.Route, len(r.InFlight))
 		}
 	}

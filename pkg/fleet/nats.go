@@ -14,8 +14,9 @@ const warmTimeout = 2 * time.Second
 
 // Run connects the node to its peers over nc until ctx ends: it subscribes
 // to the group's subjects, publishes observations every flush interval,
-// queued prefill every queue interval and loads every load interval, answers snapshot requests, and asks for one
-// whenever a route is bound for the first time. Publishing never blocks the
+// queued prefill every queue interval and loads every load interval,
+// answers snapshot requests, and asks for one whenever a route is bound for
+// the first time. Publishing never blocks the
 // request path; while NATS is down nats.go buffers (and then drops) what is
 // published, and peers' loads expire, so the node routes on its own view.
 func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
@@ -53,6 +54,12 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 	defer load.Stop()
 	queues := time.NewTicker(n.opts.QueueInterval)
 	defer queues.Stop()
+	// publish sends b (nil: nothing to say), counting a refusal.
+	publish := func(subj string, b []byte) {
+		if b != nil && nc.Publish(subj, b) != nil {
+			n.stats.publishErrors.Add(1)
+		}
+	}
 	warmDone := make(chan struct{}, 1)
 	warming, again := false, false
 	for {
@@ -63,21 +70,11 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 			}
 			return nil
 		case <-flush.C:
-			if b := n.FlushObservations(); b != nil {
-				if err := nc.Publish(obsSubj, b); err != nil {
-					n.stats.publishErrors.Add(1)
-				}
-			}
+			publish(obsSubj, n.FlushObservations())
 		case <-queues.C:
-			if b := n.FlushQueues(); b != nil {
-				if err := nc.Publish(obsSubj, b); err != nil {
-					n.stats.publishErrors.Add(1)
-				}
-			}
+			publish(obsSubj, n.FlushQueues())
 		case now := <-load.C:
-			if err := nc.Publish(loadSubj, n.LoadReport()); err != nil {
-				n.stats.publishErrors.Add(1)
-			}
+			publish(loadSubj, n.LoadReport())
 			n.Expire(now)
 		case <-n.unwarmed:
 			if warming {
