@@ -98,9 +98,5 @@ func TestQueuesOverNATS(t *testing.T) {
 	runMember(t, s, a.member)
 	runMember(t, s, b.member)
 	eventually(t, "a's queue reaches b", func() bool { return b.node.Stats(time.Now()).QueueReports > 0 })
-	for i := range 40 {
-		if got := b.b.Pick(&routing.Context{Prompt: conversation(100 + i)}, nil, routing.Set{}); got == 2 {
-			t.Fatalf("draw %d: b picked target 2, where a has a long prefill queued", i)
-		}
-	}
+	b.avoids(t, 2)
 }

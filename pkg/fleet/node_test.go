@@ -256,6 +256,17 @@ func newTTFTMember(t testing.TB, id string, now *time.Duration) ttftMember {
 	return ttftMember{m, now}
 }
 
+// avoids fails the test if m picks target for any of 40 fresh prompts
+// (target has a long prefill queued, by m's peer).
+func (m ttftMember) avoids(t *testing.T, target int) {
+	t.Helper()
+	for i := range 40 {
+		if got := m.b.Pick(&routing.Context{Prompt: conversation(100 + i)}, nil, routing.Set{}); got == target {
+			t.Fatalf("draw %d: picked target %d, where the peer has a long prefill queued", i, target)
+		}
+	}
+}
+
 // A predicted_ttft proxy's pending prefill reaches its peers (every queue
 // interval): the peer routes around it, hears once that the queue emptied,
 // and is then told nothing more.
@@ -277,11 +288,7 @@ func TestQueuesReachPeers(t *testing.T) {
 	if st := b.node.Stats(time.Now()); st.QueueReports != 1 {
 		t.Fatalf("receiver folded %d queue reports, want 1", st.QueueReports)
 	}
-	for i := range 40 {
-		if got := b.b.Pick(&routing.Context{Prompt: conversation(100 + i)}, nil, routing.Set{}); got == 2 {
-			t.Fatalf("draw %d: b picked target 2, where a has a long prefill queued", i)
-		}
-	}
+	b.avoids(t, 2)
 	// A non-empty queue is reported at every flush, so it does not expire
 	// while it lasts.
 	if m, _ := fleet.DecodeObservations(a.node.FlushQueues()); m == nil || len(m.Queues) != 1 {
