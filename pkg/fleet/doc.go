@@ -31,7 +31,12 @@
 // per route target (rolter.fleet.v1.Loads, which doubles as a heartbeat).
 // [Route.PeerLoad] is the sum of the latest counts of the peers heard within
 // their report's TTL; the data plane adds it to its own live count before a
-// pick, so the load guard and least load see the fleet's load.
+// pick, so the load guard and least load see the fleet's load. The peers
+// whose counts for a route are live also give the node its place among the
+// route's nodes (its rank by id, their number), handed to a queue balancer
+// (routing.SharedQueue.SetPlace) whenever it changes: predicted_ttft breaks
+// ties on its own share of the targets first, so that the proxies' picks of
+// one burst do not collide.
 //
 // Routes are matched by name and layout (a digest of strategy, parameters and
 // ordered targets): during a rolling config change an entry for another

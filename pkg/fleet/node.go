@@ -78,6 +78,7 @@ type Affinity interface {
 type Queue interface {
 	LocalQueue(target int) routing.QueueState
 	FoldPeerQueue(peer string, target int, q routing.QueueState, ttl time.Duration)
+	SetPlace(rank, size int)
 }
 
 // Node is one proxy's membership in the fleet. Its methods are safe for
@@ -123,6 +124,10 @@ type Route struct {
 	queue    atomic.Pointer[queueBox]
 	own      atomic.Pointer[func(int) int]
 	peerLoad []atomic.Int64
+	// place is this node's rank among the nodes serving the route (its own
+	// and the peers whose loads for it are live, ordered by id) and their
+	// number, packed as rank<<32 | size; handed to the queue balancer.
+	place atomic.Uint64
 
 	// reported marks the targets whose last published queue was not empty
 	// (so an emptied queue is published once, clearing the peers' copy).
@@ -209,6 +214,8 @@ func (r *Route) SetQueue(q Queue) {
 		return
 	}
 	r.queue.Store(&queueBox{q})
+	p := r.place.Load()
+	q.SetPlace(int(p>>32), max(int(uint32(p)), 1))
 }
 
 // SetOwnLoad sets how the node reads its own in-flight count of a target,
@@ -577,8 +584,23 @@ func (n *Node) peer(id string, now time.Time) *peer {
 	return p
 }
 
-// sumLoads recomputes r's peer loads. n.mu must be held.
+// sumLoads recomputes r's peer loads and this node's place among the nodes
+// serving r (see Route.place). n.mu must be held.
 func (n *Node) sumLoads(r *Route, now time.Time) {
+	rank, size := 0, 1
+	for id, p := range n.peers {
+		if _, ok := p.loads[r.key]; ok && now.Before(p.loadsTill) {
+			size++
+			if id < n.opts.ID {
+				rank++
+			}
+		}
+	}
+	if place := uint64(rank)<<32 | uint64(size); r.place.Swap(place) != place {
+		if q := r.queue.Load(); q != nil {
+			q.SetPlace(rank, size)
+		}
+	}
 	for i := range r.peerLoad {
 		var sum int64
 		for _, p := range n.peers {

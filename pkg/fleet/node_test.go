@@ -314,3 +314,33 @@ func TestQueuesReachPeers(t *testing.T) {
 		t.Fatalf("a flush with nothing pending and no recent first token published %d bytes", len(batch))
 	}
 }
+
+// A node's place among the nodes serving a route (its rank by id, their
+// number) follows the peers whose loads are live, and reaches the
+// predicted_ttft balancer: its tied picks keep to its home targets (rank c
+// of 3 on 4 targets: target 2) while it has peers and spread once they have
+// gone.
+func TestPlaceFollowsMembership(t *testing.T) {
+	now := time.Second
+	a, b, c := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now), newTTFTMember(t, "c", &now)
+	picks := func() map[int]bool {
+		seen := map[int]bool{}
+		for i := range 60 {
+			seen[c.b.Pick(&routing.Context{Prompt: conversation(300 + i)}, nil, routing.Set{})] = true
+		}
+		return seen
+	}
+	if got := picks(); len(got) != targets {
+		t.Fatalf("alone: picked %v, want every target", got)
+	}
+	at := time.Now()
+	c.node.HandleLoads(a.node.LoadReport(), at)
+	c.node.HandleLoads(b.node.LoadReport(), at)
+	if got := picks(); len(got) != 1 || !got[2] {
+		t.Fatalf("third of three: picked %v, want its home target 2 only", got)
+	}
+	c.node.Expire(at.Add(time.Minute))
+	if got := picks(); len(got) != targets {
+		t.Fatalf("peers gone: picked %v, want every target again", got)
+	}
+}

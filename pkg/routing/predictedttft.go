@@ -170,6 +170,9 @@ type predictedTTFT struct {
 	// peerHeard is when the latest peer queue report was folded (ns on
 	// t.now's clock, -1: never).
 	peerHeard atomic.Int64
+	// place is this proxy's rank among the proxies serving the route and
+	// their number (SetPlace), packed as rank<<32 | size; size ≤ 1: alone.
+	place atomic.Uint64
 
 	mu        sync.Mutex
 	pending   []map[*Context]pendingPrefill
@@ -623,53 +626,13 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			best = min(best, pred[i])
 		}
 	}
-	// Among the tied minimum: the least loaded, then uniform; with loads
-	// partly not this balancer's own (see tiedOfTwo), the less loaded of
-	// two drawn at random.
-	eps := tieEpsilon * max(1, best)
-	known := len(loads) == t.n
-	if known && scale > 1 {
-		if i, ok := t.tiedOfTwo(pred, best+eps, loads, el); ok {
-			return i
-		}
-	}
-	pick, minLoad, ties := -1, 0, 0
-	for wi, w := range el.w {
-		for ; w != 0; w &= w - 1 {
-			i := wi*64 + bitIndex(w)
-			if pred[i] > best+eps {
-				continue
-			}
-			l := 0
-			if known {
-				l = loads[i]
-			}
-			switch {
-			case pick < 0 || l < minLoad:
-				pick, minLoad, ties = i, l, 1
-			case l == minLoad:
-				ties++
-				if t.intn(ties) == 0 {
-					pick = i
-				}
-			}
-		}
-	}
-	return pick
-}
-
-// tiedOfTwo draws two of the targets whose cost is at most limit and
-// returns the less loaded; false when at most two are tied (then the least
-// loaded is the same pick). It is the tie rule when the loads include other
-// proxies' requests (fleetScale > 1): their counts arrive late (every load
-// interval) and miss what the peers picked in the same instant, so every
-// proxy would send its next tied pick to the same least-loaded target and
-// they would pile up there; two random choices keep most of the balance
-// and spread a burst (Mitzenmacher, "How useful is old information?",
-// 2000). Measured in docs/routing.md (several proxies).
-func (t *predictedTTFT) tiedOfTwo(pred []float64, limit float64, loads []int, el Set) (int, bool) {
-	var buf [MaxTargets]uint8
-	tied := buf[:0]
+	// Among the tied minimum: with peers, this proxy's own share of the
+	// targets first (homeTie); then the least loaded, then uniform; with
+	// loads partly not this balancer's own (see tiedOfTwo), the less loaded
+	// of two drawn at random.
+	var tbuf [MaxTargets]uint8
+	tied := tbuf[:0]
+	limit := best + tieEpsilon*max(1, best)
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
 			if i := wi*64 + bitIndex(w); pred[i] <= limit {
@@ -677,6 +640,95 @@ func (t *predictedTTFT) tiedOfTwo(pred []float64, limit float64, loads []int, el
 			}
 		}
 	}
+	if i, ok := t.homeTie(tied, loads); ok {
+		return i
+	}
+	if len(loads) == t.n && scale > 1 {
+		if i, ok := t.tiedOfTwo(tied, loads); ok {
+			return i
+		}
+	}
+	pick, _ := t.leastLoaded(tied, loads, nil)
+	return pick
+}
+
+// leastLoaded returns the least loaded of the tied targets that keep
+// accepts (all when keep is nil), uniformly among equals, and its load (0
+// for all when loads are unknown); -1 when none is accepted.
+func (t *predictedTTFT) leastLoaded(tied []uint8, loads []int, keep func(int) bool) (pick, minLoad int) {
+	pick, ties := -1, 0
+	for _, c := range tied {
+		i := int(c)
+		if keep != nil && !keep(i) {
+			continue
+		}
+		l := 0
+		if len(loads) == t.n {
+			l = loads[i]
+		}
+		switch {
+		case pick < 0 || l < minLoad:
+			pick, minLoad, ties = i, l, 1
+		case l == minLoad:
+			ties++
+			if t.intn(ties) == 0 {
+				pick = i
+			}
+		}
+	}
+	return pick, minLoad
+}
+
+// homeTie breaks a tie between the tied targets when this proxy has peers
+// (SetPlace): the least loaded (then uniform) of those that are its home,
+// unless a tied target drawn at random is less loaded still. Target i is
+// home to the proxy of rank i mod size, or, with fewer targets than
+// proxies, target rank mod n to rank. False when there are no peers or no
+// home target is tied (then tiedOfTwo decides).
+//
+// The proxies of a fleet see the same costs, the same stale loads and the
+// same ties at the same instant (a burst spread over them by the L4
+// balancer), and each is unaware of the others' picks for a few
+// milliseconds: broken by load alone, or by independent random draws,
+// their ties often land on the same target. Their homes are disjoint, so
+// their first picks of a burst are too; the random draw is two choices
+// against the loads (tiedOfTwo), without which a proxy's share of new
+// sessions stays on its few home targets whatever their load.
+// rolter-sim, 4 proxies against one (docs/routing.md): the trace's buckets
+// 0.74–0.75× of the TTFT instead of 0.68–0.70× (home alone 0.79–0.82×, but
+// agent 0.90× instead of 0.98× with its clients starting over 1 s).
+func (t *predictedTTFT) homeTie(tied []uint8, loads []int) (int, bool) {
+	p := t.place.Load()
+	rank, size := int(p>>32), int(uint32(p))
+	if size <= 1 {
+		return -1, false
+	}
+	home := func(i int) bool { return i%size == rank }
+	if t.n < size {
+		home = func(i int) bool { return i == rank%t.n }
+	}
+	pick, minLoad := t.leastLoaded(tied, loads, home)
+	if pick < 0 {
+		return -1, false
+	}
+	if len(loads) == t.n {
+		if b := int(tied[t.intn(len(tied))]); loads[b] < minLoad {
+			return b, true
+		}
+	}
+	return pick, true
+}
+
+// tiedOfTwo returns the less loaded of two of the tied targets drawn at
+// random; false when at most two are tied (then the least loaded is the
+// same pick). It is the tie rule when the loads include other
+// proxies' requests (fleetScale > 1): their counts arrive late (every load
+// interval) and miss what the peers picked in the same instant, so every
+// proxy would send its next tied pick to the same least-loaded target and
+// they would pile up there; two random choices keep most of the balance
+// and spread a burst (Mitzenmacher, "How useful is old information?",
+// 2000). Measured in docs/routing.md (several proxies).
+func (t *predictedTTFT) tiedOfTwo(tied []uint8, loads []int) (int, bool) {
 	if len(tied) <= 2 {
 		return -1, false
 	}
@@ -869,6 +921,14 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 	}
 	qs[target] = pq
 	t.sumPeersLocked(target, now)
+}
+
+// SetPlace implements [SharedQueue].
+func (t *predictedTTFT) SetPlace(rank, size int) {
+	if size < 1 || rank < 0 || rank >= size {
+		rank, size = 0, 1
+	}
+	t.place.Store(uint64(rank)<<32 | uint64(size))
 }
 
 // peersAt returns what t's peers have pending at target i, summed.

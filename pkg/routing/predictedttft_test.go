@@ -383,3 +383,59 @@ func TestPredictedTTFTTiesWithPeersLoadsDrawTwo(t *testing.T) {
 		t.Fatalf("with peers' loads: picked %v, want target 0 about half the time (when drawn) and the others otherwise", got)
 	}
 }
+
+// With peers (SetPlace), a proxy breaks ties among its own share of the
+// targets first, so the proxies' picks of one burst do not collide; when
+// none of its share is tied it takes any tied target.
+func TestPredictedTTFTTiesPreferHomeWithPeers(t *testing.T) {
+	clock := &ttftClock{now: time.Second}
+	pick := func(b routing.Balancer, n int) map[int]bool {
+		seen := map[int]bool{}
+		for i := range 60 {
+			seen[b.Pick(&routing.Context{Prompt: words(uint64(700+i), 400)}, nil, routing.All(n))] = true
+		}
+		return seen
+	}
+	for rank, want := range [][]int{{0, 2}, {1, 3}} {
+		b := newTTFT(t, 4, uint64(rank), clock, nil)
+		b.(routing.SharedQueue).SetPlace(rank, 2)
+		if got := pick(b, 4); len(got) != 2 || !got[want[0]] || !got[want[1]] {
+			t.Fatalf("rank %d of 2: fresh prompts went to %v, want both of its home targets %v and no other", rank, got, want)
+		}
+	}
+	// With loads, a tied target drawn at random takes the pick when it is
+	// less loaded than the best of the home targets.
+	count := func(b routing.Balancer, loads []int) map[int]int {
+		got := map[int]int{}
+		for i := range 200 {
+			got[b.Pick(&routing.Context{Prompt: words(uint64(900+i), 400)}, loads, routing.All(4))]++
+		}
+		return got
+	}
+	loaded := newTTFT(t, 4, 5, clock, nil)
+	loaded.(routing.SharedQueue).SetPlace(0, 2)
+	if got := count(loaded, []int{0, 5, 0, 5}); got[1]+got[3] != 0 || got[0] == 0 || got[2] == 0 {
+		t.Fatalf("home targets idle: picked %v, want 0 and 2 only", got)
+	}
+	if got := count(loaded, []int{5, 0, 5, 0}); got[1]+got[3] < 60 || got[0]+got[2] < 60 {
+		t.Fatalf("home targets loaded: picked %v, want the idle 1 and 3 when drawn (about half) and home otherwise", got)
+	}
+	b := newTTFT(t, 4, 3, clock, nil)
+	b.(routing.SharedQueue).SetPlace(0, 2)
+	b.Observe(0, &routing.Context{Prompt: words(1, 8000)})
+	b.Observe(2, &routing.Context{Prompt: words(2, 8000)})
+	if got := pick(b, 4); len(got) != 2 || !got[1] || !got[3] {
+		t.Fatalf("home targets 0 and 2 busy: picked %v, want the tied others, 1 and 3", got)
+	}
+	// Fewer targets than proxies: rank 2 of 3 has target 0 (2 mod 2).
+	small := newTTFT(t, 2, 4, clock, nil)
+	small.(routing.SharedQueue).SetPlace(2, 3)
+	if got := pick(small, 2); len(got) != 1 || !got[0] {
+		t.Fatalf("rank 2 of 3 on 2 targets: picked %v, want target 0 only", got)
+	}
+	// A place that makes no sense is being alone.
+	small.(routing.SharedQueue).SetPlace(3, 3)
+	if got := pick(small, 2); len(got) != 2 {
+		t.Fatalf("rank 3 of 3: picked %v, want both targets (no home)", got)
+	}
+}

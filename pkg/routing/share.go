@@ -189,6 +189,11 @@ type SharedQueue interface {
 	// FoldPeerQueue replaces what peer has pending at target; it holds for
 	// ttl unless a newer report replaces it.
 	FoldPeerQueue(peer string, target int, q QueueState, ttl time.Duration)
+	// SetPlace tells the balancer its place among the proxies serving the
+	// route: its rank, in [0, size), in an order every one of them agrees
+	// on, and their number (1: alone). Ties between targets are then
+	// broken differently at each proxy (see predictedTTFT.homeTie).
+	SetPlace(rank, size int)
 }
 
 // QueueState is one proxy's pending prefill at one target: the requests it
