@@ -99,4 +99,14 @@ func TestQueuesOverNATS(t *testing.T) {
 	runMember(t, s, b.member)
 	eventually(t, "a's queue reaches b", func() bool { return b.node.Stats(time.Now()).QueueReports > 0 })
 	b.avoids(t, 2)
+	// Their load reports give each its place: b, second of two, breaks its
+	// ties on its home targets 1 and 3.
+	eventually(t, "b keeps its ties to targets 1 and 3", func() bool {
+		for i := range 40 {
+			if got := b.b.Pick(&routing.Context{Prompt: conversation(400 + i)}, nil, routing.Set{}); got != 1 && got != 3 {
+				return false
+			}
+		}
+		return true
+	})
 }
