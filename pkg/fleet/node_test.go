@@ -317,9 +317,9 @@ func TestQueuesReachPeers(t *testing.T) {
 
 // A node's place among the nodes serving a route (its rank by id, their
 // number) follows the peers whose loads are live, and reaches the
-// predicted_ttft balancer: its tied picks keep to its home targets (rank c
-// of 3 on 4 targets: target 2) while it has peers and spread once they have
-// gone.
+// predicted_ttft balancer: c, third of three by id on 4 targets, keeps its
+// tied picks to its home target 2 while it has peers, and spreads them once
+// they have gone.
 func TestPlaceFollowsMembership(t *testing.T) {
 	now := time.Second
 	a, b, c := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now), newTTFTMember(t, "c", &now)
