@@ -100,8 +100,9 @@ const (
 // only scales. The pick is the argmin of cost; costs within 1e-6 of the
 // minimum tie (a cold start: nothing cached, nothing pending), and among
 // the tied the least-loaded (loads, when known), then a uniform draw, wins;
-// when the loads include other proxies' requests, the less loaded of two
-// tied targets drawn at random (tiedOfTwo).
+// with peers (SetPlace), the least loaded of this proxy's own share of the
+// tied first (homeTie); when the loads include other proxies' requests, the
+// less loaded of two tied targets drawn at random (tiedOfTwo).
 //
 // Capacity: the approximate index holds, per target, at most
 // capacity_tokens(i) × indexed bytes per token / 64 chunks, where
