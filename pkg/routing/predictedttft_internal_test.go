@@ -210,3 +210,47 @@ func TestPredictedTTFTPeerHeadServedSinceLastLeave(t *testing.T) {
 		t.Fatalf("target 1: features %v, want nothing ahead", x)
 	}
 }
+
+// The traffic a pick draws to a target waits there as long as that target
+// has been busy: a target whose prefill queue was busy half the time since
+// the first request costs each follow-up ρ/(1 − ρ) = 1 mean service (55 ms
+// under the simulator's law, for 1,000-token requests: 5 a request, 50 the
+// tokens), an idle one
+// nothing; with half the traffic novel, one follow-up per request. With no
+// repeat traffic nothing follows, and the pick between two idle targets is
+// a tie again.
+func TestPredictedTTFTFollowWait(t *testing.T) {
+	now := 10 * time.Second
+	b := newTwoTargetTTFT(t, &now)
+	b.start.Store(0)
+	b.busyTotal[0].Store(int64(5 * time.Second))
+	b.arrivals[0].Store(5)
+	b.arrivals[1].Store(5)
+	b.observes.Store(10)
+	b.uncachedSum.Store(10 * 1000)
+	b.novelty.Store(math.Float64bits(5))
+	if got := b.followWait(0, &simLaw, now); math.Abs(got-55) > 1e-6 {
+		t.Fatalf("busy half the time: follow wait %.3f ms, want 55", got)
+	}
+	if got := b.followWait(1, &simLaw, now); got != 0 {
+		t.Fatalf("never busy: follow wait %.3f ms, want 0", got)
+	}
+	// The pick, with the law fitted: the target that was idle, every time.
+	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+	for i := range 40 {
+		if got := b.Pick(&Context{Prompt: strings.Repeat("x", 400+i)}, nil, Set{}); got != 1 {
+			t.Fatalf("draw %d: picked %d, want 1 (target 0 was busy half the time)", i, got)
+		}
+	}
+	b.novelty.Store(math.Float64bits(10)) // every request so far was new
+	if got := b.followWait(0, &simLaw, now); got != 0 {
+		t.Fatalf("no repeat traffic: follow wait %.3f ms, want 0", got)
+	}
+	seen := map[int]bool{}
+	for i := range 40 {
+		seen[b.Pick(&Context{Prompt: strings.Repeat("y", 400+i)}, nil, Set{})] = true
+	}
+	if !seen[0] || !seen[1] {
+		t.Fatalf("no repeat traffic: picked %v, want both targets (a tie)", seen)
+	}
+}
