@@ -72,7 +72,7 @@ const (
 //	ahead_tok(i) = pending_tokens(i) - served(i) + that excess × mean pending tokens
 //	own(i)       = prompt_tokens - matched(i)
 //	ttft(i)      = w0 + w1·ahead_n(i) + w2·ahead_tok(i)/1000 + w3·own(i)/1000
-//	cost(i)      = ttft(i) + externality (see externality)
+//	cost(i)      = ttft(i) + externality + followWait (see each)
 //
 // pending(i) and pending_tokens(i) are the requests this balancer sent to i
 // (Observe) that have no first token yet and their uncached prefill tokens,
