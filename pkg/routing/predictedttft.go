@@ -615,10 +615,10 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	now := t.now()
 	m := t.law()
 	fitted := m != t.unitLaw
-	scale := t.fleetScale(loads)
+	rates := t.fleetRates(now, t.fleetScale(loads), fitted)
 	follow := 0.0
 	if fitted {
-		follow = t.followCost(&m, now)
+		follow = t.followCost(&m, now, rates)
 	}
 	best := math.Inf(1)
 	for wi, w := range el.w {
@@ -627,7 +627,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			own := max(float64(tokens)-match[i], 0)
 			x := t.features(i, own, tokens, &m, now)
 			pred[i] = max(0, m.predict(x))
-			pred[i] += t.externality(i, max(0, m.w[lawQueued])*own/1000, pred[i], now, scale, fitted)
+			pred[i] += t.externality(i, max(0, m.w[lawQueued])*own/1000, pred[i], rates)
 			if follow > 0 {
 				pred[i] += t.followWait(i, follow, now)
 			}
@@ -651,7 +651,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	if i, ok := t.homeTie(tied, loads); ok {
 		return i
 	}
-	if len(loads) == t.n && scale > 1 {
+	if len(loads) == t.n && rates.scale > 1 {
 		if i, ok := t.tiedOfTwo(tied, loads); ok {
 			return i
 		}
@@ -1012,28 +1012,52 @@ func (t *predictedTTFT) sumPeersLocked(i int, now time.Duration) {
 // q ≈ 0 (one prefix shared by everyone, e.g. agents with one system prompt)
 // an idle target expects nobody and takes the next session, so the burst
 // spreads instead of piling onto the first holder (docs/routing.md).
-func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, now time.Duration, scale float64, fitted bool) float64 {
-	start := t.start.Load()
-	if start < 0 || ownMS <= 0 {
+func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, r queueRates) float64 {
+	if !r.started || ownMS <= 0 {
 		return 0
 	}
-	elapsed := float64(int64(now)-start) / float64(time.Millisecond)
-	if elapsed <= 0 || !fitted {
-		q, arrivals := t.noveltyShare()
-		if arrivals <= 0 {
+	if !r.timed {
+		if r.arrivals <= 0 {
 			return 0
 		}
-		return ownMS * ((1-q)*float64(t.arrivals[i].Load()) + q*arrivals/float64(t.n))
+		return ownMS * ((1-r.q)*float64(t.arrivals[i].Load()) + r.q*r.arrivals/float64(t.n))
 	}
-	var busy, arrivals float64
+	return ownMS * r.lambda * ttftMS / (1 - r.rho)
+}
+
+// queueRates are the pooled figures externality and followCost read, taken
+// once per pick (the same for every target): whether any request was sent,
+// the novelty share q and the arrivals so far, the fleet scale, and once
+// the law is fitted and time has passed (timed) the mean arrival rate per
+// target λ (per ms) and utilisation ρ.
+type queueRates struct {
+	started, timed     bool
+	q, arrivals, scale float64
+	lambda, rho        float64
+}
+
+// fleetRates returns the queueRates at now.
+func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool) queueRates {
+	r := queueRates{scale: scale}
+	start := t.start.Load()
+	if start < 0 {
+		return r
+	}
+	r.started = true
+	r.q, r.arrivals = t.noveltyShare()
+	elapsed := float64(int64(now)-start) / float64(time.Millisecond)
+	if elapsed <= 0 || !fitted {
+		return r
+	}
+	var busy float64
 	for j := range t.n {
 		busy += t.busyAt(j, now)
-		arrivals += float64(t.arrivals[j].Load())
 	}
 	k := float64(t.n)
-	rho := min(scale*busy/k/float64(time.Millisecond)/elapsed, maxUtilisation)
-	lambda := scale * arrivals / k / elapsed
-	return ownMS * lambda * ttftMS / (1 - rho)
+	r.timed = true
+	r.rho = min(scale*busy/k/float64(time.Millisecond)/elapsed, maxUtilisation)
+	r.lambda = scale * r.arrivals / k / elapsed
+	return r
 }
 
 // followWait is the queueing delay that the traffic this pick draws to
@@ -1072,16 +1096,12 @@ func (t *predictedTTFT) followWait(i int, follow float64, now time.Duration) flo
 
 // followCost is followWait's factor common to every target: the requests
 // that follow one, (1 − q)/q, times a mean service; 0 before any request.
-func (t *predictedTTFT) followCost(m *ttftLaw, now time.Duration) float64 {
-	start, n := t.start.Load(), t.observes.Load()
-	if start < 0 || int64(now) <= start || n == 0 {
+func (t *predictedTTFT) followCost(m *ttftLaw, now time.Duration, r queueRates) float64 {
+	n := t.observes.Load()
+	if !r.started || int64(now) <= t.start.Load() || n == 0 || r.arrivals <= 0 {
 		return 0
 	}
-	q, arrivals := t.noveltyShare()
-	if arrivals <= 0 {
-		return 0
-	}
-	q = max(q, 1/arrivals) // one novel request at least: the first
+	q := max(r.q, 1/r.arrivals) // one novel request at least: the first
 	mean := float64(t.uncachedSum.Load()) / float64(n)
 	service := max(0, m.w[lawAhead]) + max(0, m.w[lawQueued])*mean/1000
 	return (1 - q) / q * service

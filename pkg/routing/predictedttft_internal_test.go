@@ -229,10 +229,10 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 	b.observes.Store(10)
 	b.uncachedSum.Store(10 * 1000)
 	b.novelty.Store(math.Float64bits(5))
-	if got := b.followWait(0, b.followCost(&simLaw, now), now); math.Abs(got-55) > 1e-6 {
+	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true)), now); math.Abs(got-55) > 1e-6 {
 		t.Fatalf("busy half the time: follow wait %.3f ms, want 55", got)
 	}
-	if got := b.followWait(1, b.followCost(&simLaw, now), now); got != 0 {
+	if got := b.followWait(1, b.followCost(&simLaw, now, b.fleetRates(now, 1, true)), now); got != 0 {
 		t.Fatalf("never busy: follow wait %.3f ms, want 0", got)
 	}
 	// The pick, with the law fitted: the target that was idle, every time.
@@ -243,7 +243,7 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 		}
 	}
 	b.novelty.Store(math.Float64bits(10)) // every request so far was new
-	if got := b.followWait(0, b.followCost(&simLaw, now), now); got != 0 {
+	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true)), now); got != 0 {
 		t.Fatalf("no repeat traffic: follow wait %.3f ms, want 0", got)
 	}
 	seen := map[int]bool{}
