@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|share OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|share OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # TRACE_LIMIT bounds the trace runs (default 1500 records, for a 2-core
 # machine shared by 8 agents); SEED, when set, runs every part on that seed
@@ -46,6 +46,18 @@ variations)
 	run --workload multiturn --mt-request-len 1024 --mt-rounds 8 --mt-clients 64 --strategies $S
 	run --workload agent --agent-agents 32 --agent-tool-len 4096 --strategies $S
 	run --workload unique --unique-len 4096 --rate 8 --strategies $S ;;
+settings)
+	# Simulator settings the grid does not move (client ramps, open loop,
+	# the engine's batch limit, decode speed, KV event delay, block size,
+	# cache size, fixed prefill cost), each alone on every workload.
+	for w in gsp multiturn agent unique; do
+		for a in "--ramp 3s" "--rate 6" "--parallel-prefill" "--max-batch 16" "--max-batch 8" "--itl-ms 5" \
+			"--kv-delay 500ms" "--block-size 64" "--capacity 1024" "--prefill-base-ms 20"; do
+			# shellcheck disable=SC2086
+			run --workload $w $a --strategies $S
+		done
+	done
+	run --workload multiturn --mt-think-ms 2000 --strategies $S ;;
 share)
 	for w in gsp multiturn agent unique; do
 		run --workload $w --strategies predicted_ttft,predicted_ttft:kv_events=0
@@ -53,5 +65,5 @@ share)
 	done
 	run --workload trace --trace-limit $L --capacity 32768 --strategies predicted_ttft,predicted_ttft:kv_events=0
 	run --workload trace --trace-limit $L --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|share OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|share OUT" >&2; exit 2 ;;
 esac

@@ -254,3 +254,51 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 		t.Fatalf("no repeat traffic: picked %v, want both targets (a tie)", seen)
 	}
 }
+
+// slotEngine is an EngineState with running and waiting counts.
+type slotEngine struct{ waiting, running []int }
+
+func (e *slotEngine) Waiting(i int) (int, bool) { return e.waiting[i], true }
+func (e *slotEngine) Running(i int) (int, bool) { return e.running[i], true }
+func (e *slotEngine) KVCapacityTokens(int) int  { return 0 }
+
+// A request sent before its target was known to be full (the first to
+// overflow it) is marked as waiting for a slot as soon as the engine shows
+// it waiting: from then on its wait is not the target's prefill being
+// busy, and its first token teaches the law nothing.
+func TestPredictedTTFTMarksSlotWaiters(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	eng := &slotEngine{waiting: []int{0, 0}, running: []int{4, 0}}
+	b.engine = eng
+	ctx := &Context{Prompt: strings.Repeat("x", 4000)}
+	b.Observe(0, ctx)
+	if b.busySince[0].Load() < 0 || b.pending[0][ctx].slot {
+		t.Fatal("sent to a replica with no waiting requests: want a busy prefill, not a slot wait")
+	}
+	now += 100 * time.Millisecond
+	eng.waiting[0] = 1 // the request did not get a slot
+	b.Pick(&Context{Prompt: "y"}, nil, Set{})
+	if !b.pending[0][ctx].slot || b.slotPend[0].Load() != 1 || b.busySince[0].Load() >= 0 {
+		t.Fatalf("engine shows it waiting: slot %v, waiters %d, busy since %d; want marked and the prefill idle",
+			b.pending[0][ctx].slot, b.slotPend[0].Load(), b.busySince[0].Load())
+	}
+	if got := b.slots[0].Load(); got != 4 {
+		t.Fatalf("learned %d slots, want the 4 running", got)
+	}
+	if got, _ := b.slotPlace(1, nil); got != 0 {
+		t.Fatalf("idle target 1: place %d, want 0", got)
+	}
+	eng.running[1] = 4 // target 1, never seen full, takes target 0's limit
+	if got, _ := b.slotPlace(1, nil); got != 1 {
+		t.Fatalf("target 1 with 4 running: place %d, want 1", got)
+	}
+	eng.running[1] = 5 // running past it: not target 1's limit
+	if got, _ := b.slotPlace(1, nil); got != 0 {
+		t.Fatalf("target 1 with 5 running, none waiting: place %d, want 0", got)
+	}
+	b.FirstToken(0, ctx, 5*time.Second, 1000)
+	if b.pooled.n != 0 || b.slotPend[0].Load() != 0 {
+		t.Fatalf("a slot waiter's first token: %d law samples, %d waiters; want none", b.pooled.n, b.slotPend[0].Load())
+	}
+}

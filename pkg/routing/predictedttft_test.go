@@ -270,14 +270,58 @@ func TestPredictedTTFTPreciseOverApproximate(t *testing.T) {
 	}
 }
 
-// fixedEngine is a routing.EngineState.
+// fixedEngine is a routing.EngineState; a negative count is stale, and
+// without running counts none is known.
 type fixedEngine struct {
-	waiting  []int
-	capacity int
+	waiting, running []int
+	capacity         int
 }
 
 func (e *fixedEngine) Waiting(i int) (int, bool) { return e.waiting[i], e.waiting[i] >= 0 }
-func (e *fixedEngine) KVCapacityTokens(int) int  { return e.capacity }
+func (e *fixedEngine) Running(i int) (int, bool) {
+	if e.running == nil {
+		return 0, false
+	}
+	return e.running[i], e.running[i] >= 0
+}
+func (e *fixedEngine) KVCapacityTokens(int) int { return e.capacity }
+
+// A replica whose batch is full (requests waiting while others run) keeps
+// a new request waiting for a slot: before any request has completed that
+// wait has no known bound, and a replica with a free slot wins over the
+// full holder of the prefix; once completions show how long a request
+// holds its slot (here 10 s), the wait is priced, still more than the
+// prefill the holder saves; and when the holder has a free slot again it
+// wins. Without the engine's running count nothing of this applies.
+func TestPredictedTTFTWaitsForBatchSlot(t *testing.T) {
+	sys := words(1, 4000)
+	clock := &ttftClock{now: time.Second}
+	eng := &fixedEngine{waiting: []int{0, 0}, running: []int{0, 0}}
+	b := newTTFT(t, 2, 1, clock, func(s *routing.Spec) { s.Engine = eng })
+	first := &routing.Context{Prompt: sys}
+	served(b, 0, first, clock)
+	req := &routing.Context{Prompt: sys + words(3, 400)}
+	if got := b.Pick(req, nil, routing.All(2)); got != 0 {
+		t.Fatalf("free slots everywhere: picked %d, want the holder 0", got)
+	}
+	eng.running[0], eng.waiting[0], eng.running[1] = 4, 1, 1
+	if got := b.Pick(req, nil, routing.All(2)); got != 1 {
+		t.Fatalf("holder full, no request completed yet: picked %d, want 1", got)
+	}
+	b.(routing.Learner).Learn(0, first, 0, 10*time.Second)
+	if got := b.Pick(req, nil, routing.All(2)); got != 1 {
+		t.Fatalf("holder full, a slot held 10 s: picked %d, want 1", got)
+	}
+	eng.running[0], eng.waiting[0] = 3, 0 // a slot of the 4 it showed is free
+	if got := b.Pick(req, nil, routing.All(2)); got != 0 {
+		t.Fatalf("holder with a free slot: picked %d, want 0", got)
+	}
+	eng.running[0], eng.waiting[0] = 4, 1
+	eng.running = nil
+	if got := b.Pick(req, nil, routing.All(2)); got != 0 {
+		t.Fatalf("no running counts: picked %d, want the holder 0", got)
+	}
+}
 
 func TestPredictedTTFTEngineWaiting(t *testing.T) {
 	sys := words(1, 4000)

@@ -45,6 +45,9 @@ type View struct {
 	// Waiting is each replica's true number of requests waiting for a batch
 	// slot (vLLM's num_requests_waiting).
 	Waiting []int
+	// Running is each replica's true number of requests holding a batch
+	// slot (vLLM's num_requests_running).
+	Running []int
 	// KVUsage is each replica's vllm:kv_cache_usage_perc: cache blocks held
 	// by running requests over capacity, in [0, 1].
 	KVUsage []float64

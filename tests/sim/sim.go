@@ -233,6 +233,7 @@ type run struct {
 	proxies  []*proxy
 	caches   []*vllmsim.Cache
 	waiting  []int
+	running  []int     // per replica, requests holding a batch slot (View.Running)
 	usage    []float64 // replicas' KV cache usage (View.KVUsage)
 	// scraped copies of waiting and usage (View.Scraped*), refreshed every
 	// scrapeEvery when a policy reads scraped metrics
@@ -315,6 +316,7 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 		r.caches = append(r.caches, c)
 	}
 	r.waiting = make([]int, cfg.Replicas)
+	r.running = make([]int, cfg.Replicas)
 	r.usage = make([]float64, cfg.Replicas)
 	if r.scrapeEvery > 0 {
 		r.total = w.Requests()
@@ -450,7 +452,7 @@ func (r *run) issue(s *sessionState) {
 		p = r.rng.IntN(len(r.proxies))
 	}
 	px := r.proxies[p]
-	v := &View{Now: r.now, Loads: r.fleetLoads(p, px.loads), Waiting: r.waiting, KVUsage: r.usage,
+	v := &View{Now: r.now, Loads: r.fleetLoads(p, px.loads), Waiting: r.waiting, Running: r.running, KVUsage: r.usage,
 		ScrapedWaiting: r.scrapedWaiting, ScrapedKVUsage: r.scrapedUsage, Caches: r.caches, Queued: r.queued,
 		BlockSize: r.cfg.BlockSize}
 	target := px.policy.Pick(f, v)
@@ -498,6 +500,7 @@ func (r *run) schedule(i int) {
 		rep.queue = rep.queue[1:]
 		r.waiting[i]--
 		rep.running++
+		r.running[i]++
 		if r.queued != nil {
 			q := r.queued[i]
 			for _, h := range f.Req.BlockHashes(r.cfg.BlockSize) {
@@ -543,6 +546,7 @@ func (r *run) done(f *Flight) {
 	r.account(rep)
 	rep.inflight--
 	rep.running--
+	r.running[f.Target]--
 	px := r.proxies[f.Proxy]
 	px.loads[f.Target]--
 	if l, ok := px.policy.(lifecycle); ok {

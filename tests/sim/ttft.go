@@ -12,8 +12,8 @@ import (
 // Observe as for every balancer, FirstToken with the request's TTFT and its
 // prompt token count (the engine's usage.prompt_tokens), and, unless
 // turned off, the engines' state (routing.EngineState: each replica's
-// num_requests_waiting and its KV capacity, read without scrape lag, as for
-// llm-d's queue scorer) and the proxy's index of the replicas' KV events
+// num_requests_waiting and num_requests_running and its KV capacity, read
+// without scrape lag, as for llm-d's queue scorer) and the proxy's index of the replicas' KV events
 // (routing.KVSource, the token ids the proxy obtains from the engine's
 // /tokenize). Options: predicted_ttft:kv_events=0 has neither token ids
 // nor KV events (the approximate index only); :engine=0 scrapes nothing
@@ -27,8 +27,8 @@ type ttftPolicy struct {
 
 // simEngine is routing.EngineState over the View of the current pick.
 type simEngine struct {
-	waiting  []int
-	capacity int
+	waiting, running []int
+	capacity         int
 }
 
 func (e *simEngine) Waiting(i int) (int, bool) {
@@ -36,6 +36,13 @@ func (e *simEngine) Waiting(i int) (int, bool) {
 		return 0, false
 	}
 	return e.waiting[i], true
+}
+
+func (e *simEngine) Running(i int) (int, bool) {
+	if i < 0 || i >= len(e.running) {
+		return 0, false
+	}
+	return e.running[i], true
 }
 
 func (e *simEngine) KVCapacityTokens(int) int { return e.capacity }
@@ -64,7 +71,7 @@ func (p *ttftPolicy) sync(v *View) {
 		p.src.memo.forget()
 	}
 	if p.engine != nil {
-		p.engine.waiting = v.Waiting
+		p.engine.waiting, p.engine.running = v.Waiting, v.Running
 	}
 }
 

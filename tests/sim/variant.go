@@ -156,6 +156,9 @@ func (vp *variantPool) view(v *View) *View {
 	for _, r := range vp.replicas {
 		sub.Loads = append(sub.Loads, v.Loads[r])
 		sub.Waiting = append(sub.Waiting, v.Waiting[r])
+		if v.Running != nil {
+			sub.Running = append(sub.Running, v.Running[r])
+		}
 		sub.KVUsage = append(sub.KVUsage, v.KVUsage[r])
 		sub.Caches = append(sub.Caches, v.Caches[r])
 	}

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/reliability"
 )
 
 // engineLoadDoc routes m over p0 and p1 with least_load; el is appended to
@@ -98,4 +101,34 @@ func TestPickTakesTheLargerOfOwnAndEngineLoad(t *testing.T) {
 	close(release)
 	<-done
 	<-done
+}
+
+// TestEngineStateCounts: predicted_ttft reads a target's running and
+// waiting counts from one fresh scrape (running = the load less its
+// waiting part), and none from a stale scrape, a provider without
+// [providers.engine_load] or a target out of range.
+func TestEngineStateCounts(t *testing.T) {
+	scraped := &reliability.Provider{}
+	withTable := config.CompiledTarget{Provider: &config.CompiledProvider{EngineLoad: &config.CompiledEngineLoad{Stale: time.Minute}}}
+	st := engineState{targets: []target{
+		{cfg: withTable, health: scraped},
+		{cfg: config.CompiledTarget{Provider: &config.CompiledProvider{}}, health: &reliability.Provider{}},
+	}}
+	scraped.SetEngineWaiting(3)
+	scraped.SetEngineLoad(10, time.Now())
+	if n, ok := st.Running(0); !ok || n != 7 {
+		t.Errorf("running = %d, %v; want 7, true", n, ok)
+	}
+	if n, ok := st.Waiting(0); !ok || n != 3 {
+		t.Errorf("waiting = %d, %v; want 3, true", n, ok)
+	}
+	for _, i := range []int{1, 2, -1} {
+		if _, ok := st.Running(i); ok {
+			t.Errorf("target %d: running reported without a scrape", i)
+		}
+	}
+	scraped.SetEngineLoad(10, time.Now().Add(-2*time.Minute))
+	if _, ok := st.Running(0); ok {
+		t.Error("stale scrape: running reported")
+	}
 }

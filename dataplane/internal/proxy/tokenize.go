@@ -100,23 +100,44 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 }
 
 // engineState is what the route's replicas report about themselves, for
-// predicted_ttft: the waiting count of [providers.engine_load] scrapes
-// (fresh within stale_ms) and the KV capacity of vllm:cache_config_info.
+// predicted_ttft: the waiting and running counts of [providers.engine_load]
+// scrapes (fresh within stale_ms) and the KV capacity of
+// vllm:cache_config_info.
 type engineState struct{ targets []target }
 
 var _ routing.EngineState = engineState{}
 
 // Waiting implements routing.EngineState.
 func (e engineState) Waiting(i int) (int, bool) {
+	_, waiting, ok := e.scraped(i)
+	return waiting, ok
+}
+
+// Running implements routing.EngineState: the engine load less its waiting
+// part (one scrape sets both).
+func (e engineState) Running(i int) (int, bool) {
+	load, waiting, ok := e.scraped(i)
+	return max(load-waiting, 0), ok
+}
+
+// scraped returns target i's scraped engine load (running + waiting) and
+// its waiting part; ok is false when it has no [providers.engine_load] or
+// the scrape is stale.
+func (e engineState) scraped(i int) (load, waiting int, ok bool) {
 	if i < 0 || i >= len(e.targets) {
-		return 0, false
+		return 0, 0, false
 	}
 	t := &e.targets[i]
 	el := t.cfg.Provider.EngineLoad
 	if el == nil {
-		return 0, false
+		return 0, 0, false
 	}
-	return t.health.EngineWaiting(time.Now(), el.Stale)
+	now := time.Now()
+	if load, ok = t.health.EngineLoad(now, el.Stale); !ok {
+		return 0, 0, false
+	}
+	waiting, ok = t.health.EngineWaiting(now, el.Stale)
+	return load, waiting, ok
 }
 
 // KVCapacityTokens implements routing.EngineState.

@@ -132,7 +132,9 @@ func label(cmd string) string {
 			}
 			i++
 		default:
-			if strings.HasPrefix(f[i], "--") && i+1 < len(f) {
+			if strings.HasPrefix(f[i], "--") && (i+1 == len(f) || strings.HasPrefix(f[i+1], "--")) {
+				parts = append(parts, strings.TrimPrefix(f[i], "--")) // a boolean flag
+			} else if strings.HasPrefix(f[i], "--") {
 				parts = append(parts, strings.TrimPrefix(f[i], "--")+" "+f[i+1])
 				i++
 			}

@@ -322,6 +322,13 @@ func (o *options) jsonRecord(r sim.Result, unbounded, oracle float64) map[string
 	if r.Decisions != nil {
 		rec["decisions"] = r.Decisions
 	}
+	// Per replica, the requests served and the busy time the imbalance is
+	// computed from, to see where a strategy piled up.
+	reqs, busy := make([]int, len(r.Replicas)), make([]float64, len(r.Replicas))
+	for i, s := range r.Replicas {
+		reqs[i], busy[i] = s.Requests, s.Busy.Seconds()
+	}
+	rec["replica_requests"], rec["replica_busy_s"] = reqs, busy
 	return rec
 }
 
