@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|share OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|share OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # TRACE_LIMIT bounds the trace runs (default 1500 records, for a 2-core
 # machine shared by 8 agents); SEED, when set, runs every part on that seed
@@ -58,6 +58,17 @@ settings)
 		done
 	done
 	run --workload multiturn --mt-think-ms 2000 --strategies $S ;;
+ramps)
+	# Closed-loop clients starting one by one over seconds, where balance
+	# is hardest (docs/routing.md, the follow-up wait).
+	for a in "--workload agent --ramp 1s" "--workload agent --ramp 2s" "--workload agent --ramp 5s" \
+		"--workload agent --replicas 16 --ramp 2s" "--workload agent --replicas 16 --ramp 5s" \
+		"--workload agent --prefill-us 25 --ramp 2s" "--workload agent --prefill-us 25 --ramp 5s" \
+		"--workload gsp --ramp 5s" "--workload multiturn --ramp 5s" "--workload multiturn --ramp 1s" \
+		"--workload agent --agent-agents 32 --agent-tool-len 4096 --ramp 2s"; do
+		# shellcheck disable=SC2086
+		run $a --strategies $S
+	done ;;
 share)
 	for w in gsp multiturn agent unique; do
 		run --workload $w --strategies predicted_ttft,predicted_ttft:kv_events=0
@@ -65,5 +76,5 @@ share)
 	done
 	run --workload trace --trace-limit $L --capacity 32768 --strategies predicted_ttft,predicted_ttft:kv_events=0
 	run --workload trace --trace-limit $L --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|share OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|share OUT" >&2; exit 2 ;;
 esac
