@@ -638,7 +638,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	m := t.law()
 	fitted := m != t.unitLaw
 	rates := t.fleetRates(now, t.fleetScale(loads), fitted)
-	follow := 0.0
+	var follow followFactors
 	if fitted {
 		follow = t.followCost(&m, now, rates)
 	}
@@ -653,7 +653,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			x := t.features(i, own, tokens, &m, now)
 			ttft := max(0, m.predict(x))
 			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates)
-			if follow > 0 {
+			if follow.wait > 0 {
 				pred[i] += t.followWait(i, follow, now)
 			}
 			if slot := slotWait[i]; slot > 0 {
@@ -1106,51 +1106,70 @@ func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool
 }
 
 // followWait is the queueing delay that the traffic this pick draws to
-// target i will meet there. A request leaves its prompt at i, and the
+// target i will cause there. A request leaves its prompt at i, and the
 // requests that extend it (a conversation's next turn, an agent's next
 // step, the next question to a group's system prompt) follow it to i,
-// since i then holds their prefix; each waits there ρ_i/(1 − ρ_i) mean
-// services (an M/M/1 queue), ρ_i being the share of time since the first
-// request that this balancer had a prefill pending at i. How many follow:
-// the share of the traffic that repeats what some target held is 1 − q (q,
-// the novelty, as in externality), so a request is followed by (1 − q)/q
-// more on average (a chain in which each request is a follow-up with
-// probability 1 − q). A mean service is the wait a request of the mean
-// uncached prefill makes for those queued behind it (the law's per-request
-// and queued-token weights: on an engine that prefills every request on its
-// own, vllmsim, the queued weight is 0 and so is most of the wait).
+// since i then holds their prefix. In an M/M/1 queue each of them waits
+// ρ_i/(1 − ρ_i) mean services, ρ_i being the share of time since the first
+// request that this balancer had a prefill pending at i; and its own work
+// delays those queued at i meanwhile by b/(1 − b)² times that work (the
+// marginal wait of the others, d(λ·W)/dλ less its own wait), b = ρ_i ×
+// blocking being the share of time i's prefill made others queue. How many
+// follow: the share of the traffic that repeats what some target held is
+// 1 − q (q, the novelty, as in externality), so a request is followed by
+// (1 − q)/q more on average (a chain in which each request is a follow-up
+// with probability 1 − q). A mean service is what a request ahead costs,
+// the law's per-request and queued-token weights for the mean uncached
+// prefill; the work others wait behind is priced at the queued-token
+// weight alone (on an engine that prefills every request on its own,
+// vllmsim, that weight is small, and so are both parts).
 //
 // Without it nothing in the cost looks past the current queue, and the
 // replica that first holds a prefix everyone shares (an agents' system
 // prompt) takes every new session while its queue is short, then keeps
-// them: rolter-sim agent with its clients starting over 2 s, imbalance 1.49
-// (1.93 at 16 replicas) without it, 1.21 (1.44) with it; the judged grid 23
-// → 27 of 33 (docs/routing.md). With peers ρ_i is this proxy's own share, a
-// lower bound of the target's: scaled by fleetScale like externality's mean
-// it overstates one target's (multiturn through 4 proxies lost up to 5 % of
-// its hit rate with an earlier form of the term). follow is followCost,
-// computed once per pick.
-func (t *predictedTTFT) followWait(i int, follow float64, now time.Duration) float64 {
+// them: rolter-sim agent with its clients starting over 5 s, imbalance 1.59
+// without it, 1.48 with the followers' own waits only, 1.23 with the delay
+// they cause too (16 replicas over 2 s: 1.93, 1.44, 1.20; docs/routing.md).
+// The delay at ρ_i itself, not b, made a replica of vllmsim, which has
+// some prefill pending 90 % of the time, cost 300 ms more per pick. With
+// peers ρ_i is this proxy's own share, a lower bound of the target's:
+// scaled by fleetScale like externality's mean it overstates one target's
+// (multiturn through 4 proxies lost up to 5 % of its hit rate with an
+// earlier form of the term). follow is followCost, computed once per pick.
+func (t *predictedTTFT) followWait(i int, follow followFactors, now time.Duration) float64 {
 	start := t.start.Load()
 	if start < 0 || int64(now) <= start {
 		return 0
 	}
 	rho := min(t.busyAt(i, now)/float64(int64(now)-start), maxUtilisation)
-	return follow * rho / (1 - rho)
+	b := rho * follow.blocking
+	return follow.wait*rho/(1-rho) + follow.delay*b/((1-b)*(1-b))
 }
 
-// followCost is followWait's factor common to every target: the requests
-// that follow one, (1 − q)/q, times a mean service; 0 before any request.
-func (t *predictedTTFT) followCost(m *ttftLaw, now time.Duration, r queueRates) float64 {
+// followCost returns followWait's factors at now.
+func (t *predictedTTFT) followCost(m *ttftLaw, now time.Duration, r queueRates) followFactors {
 	n := t.observes.Load()
-	if !r.started || int64(now) <= t.start.Load() || n == 0 || r.arrivals <= 0 {
-		return 0
+	if !r.started || int64(now) <= t.start.Load() || n == 0 || r.arrivals <= 0 || m.w[lawOwn] <= 0 {
+		return followFactors{}
 	}
 	q := max(r.q, 1/r.arrivals) // one novel request at least: the first
 	mean := float64(t.uncachedSum.Load()) / float64(n)
-	service := max(0, m.w[lawAhead]) + max(0, m.w[lawQueued])*mean/1000
-	return (1 - q) / q * service
+	queued := max(0, m.w[lawQueued]) * mean / 1000
+	followers := (1 - q) / q
+	return followFactors{wait: followers * (max(0, m.w[lawAhead]) + queued), delay: followers * queued,
+		blocking: min(max(0, m.w[lawQueued])/m.w[lawOwn], 1)}
 }
+
+// followFactors are followWait's factors common to every target: the
+// requests that follow one, (1 − q)/q, times a mean service (wait: what each
+// waits per request ahead of it) and times the mean queued work (delay:
+// what each adds to the wait of those queued behind it, priced at the
+// queued-token weight as in externality); and blocking, the share of a
+// pending prefill's time that others queue behind (the queued-token weight
+// over the own-token weight, at most 1: about 1 on an engine that prefills
+// one request at a time, the routing simulator; about 0.04 on one that
+// prefills requests side by side, vllmsim). Zero before any request.
+type followFactors struct{ wait, delay, blocking float64 }
 
 // noveltyShare returns the mean share of a prompt that no target held, over
 // the arrivals so far, and their number.
@@ -1300,7 +1319,8 @@ func (t *predictedTTFT) Learn(target int, _ *Context, _ int, latency time.Durati
 // is full. Without it predicted_ttft piled a group's prompts onto the
 // replica holding their prefix past its batch limit (rolter-sim gsp
 // --max-batch 16: TTFT mean 896 ms, p99 5,227 ms, against 236 and 4,122
-// for the best peers; with it 205 and 1,092; docs/routing.md).
+// for the best peers; 205 and 1,092 with it when it was added;
+// docs/routing.md).
 func (t *predictedTTFT) slotWaits(el Set, loads []int, wait []float64) Set {
 	if t.engine == nil {
 		return el

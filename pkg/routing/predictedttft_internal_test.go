@@ -211,14 +211,17 @@ func TestPredictedTTFTPeerHeadServedSinceLastLeave(t *testing.T) {
 	}
 }
 
-// The traffic a pick draws to a target waits there as long as that target
-// has been busy: a target whose prefill queue was busy half the time since
-// the first request costs each follow-up ρ/(1 − ρ) = 1 mean service (55 ms
-// under the simulator's law, for 1,000-token requests: 5 a request, 50 the
-// tokens), an idle one
-// nothing; with half the traffic novel, one follow-up per request. With no
-// repeat traffic nothing follows, and the pick between two idle targets is
-// a tie again.
+// The traffic a pick draws to a target waits there, and delays the others
+// there, as long as that target has been busy: a target whose prefill
+// queue was busy half the time since the first request costs each
+// follow-up ρ/(1 − ρ) = 1 mean service of its own wait (55 ms under the
+// simulator's law, for 1,000-token requests: 5 a request, 50 the tokens)
+// and ρ/(1 − ρ)² = 2 times its queued work of the others' (2 × 50 ms), an
+// idle one nothing; with half the traffic novel, one follow-up per
+// request. On an engine that prefills requests side by side (a queued
+// token costing a tenth of an own one) others queue behind a tenth of the
+// busy time: the delay is 0.05/0.95² × 5 ms. With no repeat traffic
+// nothing follows, and the pick between two idle targets is a tie again.
 func TestPredictedTTFTFollowWait(t *testing.T) {
 	now := 10 * time.Second
 	b := newTwoTargetTTFT(t, &now)
@@ -229,8 +232,13 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 	b.observes.Store(10)
 	b.uncachedSum.Store(10 * 1000)
 	b.novelty.Store(math.Float64bits(5))
-	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true)), now); math.Abs(got-55) > 1e-6 {
-		t.Fatalf("busy half the time: follow wait %.3f ms, want 55", got)
+	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true)), now); math.Abs(got-155) > 1e-6 {
+		t.Fatalf("busy half the time: follow wait %.3f ms, want 55 + 100", got)
+	}
+	parallel := ttftLaw{w: [lawFeatures]float64{5, 5, 5, 50}, samples: 100}
+	want := 10.0 + 5*0.05/(0.95*0.95) // 1 × (5 + 5), and the delay
+	if got := b.followWait(0, b.followCost(&parallel, now, b.fleetRates(now, 1, true)), now); math.Abs(got-want) > 1e-6 {
+		t.Fatalf("side-by-side prefill, busy half the time: follow wait %.3f ms, want %.3f", got, want)
 	}
 	if got := b.followWait(1, b.followCost(&simLaw, now, b.fleetRates(now, 1, true)), now); got != 0 {
 		t.Fatalf("never busy: follow wait %.3f ms, want 0", got)
