@@ -202,10 +202,13 @@ type predictedTTFT struct {
 	novelty    atomic.Uint64
 	noveltySum float64          // under mu
 	decisions  [2]atomic.Uint64 // precise, approximate
-	// slots is, per target, its batch limit as the engine showed it: the
-	// running count while requests waited for a slot (0: never seen full).
-	slots    []atomic.Int64
-	anySlots atomic.Int64 // the latest limit learned at any target
+	// Per target, the most requests the engine showed running, and whether
+	// it was seen full (requests waiting while others ran); anySlots, the
+	// most seen running at any target seen full: the batch limits (see
+	// slotPlace).
+	maxRunning []atomic.Int64
+	seenFull   []atomic.Bool
+	anySlots   atomic.Int64
 	// Σ latency of the completed attempts (Learn), Σ TTFT of the first
 	// tokens and Σ TTFT of those that did not wait for a batch slot (ns),
 	// and their counts: how long a request holds its slot (slotHold).
@@ -272,7 +275,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		busySince:  make([]atomic.Int64, n),
 		arrivals:   make([]atomic.Int64, n),
 		inflight:   make([]atomic.Int64, n),
-		slots:      make([]atomic.Int64, n),
+		maxRunning: make([]atomic.Int64, n), seenFull: make([]atomic.Bool, n),
 		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
 		peerQueues: map[string][]peerQueue{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
 		pending: make([]map[*Context]pendingPrefill, n), slotPend: make([]atomic.Int64, n),
@@ -1345,13 +1348,17 @@ func (t *predictedTTFT) slotWaits(el Set, loads []int, wait []float64) Set {
 
 // slotPlace returns a new request's place k among those waiting for a
 // batch slot at target i (0: it would run at once) and the target's slots
-// s, learned from the engine's counts: the running count the last time
-// requests waited there; for a target not seen full yet, the latest seen
-// full at any target (a fleet's replicas share their engine arguments).
-// Running past the slots without waiting means they were not (or no
-// longer are) the target's limit: then it is not known. The engine's
-// waiting requests beyond those this balancer marked are marked
-// (markWaiting).
+// s, learned from the engine's counts: once requests have been seen
+// waiting there while others ran, the most requests seen running there;
+// for a target not seen full yet, the most seen running at any target that
+// was (a fleet's replicas share their engine arguments), unless more than
+// that already run at this one. The most ever seen running, not the
+// running count while some waited: a request can wait one scheduler step
+// with slots free, and a scrape that catches it must not set a limit below
+// the real one (which the avoided replica would then never disprove). So
+// a limit that shrinks with the KV cache is not seen: the slot wait then
+// counts from the larger one. The engine's waiting requests beyond those
+// this balancer marked are marked (markWaiting).
 func (t *predictedTTFT) slotPlace(i int, loads []int) (k, s int64) {
 	if t.engine == nil {
 		return 0, 0
@@ -1364,20 +1371,14 @@ func (t *predictedTTFT) slotPlace(i int, loads []int) (k, s int64) {
 	if f := t.slotPend[i].Load(); int64(waiting) > f && t.pendCount[i].Load() > f {
 		t.markWaiting(i, waiting)
 	}
-	s = t.slots[i].Load()
-	if s <= 0 {
-		s = t.anySlots.Load()
+	most := raise(&t.maxRunning[i], int64(running))
+	if waiting > 0 && running > 0 && !t.seenFull[i].Load() {
+		t.seenFull[i].Store(true)
 	}
-	switch {
-	case waiting > 0 && running > 0:
-		s = int64(running)
-		t.slots[i].Store(s)
-		t.anySlots.Store(s)
-	case int64(running) > s:
-		t.slots[i].Store(0)
-		return 0, 0
-	}
-	if s <= 0 {
+	if t.seenFull[i].Load() {
+		s = most
+		raise(&t.anySlots, s)
+	} else if s = t.anySlots.Load(); s <= 0 || most > s {
 		return 0, 0
 	}
 	occupied := int64(running + waiting)
@@ -1385,6 +1386,19 @@ func (t *predictedTTFT) slotPlace(i int, loads []int) (k, s int64) {
 		occupied = max(occupied, int64(loads[i]))
 	}
 	return max(occupied+1-s, 0), s
+}
+
+// raise sets *a to v if v is larger and returns the larger of the two.
+func raise(a *atomic.Int64, v int64) int64 {
+	for {
+		old := a.Load()
+		if v <= old {
+			return old
+		}
+		if a.CompareAndSwap(old, v) {
+			return v
+		}
+	}
 }
 
 // slotWaiter reports whether a request sent to target now waits for a

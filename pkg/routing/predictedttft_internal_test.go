@@ -273,7 +273,9 @@ func (e *slotEngine) KVCapacityTokens(int) int  { return 0 }
 // A request sent before its target was known to be full (the first to
 // overflow it) is marked as waiting for a slot as soon as the engine shows
 // it waiting: from then on its wait is not the target's prefill being
-// busy, and its first token teaches the law nothing.
+// busy, and its first token teaches the law nothing. The slots are the
+// most requests seen running, at the target once it was seen full, else at
+// any target that was.
 func TestPredictedTTFTMarksSlotWaiters(t *testing.T) {
 	now := time.Second
 	b := newTwoTargetTTFT(t, &now)
@@ -291,7 +293,7 @@ func TestPredictedTTFTMarksSlotWaiters(t *testing.T) {
 		t.Fatalf("engine shows it waiting: slot %v, waiters %d, busy since %d; want marked and the prefill idle",
 			b.pending[0][ctx].slot, b.slotPend[0].Load(), b.busySince[0].Load())
 	}
-	if got := b.slots[0].Load(); got != 4 {
+	if _, got := b.slotPlace(0, nil); got != 4 {
 		t.Fatalf("learned %d slots, want the 4 running", got)
 	}
 	if got, _ := b.slotPlace(1, nil); got != 0 {
@@ -308,5 +310,15 @@ func TestPredictedTTFTMarksSlotWaiters(t *testing.T) {
 	b.FirstToken(0, ctx, 5*time.Second, 1000)
 	if b.pooled.n != 0 || b.slotPend[0].Load() != 0 {
 		t.Fatalf("a slot waiter's first token: %d law samples, %d waiters; want none", b.pooled.n, b.slotPend[0].Load())
+	}
+	// More run than were seen: the limit is higher. A request caught
+	// waiting for one scheduler step with slots free does not lower it.
+	eng.running[0], eng.waiting[0] = 6, 0
+	if k, s := b.slotPlace(0, nil); k != 1 || s != 6 {
+		t.Fatalf("6 running: place %d of %d slots, want 1 of 6", k, s)
+	}
+	eng.running[0], eng.waiting[0] = 3, 1
+	if k, s := b.slotPlace(0, nil); k != 0 || s != 6 {
+		t.Fatalf("3 running, 1 waiting: place %d of %d slots, want 0 of 6", k, s)
 	}
 }
