@@ -1357,8 +1357,9 @@ func (t *predictedTTFT) slotWaits(el Set, loads []int, wait []float64) Set {
 // with slots free, and a scrape that catches it must not set a limit below
 // the real one (which the avoided replica would then never disprove). So
 // a limit that shrinks with the KV cache is not seen: the slot wait then
-// counts from the larger one. The engine's waiting requests beyond those
-// this balancer marked are marked (markWaiting).
+// counts from the larger one. While all its slots run, the engine's
+// waiting requests beyond those this balancer marked are marked
+// (markWaiting).
 func (t *predictedTTFT) slotPlace(i int, loads []int) (k, s int64) {
 	if t.engine == nil {
 		return 0, 0
@@ -1367,9 +1368,6 @@ func (t *predictedTTFT) slotPlace(i int, loads []int) (k, s int64) {
 	running, okR := t.engine.Running(i)
 	if !okW || !okR {
 		return 0, 0
-	}
-	if f := t.slotPend[i].Load(); int64(waiting) > f && t.pendCount[i].Load() > f {
-		t.markWaiting(i, waiting)
 	}
 	most := raise(&t.maxRunning[i], int64(running))
 	if waiting > 0 && running > 0 && !t.seenFull[i].Load() {
@@ -1380,6 +1378,9 @@ func (t *predictedTTFT) slotPlace(i int, loads []int) (k, s int64) {
 		raise(&t.anySlots, s)
 	} else if s = t.anySlots.Load(); s <= 0 || most > s {
 		return 0, 0
+	}
+	if f := t.slotPend[i].Load(); int64(running) >= s && int64(waiting) > f && t.pendCount[i].Load() > f {
+		t.markWaiting(i, waiting)
 	}
 	occupied := int64(running + waiting)
 	if len(loads) == t.n {
