@@ -226,7 +226,7 @@ type pendingPrefill struct {
 	knownTok int // len(TokenIDs), 0 when unknown
 	seq      uint64
 	// slot: the engine was full at dispatch, so the request waited for a
-	// batch slot (see slotWait); its TTFT teaches the law nothing.
+	// batch slot (see slotWaits); its TTFT teaches the law nothing.
 	slot bool
 	// blind: no peer had been heard from at dispatch, so x misses what
 	// peers had queued if there are peers (see FirstToken).
@@ -1239,7 +1239,7 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 	// the law would otherwise learn as fixed cost and per-request delay
 	// (docs/routing.md, several proxies). It teaches the law nothing.
 	// A request expected to wait for a batch slot waited mostly for other
-	// requests' decoding, which the prefill law does not price (slotWait).
+	// requests' decoding, which the prefill law does not price (slotWaits).
 	if e.blind && t.peerHeard.Load() >= 0 || e.slot {
 		t.learnRatios(e, promptTokens)
 		return
@@ -1290,7 +1290,7 @@ func (t *predictedTTFT) Abandon(target int, ctx *Context) {
 
 // Learn implements [Learner]: the attempt completed, so it leaves this
 // balancer's in-flight count, and its latency teaches how long a request
-// holds a batch slot (see slotWait; the law learns from first tokens).
+// holds a batch slot (see slotHold; the law learns from first tokens).
 func (t *predictedTTFT) Learn(target int, _ *Context, _ int, latency time.Duration) {
 	if target >= 0 && target < t.n {
 		t.inflight[target].Add(-1)
@@ -1304,8 +1304,8 @@ func (t *predictedTTFT) Learn(target int, _ *Context, _ int, latency time.Durati
 // slotWaits sets wait[i], for each target i of el, to the time (ms) a
 // request sent there now would wait for a batch slot. None until the
 // engine has been seen full (requests waiting while others run: vLLM's
-// max_num_seqs or its KV blocks reached); then, with s the running count
-// seen full and k = running + waiting + 1 − s (the request's place among
+// max_num_seqs or its KV blocks reached); then, with s the target's slots
+// (slotPlace) and k = running + waiting + 1 − s (the request's place among
 // those waiting, counting the loads when they are higher: an engine's
 // counts are scraped, the loads are current), the k-th of the s running
 // requests to finish: k × hold / (s + 1), their remaining times spread
@@ -1357,7 +1357,8 @@ func (t *predictedTTFT) slotWaits(el Set, loads []int, wait []float64) Set {
 // with slots free, and a scrape that catches it must not set a limit below
 // the real one (which the avoided replica would then never disprove). So
 // a limit that shrinks with the KV cache is not seen: the slot wait then
-// counts from the larger one. While all its slots run, the engine's
+// counts from the larger one. (A replica caught so before it ever ran more
+// still gets too low a limit, raised as soon as it runs more.) While all its slots run, the engine's
 // waiting requests beyond those this balancer marked are marked
 // (markWaiting).
 func (t *predictedTTFT) slotPlace(i int, loads []int) (k, s int64) {
