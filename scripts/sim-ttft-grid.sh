@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|share OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|share OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # TRACE_LIMIT bounds the trace runs (default 1500 records, for a 2-core
 # machine shared by 8 agents); SEED, when set, runs every part on that seed
@@ -69,6 +69,26 @@ ramps)
 		# shellcheck disable=SC2086
 		run $a --strategies $S
 	done ;;
+mixed)
+	# Several settings and seeds moved at once, picked without looking at
+	# the results: a check on runs nothing was developed on (the runs
+	# that name a seed keep it: a later --seed wins).
+	for a in "--workload gsp --replicas 12 --prefill-us 70" "--workload multiturn --replicas 6 --mt-think-ms 500" \
+		"--workload agent --replicas 12 --agent-agents 48" "--workload agent --ramp 3s --replicas 6" \
+		"--workload unique --replicas 12 --rate 10" "--workload multiturn --mt-rounds 8 --mt-clients 128 --prefill-us 30" \
+		"--workload gsp --gsp-groups 128 --gsp-prompts 8 --capacity 2048" \
+		"--workload agent --agent-tool-len 1024 --agent-turns 12 --prefill-us 40" \
+		"--workload trace --trace-limit 1000 --capacity 65536 --replicas 6" "--workload multiturn --seed 4 --replicas 10" \
+		"--workload agent --seed 5 --ramp 1500ms" "--workload gsp --seed 6 --rate 12 --replicas 6" \
+		"--workload agent --seed 7" "--workload agent --seed 8 --replicas 10" "--workload multiturn --seed 9 --prefill-us 60" \
+		"--workload gsp --seed 10 --replicas 10 --gsp-groups 96" "--workload agent --seed 11 --agent-agents 96 --replicas 12" \
+		"--workload multiturn --seed 12 --ramp 2s --replicas 12" "--workload unique --seed 13 --prefill-us 80 --replicas 6" \
+		"--workload agent --seed 14 --agent-tool-ms 2000" "--workload trace --trace-limit 1000 --capacity 16384 --prefill-us 60" \
+		"--workload gsp --seed 15 --gsp-system-len 8192 --capacity 8192" "--workload agent --seed 16 --prefill-us 75 --ramp 4s" \
+		"--workload multiturn --seed 17 --mt-request-len 256 --mt-rounds 10"; do
+		# shellcheck disable=SC2086
+		run $a --strategies $S
+	done ;;
 share)
 	for w in gsp multiturn agent unique; do
 		run --workload $w --strategies predicted_ttft,predicted_ttft:kv_events=0
@@ -76,5 +96,5 @@ share)
 	done
 	run --workload trace --trace-limit $L --capacity 32768 --strategies predicted_ttft,predicted_ttft:kv_events=0
 	run --workload trace --trace-limit $L --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|share OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|share OUT" >&2; exit 2 ;;
 esac
