@@ -107,10 +107,12 @@ const (
 // term), under which homogeneous replicas already rank correctly: the law
 // only scales. The pick is the argmin of cost; costs within 1e-6 of the
 // minimum tie (a cold start: nothing cached, nothing pending), and among
-// the tied the least-loaded (loads, when known), then a uniform draw, wins;
-// with peers (SetPlace), the least loaded of this proxy's own share of the
-// tied first (homeTie); when the loads include other proxies' requests, the
-// less loaded of two tied targets drawn at random (tiedOfTwo).
+// the tied the lightest, then a uniform draw, wins: the least loaded
+// (loads, when known), and for a prompt no target holds any of, first the
+// one whose approximate index holds least (tieWeigher); with peers
+// (SetPlace), the lightest of this proxy's own share of the tied first
+// (homeTie); when the loads include other proxies' requests, the lighter
+// of two tied targets drawn at random (tiedOfTwo).
 //
 // Capacity: the approximate index holds, per target, at most
 // capacity_tokens(i) × indexed bytes per token / 64 chunks, where
@@ -670,9 +672,16 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		}
 	}
 	// Among the tied minimum: with peers, this proxy's own share of the
-	// targets first (homeTie); then the least loaded, then uniform; with
-	// loads partly not this balancer's own (see tiedOfTwo), the less loaded
-	// of two drawn at random.
+	// targets first (homeTie); then the lightest (see tieWeigher), then
+	// uniform; with loads partly not this balancer's own (see tiedOfTwo),
+	// the lighter of two drawn at random.
+	tw := tieWeigher{t: t, loads: loads, cold: true}
+	for _, v := range match {
+		if v > 0 {
+			tw.cold = false
+			break
+		}
+	}
 	var tbuf [MaxTargets]uint8
 	tied := tbuf[:0]
 	limit := best + tieEpsilon*max(1, best)
@@ -683,32 +692,61 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			}
 		}
 	}
-	if i, ok := t.homeTie(tied, loads); ok {
+	if i, ok := t.homeTie(tied, tw); ok {
 		return i
 	}
 	if len(loads) == t.n && rates.scale > 1 {
-		if i, ok := t.tiedOfTwo(tied, loads); ok {
+		if i, ok := t.tiedOfTwo(tied, tw); ok {
 			return i
 		}
 	}
-	pick, _ := t.leastLoaded(tied, loads, nil)
+	pick, _ := t.lightest(tied, tw, nil)
 	return pick
 }
 
-// leastLoaded returns the least loaded of the tied targets that keep
-// accepts (all when keep is nil), uniformly among equals, and its load (0
-// for all when loads are unknown); -1 when none is accepted.
-func (t *predictedTTFT) leastLoaded(tied []uint8, loads []int, keep func(int) bool) (pick, minLoad int) {
+// tieWeigher weighs tied targets against one another: by their loads (0
+// when unknown), and for a prompt no target holds any of (a new prefix) by
+// what each target's approximate index holds instead. A new prefix brings
+// the requests that will extend it, and a target's index is what the
+// traffic it already draws left there: the smallest index is the target
+// the fewest prefixes return to (SGLang's rule for a cache miss, its
+// smallest tree), where the loads are a moment's state. By loads, a new
+// group's prompts went to the replica whose first requests had all just
+// finished, and it ended with 11 of 64 groups (rolter-sim gsp
+// --parallel-prefill, imbalance 1.38). Measured in docs/routing.md (the
+// loads as a second key, for indexes of equal size, did worse).
+type tieWeigher struct {
+	t     *predictedTTFT
+	loads []int
+	cold  bool
+}
+
+// weight returns target i's weight: lighter wins.
+func (w tieWeigher) weight(i int) int64 {
+	if w.cold {
+		return int64(w.t.index.Stats(i).Chunks)
+	}
+	if len(w.loads) == w.t.n {
+		return int64(max(w.loads[i], 0))
+	}
+	return 0
+}
+
+// known reports whether weights tell targets apart: the prompt is new
+// (the index is always known), or the loads are known.
+func (w tieWeigher) known() bool { return w.cold || len(w.loads) == w.t.n }
+
+// lightest returns the lightest of the tied targets that keep accepts
+// (all when keep is nil), uniformly among equals, and its weight; -1 when
+// none is accepted.
+func (t *predictedTTFT) lightest(tied []uint8, w tieWeigher, keep func(int) bool) (pick int, minLoad int64) {
 	pick, ties := -1, 0
 	for _, c := range tied {
 		i := int(c)
 		if keep != nil && !keep(i) {
 			continue
 		}
-		l := 0
-		if len(loads) == t.n {
-			l = loads[i]
-		}
+		l := w.weight(i)
 		switch {
 		case pick < 0 || l < minLoad:
 			pick, minLoad, ties = i, l, 1
@@ -723,8 +761,8 @@ func (t *predictedTTFT) leastLoaded(tied []uint8, loads []int, keep func(int) bo
 }
 
 // homeTie breaks a tie between the tied targets when this proxy has peers
-// (SetPlace): the least loaded (then uniform) of those that are its home,
-// unless a tied target drawn at random is less loaded still. Target i is
+// (SetPlace): the lightest (then uniform) of those that are its home,
+// unless a tied target drawn at random is lighter still (see tieWeigher). Target i is
 // home to the proxy of rank i mod size, or, with fewer targets than
 // proxies, target rank mod n to rank. False when there are no peers or no
 // home target is tied (then tiedOfTwo decides).
@@ -741,7 +779,7 @@ func (t *predictedTTFT) leastLoaded(tied []uint8, loads []int, keep func(int) bo
 // the trace's buckets 0.74–0.75× of the TTFT instead of 0.68–0.70× (home
 // alone 0.79–0.82×, but agent 0.90× instead of 0.98× with its clients
 // starting over 1 s).
-func (t *predictedTTFT) homeTie(tied []uint8, loads []int) (int, bool) {
+func (t *predictedTTFT) homeTie(tied []uint8, w tieWeigher) (int, bool) {
 	p := t.place.Load()
 	rank, size := int(p>>32), int(uint32(p))
 	if size <= 1 {
@@ -751,28 +789,28 @@ func (t *predictedTTFT) homeTie(tied []uint8, loads []int) (int, bool) {
 	if t.n < size {
 		home = func(i int) bool { return i == rank%t.n }
 	}
-	pick, minLoad := t.leastLoaded(tied, loads, home)
+	pick, minWeight := t.lightest(tied, w, home)
 	if pick < 0 {
 		return -1, false
 	}
-	if len(loads) == t.n {
-		if b := int(tied[t.intn(len(tied))]); loads[b] < minLoad {
+	if w.known() {
+		if b := int(tied[t.intn(len(tied))]); w.weight(b) < minWeight {
 			return b, true
 		}
 	}
 	return pick, true
 }
 
-// tiedOfTwo returns the less loaded of two of the tied targets drawn at
-// random; false when at most two are tied (then the least loaded is the
-// same pick). It is the tie rule when the loads include other
+// tiedOfTwo returns the lighter (see tieWeigher) of two of the tied
+// targets drawn at random; false when at most two are tied (then the
+// lightest is the same pick). It is the tie rule when the loads include other
 // proxies' requests (fleetScale > 1): their counts arrive late (every load
 // interval) and miss what the peers picked in the same instant, so every
 // proxy would send its next tied pick to the same least-loaded target and
 // they would pile up there; two random choices keep most of the balance
 // and spread a burst (Mitzenmacher, "How useful is old information?",
 // 2000). Measured in docs/routing.md (several proxies).
-func (t *predictedTTFT) tiedOfTwo(tied []uint8, loads []int) (int, bool) {
+func (t *predictedTTFT) tiedOfTwo(tied []uint8, w tieWeigher) (int, bool) {
 	if len(tied) <= 2 {
 		return -1, false
 	}
@@ -781,7 +819,7 @@ func (t *predictedTTFT) tiedOfTwo(tied []uint8, loads []int) (int, bool) {
 	if b == a {
 		b = int(tied[len(tied)-1]) // the draw skipped a
 	}
-	if loads[b] < loads[a] {
+	if w.weight(b) < w.weight(a) {
 		return b, true
 	}
 	return a, true

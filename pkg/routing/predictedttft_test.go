@@ -163,10 +163,23 @@ func TestPredictedTTFTBurstSpreadsOneSharedPrefix(t *testing.T) {
 	}
 }
 
+// heldEverywhere serves prefix at each of n targets and completes it
+// there: prompts that extend it are held by every target, not new
+// prefixes, and tie on cost.
+func heldEverywhere(b routing.Balancer, n int, prefix string, clock *ttftClock) {
+	for i := range n {
+		ctx := &routing.Context{Prompt: prefix}
+		served(b, i, ctx, clock)
+		b.(routing.Learner).Learn(i, ctx, 0, time.Millisecond)
+	}
+}
+
 func TestPredictedTTFTTiesSpread(t *testing.T) {
 	clock := &ttftClock{now: time.Second}
 	b := newTTFT(t, 4, 4, clock, nil)
-	ctx := &routing.Context{Prompt: words(5, 1000)}
+	shared := words(6, 1000)
+	heldEverywhere(b, 4, shared, clock)
+	ctx := &routing.Context{Prompt: shared + words(5, 100)}
 	// Equal predictions and loads: uniform.
 	counts := make([]int, 4)
 	for range 800 {
@@ -204,7 +217,7 @@ func TestPredictedTTFTForgetsPastCapacity(t *testing.T) {
 	}{
 		{capacity: 0, wantHolder: true},         // unknown: the seed's ceiling
 		{capacity: 1_000_000, wantHolder: true}, // a large replica keeps it
-		{capacity: 2_000, wantHolder: false},    // 2,000 tokens: gone after 4 other prompts
+		{capacity: 2_000, wantHolder: false},    // 2,000 tokens: gone after 4 other prompts, new to both
 		{capacity: 20_000, wantHolder: true},    // 20,000 tokens hold all five
 	} {
 		holder := 0
@@ -222,8 +235,10 @@ func TestPredictedTTFTForgetsPastCapacity(t *testing.T) {
 		if tc.wantHolder && holder != 10 {
 			t.Errorf("capacity %d tokens: the holder won %d of 10, want all", tc.capacity, holder)
 		}
-		if !tc.wantHolder && (holder == 0 || holder == 10) {
-			t.Errorf("capacity %d tokens: the holder won %d of 10, want a spread (forgotten)", tc.capacity, holder)
+		// Forgotten, the prompt is new to both targets, and a new prefix
+		// goes to the target whose index holds less: target 1, empty.
+		if !tc.wantHolder && holder != 0 {
+			t.Errorf("capacity %d tokens: the holder won %d of 10, want none (forgotten)", tc.capacity, holder)
 		}
 	}
 }
@@ -410,12 +425,19 @@ func TestPredictedTTFTTiesWithPeersLoadsDrawTwo(t *testing.T) {
 	b := newTTFT(t, 4, 1, clock, nil)
 	// One request of this balancer's own still in flight at target 0, its
 	// first token seen: nothing pending anywhere, so fresh prompts tie.
+	shared := words(2, 400)
+	heldEverywhere(b, 4, shared, clock)
 	own := &routing.Context{Prompt: words(1, 400)}
 	served(b, 0, own, clock)
+	for i := 1; i < 4; i++ { // as many arrivals at each target, completed
+		ctx := &routing.Context{Prompt: words(uint64(10+i), 400)}
+		served(b, i, ctx, clock)
+		b.(routing.Learner).Learn(i, ctx, 0, time.Millisecond)
+	}
 	pick := func(loads []int) map[int]int {
 		got := map[int]int{}
 		for i := range 200 {
-			got[b.Pick(&routing.Context{Prompt: words(uint64(500+i), 400)}, loads, routing.All(4))]++
+			got[b.Pick(&routing.Context{Prompt: shared + words(uint64(500+i), 40)}, loads, routing.All(4))]++
 		}
 		return got
 	}
@@ -425,6 +447,40 @@ func TestPredictedTTFTTiesWithPeersLoadsDrawTwo(t *testing.T) {
 	got := pick([]int{1, 6, 6, 6})
 	if got[0] == 200 || got[0] < 60 {
 		t.Fatalf("with peers' loads: picked %v, want target 0 about half the time (when drawn) and the others otherwise", got)
+	}
+}
+
+// A prompt no target holds any of is a new prefix, and among tied targets
+// it goes to the one whose index holds least, whatever the loads: the
+// requests that will extend it return there, and the smallest index is the
+// target the fewest prefixes return to. A prompt some target holds is
+// weighed by the loads alone.
+func TestPredictedTTFTNewPrefixGoesToSmallestIndex(t *testing.T) {
+	clock := &ttftClock{now: time.Second}
+	b := newTTFT(t, 3, 1, clock, nil)
+	for target, prompts := range []int{3, 1, 2} {
+		for k := range prompts {
+			ctx := &routing.Context{Prompt: words(uint64(100*target+k), 400)}
+			served(b, target, ctx, clock)
+			b.(routing.Learner).Learn(target, ctx, 0, time.Millisecond)
+		}
+	}
+	for i := range 20 {
+		if got := b.Pick(&routing.Context{Prompt: words(uint64(1000+i), 400)}, []int{0, 5, 0}, routing.All(3)); got != 1 {
+			t.Fatalf("new prefix %d: picked %d, want 1 (the smallest index, though the most loaded)", i, got)
+		}
+	}
+	// Held by every target: the loads decide.
+	shared := words(7, 400)
+	for target := range 3 {
+		ctx := &routing.Context{Prompt: shared}
+		served(b, target, ctx, clock)
+		b.(routing.Learner).Learn(target, ctx, 0, time.Millisecond)
+	}
+	for i := range 20 {
+		if got := b.Pick(&routing.Context{Prompt: shared + words(uint64(2000+i), 40)}, []int{3, 5, 0}, routing.All(3)); got != 2 {
+			t.Fatalf("prefix held everywhere, question %d: picked %d, want 2 (the least loaded)", i, got)
+		}
 	}
 }
 
@@ -448,16 +504,19 @@ func TestPredictedTTFTTiesPreferHomeWithPeers(t *testing.T) {
 		}
 	}
 	// With loads, a tied target drawn at random takes the pick when it is
-	// less loaded than the best of the home targets.
+	// less loaded than the best of the home targets (for prompts every
+	// target holds the start of: a new prefix is weighed by the indexes).
+	shared := words(3, 400)
 	count := func(b routing.Balancer, loads []int) map[int]int {
 		got := map[int]int{}
 		for i := range 200 {
-			got[b.Pick(&routing.Context{Prompt: words(uint64(900+i), 400)}, loads, routing.All(4))]++
+			got[b.Pick(&routing.Context{Prompt: shared + words(uint64(900+i), 40)}, loads, routing.All(4))]++
 		}
 		return got
 	}
 	loaded := newTTFT(t, 4, 5, clock, nil)
 	loaded.(routing.SharedQueue).SetPlace(0, 2)
+	heldEverywhere(loaded, 4, shared, clock)
 	if got := count(loaded, []int{0, 5, 0, 5}); got[1]+got[3] != 0 || got[0] == 0 || got[2] == 0 {
 		t.Fatalf("home targets idle: picked %v, want 0 and 2 only", got)
 	}
