@@ -1000,9 +1000,7 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 	pq := peerQueue{requests: int64(max(q.Requests, 0)), tokens: int64(max(q.Tokens, 0)),
 		headTokens: int64(max(q.HeadTokens, 0)), headAt: now - max(q.HeadAge, 0), until: now + ttl}
 	if q.LeaveAge >= 0 {
-		at := int64(now - q.LeaveAge)
-		for old := t.peerLeave[target].Load(); at > old && !t.peerLeave[target].CompareAndSwap(old, at); old = t.peerLeave[target].Load() {
-		}
+		raise(&t.peerLeave[target], int64(now-q.LeaveAge))
 	}
 	t.peerMu.Lock()
 	defer t.peerMu.Unlock()
@@ -1428,7 +1426,8 @@ func (t *predictedTTFT) slotPlace(i int, loads []int) (k, s int64) {
 	return max(occupied+1-s, 0), s
 }
 
-// raise sets *a to v if v is larger and returns the larger of the two.
+// raise sets *a to v if v is larger and returns the larger of the two
+// (a maximum kept without a lock).
 func raise(a *atomic.Int64, v int64) int64 {
 	for {
 		old := a.Load()
