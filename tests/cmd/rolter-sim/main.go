@@ -25,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -363,10 +364,19 @@ func kvDelay(d time.Duration) string {
 	return d.String()
 }
 
+// formatDecisions prints the non-zero decision outcomes: the known ones in
+// a fixed order, then any other (predicted_ttft's precise and approximate)
+// sorted, so that no strategy's outcomes go unprinted.
 func formatDecisions(d map[string]uint64) string {
+	order := []string{"affinity_hit", "load_spill", "least_load", "least_warmed", "cold", "predicted", "unpredicted", "scored", "neutral"}
+	for _, k := range slices.Sorted(maps.Keys(d)) {
+		if !slices.Contains(order, k) {
+			order = append(order, k)
+		}
+	}
 	var parts []string
-	for _, k := range []string{"affinity_hit", "load_spill", "least_load", "least_warmed", "cold", "predicted", "unpredicted", "scored", "neutral"} {
-		if v, ok := d[k]; ok && v > 0 {
+	for _, k := range order {
+		if v := d[k]; v > 0 {
 			parts = append(parts, fmt.Sprintf("%s=%d", k, v))
 		}
 	}

@@ -93,7 +93,8 @@ func TestTableAndChart(t *testing.T) {
 	}
 	for _, want := range []string{"workload multiturn: 8 requests", "unbounded single-cache hit rate", "clairvoyant greedy oracle", "cache_aware", "clairvoyant (reference)", "hit %",
 		"llmd_approx_bench", "dynamo_approx",
-		"precise_cache_aware", "llmd_precise", "KV events after 50ms", "decisions precise_cache_aware: scored=8"} {
+		"precise_cache_aware", "llmd_precise", "KV events after 50ms", "decisions precise_cache_aware: scored=8",
+		"decisions predicted_ttft: precise=8"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
 		}
