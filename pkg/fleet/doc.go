@@ -20,7 +20,8 @@
 //
 // Queued prefill: a route whose balancer predicts from the prefill queued
 // at each target (predicted_ttft, routing.SharedQueue) is connected with
-// [Route.SetQueue]. Every queue interval (5 ms) the node publishes, per
+// [Route.SetQueue]. Every queue interval (5 ms), while at least one route
+// is so connected (the ticker does not run otherwise), the node publishes, per
 // target with anything pending (and once after its queue empties, or after
 // a first token there), what that balancer has pending: requests, tokens,
 // the oldest's tokens and age, and the age of its last first token there,

@@ -52,8 +52,14 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 	defer flush.Stop()
 	load := time.NewTicker(n.opts.LoadInterval)
 	defer load.Stop()
+	// The queue interval is short (5 ms), so its ticker runs only while some
+	// route's balancer shares its queue (SetQueue wakes it).
 	queues := time.NewTicker(n.opts.QueueInterval)
 	defer queues.Stop()
+	queuing := n.sharesQueues()
+	if !queuing {
+		queues.Stop()
+	}
 	// publish sends b (nil: nothing to say), counting a refusal.
 	publish := func(subj string, b []byte) {
 		if b != nil && nc.Publish(subj, b) != nil {
@@ -72,7 +78,18 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 		case <-flush.C:
 			publish(obsSubj, n.FlushObservations())
 		case <-queues.C:
-			publish(obsSubj, n.FlushQueues())
+			n.stats.queueTicks.Add(1)
+			b := n.FlushQueues()
+			publish(obsSubj, b)
+			if b == nil && !n.sharesQueues() {
+				queues.Stop()
+				queuing = false
+			}
+		case <-n.queuing:
+			if !queuing {
+				queues.Reset(n.opts.QueueInterval)
+				queuing = true
+			}
 		case now := <-load.C:
 			publish(loadSubj, n.LoadReport())
 			n.Expire(now)

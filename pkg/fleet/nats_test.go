@@ -88,6 +88,32 @@ func TestNATSDownFallsBackToOwnView(t *testing.T) {
 	}
 }
 
+// The queue ticker runs only while a route shares its queue: a node whose
+// routes share none never looks (over several load intervals), and one
+// connected later starts publishing its queue.
+func TestQueueTickerOnlyWithQueues(t *testing.T) {
+	s := natstest.Start(t)
+	now := time.Second
+	a, b := newMember(t, "a", 9), newTTFTMember(t, "b", &now)
+	runMember(t, s, a)
+	runMember(t, s, b.member)
+	eventually(t, "b hears a three times", func() bool { return b.node.Stats(time.Now()).LoadReports >= 3 })
+	if got := a.node.Stats(time.Now()).QueueTicks; got != 0 {
+		t.Fatalf("%d queue ticks on a node sharing no queue", got)
+	}
+	q, err := routing.New(routing.Spec{Strategy: routing.PredictedTTFT, Weights: []int{1, 1, 1, 1},
+		Now: func() time.Duration { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.Observe(2, &routing.Context{Prompt: strings.Repeat("a long unrelated prompt. ", 400)})
+	a.route.SetQueue(q.(routing.SharedQueue))
+	eventually(t, "a's queue reaches b", func() bool { return b.node.Stats(time.Now()).QueueReports > 0 })
+	if a.node.Stats(time.Now()).QueueTicks == 0 {
+		t.Fatal("a published its queue without a queue tick")
+	}
+}
+
 // A predicted_ttft route's queued prefill crosses NATS on the queue
 // interval: b routes around the long prefill a has queued at target 2.
 func TestQueuesOverNATS(t *testing.T) {

@@ -92,8 +92,9 @@ type Node struct {
 	obsSeq  uint64
 	loadSeq uint64
 
-	// unwarmed is signalled when a route is bound for the first time.
-	unwarmed chan struct{}
+	// unwarmed is signalled when a route is bound for the first time;
+	// queuing when a route's balancer starts sharing its queue.
+	unwarmed, queuing chan struct{}
 
 	stats counters
 }
@@ -157,6 +158,7 @@ func NewNode(o Options) *Node {
 		routes:   make(map[routeKey]*Route),
 		peers:    make(map[string]*peer),
 		unwarmed: make(chan struct{}, 1),
+		queuing:  make(chan struct{}, 1),
 	}
 }
 
@@ -216,6 +218,22 @@ func (r *Route) SetQueue(q Queue) {
 	r.queue.Store(&queueBox{q})
 	p := r.place.Load()
 	q.SetPlace(int(p>>32), max(int(uint32(p)), 1))
+	select {
+	case r.node.queuing <- struct{}{}:
+	default:
+	}
+}
+
+// sharesQueues reports whether a bound route's balancer shares its queue.
+func (n *Node) sharesQueues() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, r := range n.routes {
+		if r.queue.Load() != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // SetOwnLoad sets how the node reads its own in-flight count of a target,

@@ -30,6 +30,9 @@ type Stats struct {
 	// PublishErrors counts publishes NATS refused (connection closed);
 	// Overflow local picks dropped because a route's queue was full.
 	PublishErrors, Overflow uint64
+	// QueueTicks counts the queue intervals on which the node looked for
+	// queued prefill to publish: none while no route shares its queue.
+	QueueTicks uint64
 	// Peers is the number of peers heard within their load TTL.
 	Peers int
 	// LastHeard is when a peer was last heard from (zero: never).
@@ -42,7 +45,7 @@ type counters struct {
 	queueReports                                      atomic.Uint64
 	malformed, unknownRoute, lostBatches              atomic.Uint64
 	snapshotsServed, snapshotsApplied                 atomic.Uint64
-	publishErrors, overflow                           atomic.Uint64
+	publishErrors, overflow, queueTicks               atomic.Uint64
 }
 
 func (c *counters) published(bytes int, msg *fleetv1.Observations) {
@@ -72,6 +75,7 @@ func (n *Node) Stats(now time.Time) Stats {
 		SnapshotsApplied: n.stats.snapshotsApplied.Load(),
 		PublishErrors:    n.stats.publishErrors.Load(),
 		Overflow:         n.stats.overflow.Load(),
+		QueueTicks:       n.stats.queueTicks.Load(),
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
