@@ -16,12 +16,10 @@ import (
 // predicted_ttft. The data plane implements it over [providers.engine_load]
 // scrapes; nil means nothing is scraped.
 type EngineState interface {
-	// Waiting returns target's vllm:num_requests_waiting and whether the
-	// value is fresh.
-	Waiting(target int) (n int, ok bool)
-	// Running returns target's vllm:num_requests_running (the requests
-	// holding a batch slot) and whether the value is fresh.
-	Running(target int) (n int, ok bool)
+	// Counts returns target's vllm:num_requests_waiting and
+	// vllm:num_requests_running (the requests holding a batch slot), both
+	// of one scrape, and whether they are fresh.
+	Counts(target int) (waiting, running int, ok bool)
 	// KVCapacityTokens returns target's KV cache capacity in tokens
 	// (num_gpu_blocks × block_size of vllm:cache_config_info), 0 when not
 	// known.
@@ -569,21 +567,35 @@ func gauss(a [lawFeatures][lawFeatures]float64, b [lawFeatures]float64) ([lawFea
 	return w, true
 }
 
+// engineCounts are a target's engine counts (EngineState.Counts), read
+// once per target and pick.
+type engineCounts struct {
+	waiting, running int
+	ok               bool
+}
+
+// counts reads target i's engine counts (none without Spec.Engine).
+func (t *predictedTTFT) counts(i int) engineCounts {
+	if t.engine == nil {
+		return engineCounts{}
+	}
+	w, r, ok := t.engine.Counts(i)
+	return engineCounts{w, r, ok}
+}
+
 // features returns target i's prediction inputs for a request whose own
-// uncached prefill is own tokens.
-func (t *predictedTTFT) features(i int, own float64, tokens int, m *ttftLaw, now time.Duration) [lawFeatures]float64 {
+// uncached prefill is own tokens; c is i's engine counts.
+func (t *predictedTTFT) features(i int, own float64, tokens int, m *ttftLaw, now time.Duration, c engineCounts) [lawFeatures]float64 {
 	peers := t.peersAt(i, now)
 	aheadN := float64(t.pendCount[i].Load() + peers.requests)
 	aheadTok := max(float64(t.pendTokens[i].Load()+peers.tokens)-t.served(i, m, now, peers), 0)
-	if t.engine != nil {
-		if w, ok := t.engine.Waiting(i); ok && float64(w) > aheadN {
-			mean := float64(tokens)
-			if n := t.observes.Load(); n > 0 {
-				mean = float64(t.uncachedSum.Load()) / float64(n)
-			}
-			aheadTok += (float64(w) - aheadN) * mean
-			aheadN = float64(w)
+	if c.ok && float64(c.waiting) > aheadN {
+		mean := float64(tokens)
+		if n := t.observes.Load(); n > 0 {
+			mean = float64(t.uncachedSum.Load()) / float64(n)
 		}
+		aheadTok += (float64(c.waiting) - aheadN) * mean
+		aheadN = float64(c.waiting)
 	}
 	return [lawFeatures]float64{1, aheadN, aheadTok / 1000, max(own, 0) / 1000}
 }
@@ -648,14 +660,23 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		follow = t.followCost(&m, now, rates)
 	}
 	var wbuf [MaxTargets]float64
-	slotWait := wbuf[:t.n]
-	el = t.slotWaits(el, loads, slotWait)
+	var cbuf [MaxTargets]engineCounts
+	slotWait, counts := wbuf[:t.n], cbuf[:t.n]
+	if t.engine != nil {
+		for wi, w := range el.w {
+			for ; w != 0; w &= w - 1 {
+				i := wi*64 + bitIndex(w)
+				counts[i] = t.counts(i)
+			}
+		}
+	}
+	el = t.slotWaits(el, loads, counts, slotWait)
 	best := math.Inf(1)
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
 			i := wi*64 + bitIndex(w)
 			own := max(float64(tokens)-match[i], 0)
-			x := t.features(i, own, tokens, &m, now)
+			x := t.features(i, own, tokens, &m, now, counts[i])
 			ttft := max(0, m.predict(x))
 			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates)
 			if follow.wait > 0 {
@@ -838,9 +859,10 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	own := max(float64(tokens)-match[target], 0)
 	now := t.now()
 	m := t.law()
-	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens, &m, now), at: now,
+	c := t.counts(target)
+	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens, &m, now, c), at: now,
 		bytes: promptBytes(ctx), indexed: len(ctx.Prompt), knownTok: len(ctx.TokenIDs), blind: t.peerHeard.Load() < 0,
-		slot: t.slotWaiter(target)}
+		slot: t.slotWaiter(target, c)}
 
 	held := 0.0
 	for _, v := range match {
@@ -1360,7 +1382,7 @@ func (t *predictedTTFT) Learn(target int, _ *Context, _ int, latency time.Durati
 // --max-batch 16: TTFT mean 896 ms, p99 5,227 ms, against 236 and 4,122
 // for the best peers; 205 and 1,092 with it when it was added;
 // docs/routing.md).
-func (t *predictedTTFT) slotWaits(el Set, loads []int, wait []float64) Set {
+func (t *predictedTTFT) slotWaits(el Set, loads []int, counts []engineCounts, wait []float64) Set {
 	if t.engine == nil {
 		return el
 	}
@@ -1369,7 +1391,7 @@ func (t *predictedTTFT) slotWaits(el Set, loads []int, wait []float64) Set {
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
 			i := wi*64 + bitIndex(w)
-			k, s := t.slotPlace(i, loads)
+			k, s := t.slotPlace(i, loads, counts[i])
 			if k > 0 {
 				wait[i] = float64(k) * hold / float64(s+1)
 				free.Remove(i)
@@ -1397,15 +1419,11 @@ func (t *predictedTTFT) slotWaits(el Set, loads []int, wait []float64) Set {
 // still gets too low a limit, raised as soon as it runs more.) While all its slots run, the engine's
 // waiting requests beyond those this balancer marked are marked
 // (markWaiting).
-func (t *predictedTTFT) slotPlace(i int, loads []int) (k, s int64) {
-	if t.engine == nil {
+func (t *predictedTTFT) slotPlace(i int, loads []int, c engineCounts) (k, s int64) {
+	if !c.ok {
 		return 0, 0
 	}
-	waiting, okW := t.engine.Waiting(i)
-	running, okR := t.engine.Running(i)
-	if !okW || !okR {
-		return 0, 0
-	}
+	waiting, running := c.waiting, c.running
 	most := raise(&t.maxRunning[i], int64(running))
 	if waiting > 0 && running > 0 && !t.seenFull[i].Load() {
 		t.seenFull[i].Store(true)
@@ -1440,10 +1458,10 @@ func raise(a *atomic.Int64, v int64) int64 {
 	}
 }
 
-// slotWaiter reports whether a request sent to target now waits for a
-// batch slot.
-func (t *predictedTTFT) slotWaiter(target int) bool {
-	k, _ := t.slotPlace(target, nil)
+// slotWaiter reports whether a request sent to target now (engine counts
+// c) waits for a batch slot.
+func (t *predictedTTFT) slotWaiter(target int, c engineCounts) bool {
+	k, _ := t.slotPlace(target, nil, c)
 	return k > 0
 }
 

@@ -179,10 +179,10 @@ func TestPredictedTTFTCreditsPrefillInProgress(t *testing.T) {
 	b.Observe(0, &Context{Prompt: strings.Repeat("x", 4400)}) // 1,100 tokens
 	now += 50 * time.Millisecond
 	// 50 ms less the request's 5 ms at 50 ms per 1,000 tokens: 900 done.
-	if x := b.features(0, 0, 0, &simLaw, now); math.Abs(x[lawQueued]-0.2) > 1e-9 || x[lawAhead] != 1 {
+	if x := b.features(0, 0, 0, &simLaw, now, b.counts(0)); math.Abs(x[lawQueued]-0.2) > 1e-9 || x[lawAhead] != 1 {
 		t.Fatalf("fitted law: features %v, want 1 request and 200 tokens ahead", x)
 	}
-	if x := b.features(0, 0, 0, &b.unitLaw, now); math.Abs(x[lawQueued]-1.1) > 1e-9 {
+	if x := b.features(0, 0, 0, &b.unitLaw, now, b.counts(0)); math.Abs(x[lawQueued]-1.1) > 1e-9 {
 		t.Fatalf("unit law: features %v, want all 1,100 tokens ahead", x)
 	}
 }
@@ -196,17 +196,17 @@ func TestPredictedTTFTPeerHeadServedSinceLastLeave(t *testing.T) {
 	q := QueueState{Requests: 1, Tokens: 2000, HeadTokens: 2000, HeadAge: 100 * time.Millisecond, LeaveAge: -1}
 	b.FoldPeerQueue("peer", 0, q, time.Minute)
 	// Served since its dispatch 100 ms ago: (100 - 5) / 50 × 1,000 = 1,900.
-	if x := b.features(0, 0, 0, &simLaw, now); math.Abs(x[lawQueued]-0.1) > 1e-9 || x[lawAhead] != 1 {
+	if x := b.features(0, 0, 0, &simLaw, now, b.counts(0)); math.Abs(x[lawQueued]-0.1) > 1e-9 || x[lawAhead] != 1 {
 		t.Fatalf("head served since dispatch: features %v, want 1 request and 100 tokens ahead", x)
 	}
 	// A first token there 10 ms ago: (10 - 5) / 50 × 1,000 = 100 served.
 	q.LeaveAge = 10 * time.Millisecond
 	b.FoldPeerQueue("peer", 0, q, time.Minute)
-	if x := b.features(0, 0, 0, &simLaw, now); math.Abs(x[lawQueued]-1.9) > 1e-9 {
+	if x := b.features(0, 0, 0, &simLaw, now, b.counts(0)); math.Abs(x[lawQueued]-1.9) > 1e-9 {
 		t.Fatalf("head in service for 10 ms: features %v, want 1,900 tokens ahead", x)
 	}
 	// The other target is untouched by the peer's report.
-	if x := b.features(1, 0, 0, &simLaw, now); x[lawAhead] != 0 || x[lawQueued] != 0 {
+	if x := b.features(1, 0, 0, &simLaw, now, b.counts(1)); x[lawAhead] != 0 || x[lawQueued] != 0 {
 		t.Fatalf("target 1: features %v, want nothing ahead", x)
 	}
 }
@@ -266,9 +266,8 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 // slotEngine is an EngineState with running and waiting counts.
 type slotEngine struct{ waiting, running []int }
 
-func (e *slotEngine) Waiting(i int) (int, bool) { return e.waiting[i], true }
-func (e *slotEngine) Running(i int) (int, bool) { return e.running[i], true }
-func (e *slotEngine) KVCapacityTokens(int) int  { return 0 }
+func (e *slotEngine) Counts(i int) (int, int, bool) { return e.waiting[i], e.running[i], true }
+func (e *slotEngine) KVCapacityTokens(int) int      { return 0 }
 
 // A request sent before its target was known to be full (the first to
 // overflow it) is marked as waiting for a slot as soon as the engine shows
@@ -293,18 +292,18 @@ func TestPredictedTTFTMarksSlotWaiters(t *testing.T) {
 		t.Fatalf("engine shows it waiting: slot %v, waiters %d, busy since %d; want marked and the prefill idle",
 			b.pending[0][ctx].slot, b.slotPend[0].Load(), b.busySince[0].Load())
 	}
-	if _, got := b.slotPlace(0, nil); got != 4 {
+	if _, got := b.slotPlace(0, nil, b.counts(0)); got != 4 {
 		t.Fatalf("learned %d slots, want the 4 running", got)
 	}
-	if got, _ := b.slotPlace(1, nil); got != 0 {
+	if got, _ := b.slotPlace(1, nil, b.counts(1)); got != 0 {
 		t.Fatalf("idle target 1: place %d, want 0", got)
 	}
 	eng.running[1] = 4 // target 1, never seen full, takes target 0's limit
-	if got, _ := b.slotPlace(1, nil); got != 1 {
+	if got, _ := b.slotPlace(1, nil, b.counts(1)); got != 1 {
 		t.Fatalf("target 1 with 4 running: place %d, want 1", got)
 	}
 	eng.running[1] = 5 // running past it: not target 1's limit
-	if got, _ := b.slotPlace(1, nil); got != 0 {
+	if got, _ := b.slotPlace(1, nil, b.counts(1)); got != 0 {
 		t.Fatalf("target 1 with 5 running, none waiting: place %d, want 0", got)
 	}
 	b.FirstToken(0, ctx, 5*time.Second, 1000)
@@ -314,11 +313,11 @@ func TestPredictedTTFTMarksSlotWaiters(t *testing.T) {
 	// More run than were seen: the limit is higher. A request caught
 	// waiting for one scheduler step with slots free does not lower it.
 	eng.running[0], eng.waiting[0] = 6, 0
-	if k, s := b.slotPlace(0, nil); k != 1 || s != 6 {
+	if k, s := b.slotPlace(0, nil, b.counts(0)); k != 1 || s != 6 {
 		t.Fatalf("6 running: place %d of %d slots, want 1 of 6", k, s)
 	}
 	eng.running[0], eng.waiting[0] = 3, 1
-	if k, s := b.slotPlace(0, nil); k != 0 || s != 6 {
+	if k, s := b.slotPlace(0, nil, b.counts(0)); k != 0 || s != 6 {
 		t.Fatalf("3 running, 1 waiting: place %d of %d slots, want 0 of 6", k, s)
 	}
 }

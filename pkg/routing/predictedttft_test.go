@@ -286,18 +286,17 @@ func TestPredictedTTFTPreciseOverApproximate(t *testing.T) {
 }
 
 // fixedEngine is a routing.EngineState; a negative count is stale, and
-// without running counts none is known.
+// without running counts none is running.
 type fixedEngine struct {
 	waiting, running []int
 	capacity         int
 }
 
-func (e *fixedEngine) Waiting(i int) (int, bool) { return e.waiting[i], e.waiting[i] >= 0 }
-func (e *fixedEngine) Running(i int) (int, bool) {
-	if e.running == nil {
-		return 0, false
+func (e *fixedEngine) Counts(i int) (waiting, running int, ok bool) {
+	if e.running != nil {
+		running = e.running[i]
 	}
-	return e.running[i], e.running[i] >= 0
+	return e.waiting[i], running, e.waiting[i] >= 0 && running >= 0
 }
 func (e *fixedEngine) KVCapacityTokens(int) int { return e.capacity }
 

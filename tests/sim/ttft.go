@@ -31,18 +31,11 @@ type simEngine struct {
 	capacity         int
 }
 
-func (e *simEngine) Waiting(i int) (int, bool) {
-	if i < 0 || i >= len(e.waiting) {
-		return 0, false
+func (e *simEngine) Counts(i int) (waiting, running int, ok bool) {
+	if i < 0 || i >= len(e.waiting) || i >= len(e.running) {
+		return 0, 0, false
 	}
-	return e.waiting[i], true
-}
-
-func (e *simEngine) Running(i int) (int, bool) {
-	if i < 0 || i >= len(e.running) {
-		return 0, false
-	}
-	return e.running[i], true
+	return e.waiting[i], e.running[i], true
 }
 
 func (e *simEngine) KVCapacityTokens(int) int { return e.capacity }

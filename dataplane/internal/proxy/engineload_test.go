@@ -116,19 +116,16 @@ func TestEngineStateCounts(t *testing.T) {
 	}}
 	scraped.SetEngineWaiting(3)
 	scraped.SetEngineLoad(10, time.Now())
-	if n, ok := st.Running(0); !ok || n != 7 {
-		t.Errorf("running = %d, %v; want 7, true", n, ok)
-	}
-	if n, ok := st.Waiting(0); !ok || n != 3 {
-		t.Errorf("waiting = %d, %v; want 3, true", n, ok)
+	if w, r, ok := st.Counts(0); !ok || w != 3 || r != 7 {
+		t.Errorf("counts = %d waiting, %d running, %v; want 3, 7, true", w, r, ok)
 	}
 	for _, i := range []int{1, 2, -1} {
-		if _, ok := st.Running(i); ok {
-			t.Errorf("target %d: running reported without a scrape", i)
+		if _, _, ok := st.Counts(i); ok {
+			t.Errorf("target %d: counts reported without a scrape", i)
 		}
 	}
 	scraped.SetEngineLoad(10, time.Now().Add(-2*time.Minute))
-	if _, ok := st.Running(0); ok {
-		t.Error("stale scrape: running reported")
+	if _, _, ok := st.Counts(0); ok {
+		t.Error("stale scrape: counts reported")
 	}
 }

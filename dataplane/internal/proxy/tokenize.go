@@ -107,17 +107,11 @@ type engineState struct{ targets []target }
 
 var _ routing.EngineState = engineState{}
 
-// Waiting implements routing.EngineState.
-func (e engineState) Waiting(i int) (int, bool) {
-	_, waiting, ok := e.scraped(i)
-	return waiting, ok
-}
-
-// Running implements routing.EngineState: the engine load less its waiting
-// part (one scrape sets both).
-func (e engineState) Running(i int) (int, bool) {
+// Counts implements routing.EngineState: the waiting count, and the engine
+// load less it as the running count (one scrape sets both).
+func (e engineState) Counts(i int) (waiting, running int, ok bool) {
 	load, waiting, ok := e.scraped(i)
-	return max(load-waiting, 0), ok
+	return waiting, max(load-waiting, 0), ok
 }
 
 // scraped returns target i's scraped engine load (running + waiting) and
