@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,19 +16,8 @@ import (
 
 	"rolter.dev/pkg/kvdelta"
 	"rolter.dev/pkg/natstest"
+	"rolter.dev/pkg/porttest"
 )
-
-// freePort returns a loopback port nothing listens on (for a server the
-// test starts later on a known address).
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 const serviceDoc = `
 [[providers]]
@@ -60,8 +48,8 @@ func readyz(base string) (int, string) {
 // on the address it connects, turns ready and publishes the provider's
 // status.
 func TestServiceStartsBeforeNATS(t *testing.T) {
-	natsPort := freePort(t)
-	metrics := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	natsPort := porttest.Free(t, 1)
+	metrics := porttest.Addr(t)
 	cfg := filepath.Join(t.TempDir(), "rolter.toml")
 	if err := os.WriteFile(cfg, []byte(serviceDoc), 0o600); err != nil {
 		t.Fatal(err)

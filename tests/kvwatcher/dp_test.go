@@ -2,12 +2,12 @@ package kvwatcher_test
 
 import (
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
 	"rolter.dev/kvwatcher/app"
 	"rolter.dev/pkg/natstest"
+	"rolter.dev/pkg/porttest"
 	"rolter.dev/tests/vllmsim"
 )
 
@@ -90,7 +90,7 @@ func newRankReplica(rank int, endpoint, replay string) (*replica, error) {
 func dpRanks(t *testing.T, n int) (ranks []*dpRank, pubPort, replayPort int) {
 	t.Helper()
 	for range 50 {
-		pubPort = freeRun(t, 2*n)
+		pubPort = porttest.Free(t, 2*n)
 		replayPort = pubPort + n
 		ranks = ranks[:0]
 		ok := true
@@ -115,33 +115,4 @@ func dpRanks(t *testing.T, n int) (ranks []*dpRank, pubPort, replayPort int) {
 	}
 	t.Fatal("no free run of ports")
 	return nil, 0, 0
-}
-
-// freeRun returns the first of n consecutive ports that were free a moment
-// ago.
-func freeRun(t *testing.T, n int) int {
-	t.Helper()
-	for range 50 {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		base := ln.Addr().(*net.TCPAddr).Port
-		lns := []net.Listener{ln}
-		for i := 1; i < n; i++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
-			if err != nil {
-				break
-			}
-			lns = append(lns, l)
-		}
-		for _, l := range lns {
-			_ = l.Close()
-		}
-		if len(lns) == n {
-			return base
-		}
-	}
-	t.Fatal("no free run of ports")
-	return 0
 }

@@ -21,21 +21,10 @@ import (
 	cpapp "rolter.dev/controlplane/app"
 	"rolter.dev/kvwatcher/app"
 	"rolter.dev/pkg/natstest"
+	"rolter.dev/pkg/porttest"
 	"rolter.dev/pkg/snapcache"
 	pb "rolter.dev/proto/rolter/controlplane/v1"
 )
-
-// freeAddr returns a loopback address nothing listens on, for a server the
-// test starts later at a known address.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // startPlainControlPlane runs a plaintext control plane (embedded etcd in
 // dir) on listen; stop ends it (also at the end of the test).
@@ -96,7 +85,7 @@ type service struct {
 
 func startService(t *testing.T, o app.ServiceOptions) *service {
 	t.Helper()
-	o.MetricsListen = freeAddr(t)
+	o.MetricsListen = porttest.Addr(t)
 	o.Logger = logger()
 	o.Heartbeat = 100 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
@@ -151,7 +140,7 @@ func (s *service) waitSynced(t *testing.T, providers ...string) {
 // the control plane is down again, it watches the cached providers, and the
 // proxy keeps routing precisely on prefixes cached after the restart.
 func TestWatcherStartsBeforeNATSAndControlPlane(t *testing.T) {
-	natsAddr, cpAddr := freeAddr(t), freeAddr(t)
+	natsAddr, cpAddr := porttest.Addr(t), porttest.Addr(t)
 	cache := filepath.Join(t.TempDir(), "kvwatcher-snapshot.json")
 	opts := app.ServiceOptions{ControlPlane: cpAddr, Token: cpNodeToken, NATSURL: "nats://" + natsAddr, SnapshotCache: cache}
 	w := startService(t, opts)
@@ -234,7 +223,7 @@ func TestSnapshotCacheUnusable(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := natstest.Start(t)
-	w := startService(t, app.ServiceOptions{ControlPlane: freeAddr(t), Token: cpNodeToken, NATSURL: ns.ClientURL(), SnapshotCache: cache})
+	w := startService(t, app.ServiceOptions{ControlPlane: porttest.Addr(t), Token: cpNodeToken, NATSURL: ns.ClientURL(), SnapshotCache: cache})
 	eventually(t, "not ready for want of providers", 30*time.Second, func() bool {
 		code, body := w.get("/readyz")
 		return code == http.StatusServiceUnavailable && !strings.Contains(body, "nats") && strings.Contains(body, "no provider list")
