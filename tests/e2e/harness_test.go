@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"rolter.dev/dataplane/app"
+	"rolter.dev/pkg/porttest"
 	"rolter.dev/tests/vllmsim"
 )
 
@@ -43,7 +44,9 @@ func startReplica(t testing.TB, opts vllmsim.Options) *replica {
 		t.Fatal(err)
 	}
 	r := &replica{t: t, sim: sim}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// Below the ephemeral range, so that no port-0 bind takes the port while
+	// the replica is killed (revive listens on it again).
+	ln, err := net.Listen("tcp", porttest.Addr(t))
 	if err != nil {
 		t.Fatal(err)
 	}
