@@ -1406,7 +1406,7 @@ func (t *predictedTTFT) slotWaits(el Set, loads []int, counts []engineCounts, wa
 
 // slotPlace returns a new request's place k among those waiting for a
 // batch slot at target i (0: it would run at once) and the target's slots
-// s, learned from the engine's counts: once requests have been seen
+// s, learned from the engine's counts (c, read for this pick): once requests have been seen
 // waiting there while others ran, the most requests seen running there;
 // for a target not seen full yet, the most seen running at any target that
 // was (a fleet's replicas share their engine arguments), unless more than
