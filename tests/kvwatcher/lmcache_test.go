@@ -37,28 +37,7 @@ func TestLMCacheOccupancyMovesTraffic(t *testing.T) {
 	})
 	a, b := newReplica(t, replicaOpts{}), newReplica(t, replicaOpts{})
 	urls := serveHTTP(t, a, b)
-	cfg := fmt.Sprintf(`
-[server]
-require_auth = false
-[accounting]
-sink = "none"
-[[providers]]
-name = "vllm-a"
-kind = "openai_compatible"
-api_base = %q
-[providers.lmcache]
-endpoint = %q
-[[providers]]
-name = "vllm-b"
-kind = "openai_compatible"
-api_base = %q
-[providers.lmcache]
-endpoint = %q
-[[routes]]
-model = "m"
-strategy = "lmcache_aware"
-targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %q }]
-`, urls[0], lmA.URL, urls[1], lmB.URL, model, model)
+	cfg := twoReplicas{urls: urls, table: "lmcache", endpoints: [2]string{lmA.URL, lmB.URL}, strategy: "lmcache_aware"}.config()
 	p := startProxies(t, s, cfg, 1)[0]
 	provider := func() string {
 		resp, err := http.Post(p.URL()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"x","max_tokens":1}`))

@@ -34,34 +34,13 @@ func TestPreciseRoutingThroughTwoProxies(t *testing.T) {
 	b.waitSubscribers(t, 1)
 	urls := serveHTTP(t, a, b)
 
-	cfg := fmt.Sprintf(`
-[server]
-require_auth = false
-[accounting]
-sink = "none"
-[[providers]]
-name = "vllm-a"
-kind = "openai_compatible"
-api_base = %q
-[providers.kv_events]
-endpoint = %q
-[[providers]]
-name = "vllm-b"
-kind = "openai_compatible"
-api_base = %q
-[providers.kv_events]
-endpoint = %q
-[[routes]]
-model = "m"
-strategy = "precise_cache_aware"
-targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %q }]
-# The KV events alone decide here: a request routed before the events
-# arrived would otherwise leave a speculative copy of its prefix on the
-# wrong replica (these replicas never compute the header's tokens), tying
-# with the real one for its TTL.
-[routes.balancer]
-speculative_ttl_ms = 0
-`, urls[0], a.pub.Endpoint(), urls[1], b.pub.Endpoint(), model, model)
+	cfg := twoReplicas{urls: urls, table: "kv_events", endpoints: [2]string{a.pub.Endpoint(), b.pub.Endpoint()},
+		strategy: "precise_cache_aware",
+		// The KV events alone decide here: a request routed before the events
+		// arrived would otherwise leave a speculative copy of its prefix on the
+		// wrong replica (these replicas never compute the header's tokens), tying
+		// with the real one for its TTL.
+		tail: "[routes.balancer]\nspeculative_ttl_ms = 0\n"}.config()
 	proxies := startProxies(t, s, cfg, 2)
 
 	// Warm two different prefixes, one on each replica.
@@ -146,6 +125,31 @@ func checkPreciseRouting(t *testing.T, proxies []*dpapp.App, onA, onB []uint32) 
 			t.Fatalf("proxy %d: fewer than 20 picks scored by the KV signal", i)
 		}
 	}
+}
+
+// twoReplicas describes a proxy config with the providers vllm-a and
+// vllm-b and one route "m" over both (each target serving the replicas'
+// model).
+type twoReplicas struct {
+	urls      []string  // the providers' api_base
+	table     string    // the providers' state table: "kv_events" or "lmcache"
+	endpoints [2]string // each provider's table's endpoint
+	tableMore string    // more lines of each provider's table
+	strategy  string
+	tail      string // appended (a [routes.balancer] table)
+}
+
+// config renders c as TOML.
+func (c twoReplicas) config() string {
+	var b strings.Builder
+	b.WriteString("[server]\nrequire_auth = false\n[accounting]\nsink = \"none\"\n")
+	for i, name := range []string{"vllm-a", "vllm-b"} {
+		fmt.Fprintf(&b, "[[providers]]\nname = %q\nkind = \"openai_compatible\"\napi_base = %q\n[providers.%s]\nendpoint = %q\n%s",
+			name, c.urls[i], c.table, c.endpoints[i], c.tableMore)
+	}
+	fmt.Fprintf(&b, "[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [{ provider = \"vllm-a\", model = %q }, { provider = \"vllm-b\", model = %q }]\n%s",
+		c.strategy, model, model, c.tail)
+	return b.String()
 }
 
 // startProxies writes cfg to a file and starts n real proxies on it that

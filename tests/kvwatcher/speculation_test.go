@@ -36,30 +36,8 @@ func TestSpeculativeTTLFromConfig(t *testing.T) {
 			a.waitSubscribers(t, 1)
 			b.waitSubscribers(t, 1)
 			urls := serveHTTP(t, a, b)
-			cfg := fmt.Sprintf(`
-[server]
-require_auth = false
-[accounting]
-sink = "none"
-[[providers]]
-name = "vllm-a"
-kind = "openai_compatible"
-api_base = %q
-[providers.kv_events]
-endpoint = %q
-[[providers]]
-name = "vllm-b"
-kind = "openai_compatible"
-api_base = %q
-[providers.kv_events]
-endpoint = %q
-[[routes]]
-model = "m"
-strategy = "precise_cache_aware"
-targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %q }]
-[routes.balancer]
-speculative_ttl_ms = %d
-`, urls[0], a.pub.Endpoint(), urls[1], b.pub.Endpoint(), model, model, tc.ttlMS)
+			cfg := twoReplicas{urls: urls, table: "kv_events", endpoints: [2]string{a.pub.Endpoint(), b.pub.Endpoint()},
+				strategy: "precise_cache_aware", tail: fmt.Sprintf("[routes.balancer]\nspeculative_ttl_ms = %d\n", tc.ttlMS)}.config()
 			p := startProxies(t, s, cfg, 1)[0]
 
 			// Both replicas fresh (an applied batch each), neither holding

@@ -159,32 +159,9 @@ func TestWatcherStartsBeforeNATSAndControlPlane(t *testing.T) {
 	ns := natstest.Start(t, func(o *server.Options) { o.Port = natsPort })
 	a, b := newReplica(t, replicaOpts{}), newReplica(t, replicaOpts{})
 	urls := serveHTTP(t, a, b)
-	doc := fmt.Sprintf(`
-[server]
-require_auth = false
-[accounting]
-sink = "none"
-[[providers]]
-name = "vllm-a"
-kind = "openai_compatible"
-api_base = %q
-[providers.kv_events]
-endpoint = %q
-model = %q
-[[providers]]
-name = "vllm-b"
-kind = "openai_compatible"
-api_base = %q
-[providers.kv_events]
-endpoint = %q
-model = %q
-[[routes]]
-model = "m"
-strategy = "precise_cache_aware"
-targets = [{ provider = "vllm-a", model = %q }, { provider = "vllm-b", model = %q }]
-[routes.balancer]
-speculative_ttl_ms = 0
-`, urls[0], a.pub.Endpoint(), model, urls[1], b.pub.Endpoint(), model, model, model)
+	doc := twoReplicas{urls: urls, table: "kv_events", endpoints: [2]string{a.pub.Endpoint(), b.pub.Endpoint()},
+		tableMore: fmt.Sprintf("model = %q\n", model), strategy: "precise_cache_aware",
+		tail: "[routes.balancer]\nspeculative_ttl_ms = 0\n"}.config()
 	stopCP := startPlainControlPlane(t, cpAddr, t.TempDir())
 	applyPlain(t, cpAddr, doc)
 	w.waitSynced(t, "vllm-a", "vllm-b")
