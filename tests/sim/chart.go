@@ -2,16 +2,9 @@ package sim
 
 import (
 	"fmt"
-	"image"
 	"image/color"
-	"image/draw"
-	"image/png"
 	"io"
 	"math"
-
-	"golang.org/x/image/font"
-	"golang.org/x/image/font/basicfont"
-	"golang.org/x/image/math/fixed"
 )
 
 // Chart geometry, in pixels.
@@ -27,14 +20,13 @@ const (
 )
 
 var (
-	colBackground = color.RGBA{255, 255, 255, 255}
-	colText       = color.RGBA{20, 20, 20, 255}
-	colGrid       = color.RGBA{225, 225, 225, 255}
-	colHit        = color.RGBA{52, 120, 198, 255}
-	colRolter     = color.RGBA{214, 96, 40, 255}
-	colPeer       = color.RGBA{120, 120, 120, 255}
-	colOracle     = color.RGBA{40, 150, 80, 255}
-	colLimit      = color.RGBA{200, 30, 30, 255}
+	colText   = color.RGBA{20, 20, 20, 255}
+	colGrid   = color.RGBA{225, 225, 225, 255}
+	colHit    = color.RGBA{52, 120, 198, 255}
+	colRolter = color.RGBA{214, 96, 40, 255}
+	colPeer   = color.RGBA{120, 120, 120, 255}
+	colOracle = color.RGBA{40, 150, 80, 255}
+	colLimit  = color.RGBA{200, 30, 30, 255}
 )
 
 // WriteChart draws a PNG comparing the strategies of results (one workload):
@@ -47,17 +39,8 @@ func WriteChart(w io.Writer, title string, results []Result) error {
 	}
 	width := chartLabelW + 2*chartPanelW + chartGap + 2*chartPadding
 	height := chartTop + len(results)*chartRow + chartBottom
-	img := image.NewRGBA(image.Rect(0, 0, width, height))
-	draw.Draw(img, img.Bounds(), image.NewUniform(colBackground), image.Point{}, draw.Src)
-	face := basicfont.Face7x13
-	text := func(x, y int, s string, c color.Color) {
-		d := font.Drawer{Dst: img, Src: image.NewUniform(c), Face: face, Dot: fixed.P(x, y)}
-		d.DrawString(s)
-	}
-	textW := func(s string) int { return font.MeasureString(face, s).Round() }
-	rect := func(x0, y0, x1, y1 int, c color.Color) {
-		draw.Draw(img, image.Rect(x0, y0, x1, y1), image.NewUniform(c), image.Point{}, draw.Src)
-	}
+	cv := NewCanvas(width, height)
+	text, textW, rect := cv.Text, cv.TextWidth, cv.Rect
 
 	text(chartPadding, 18, title, colText)
 	left := chartPadding + chartLabelW
@@ -112,7 +95,7 @@ func WriteChart(w io.Writer, title string, results []Result) error {
 		rect(right, y, max(iw, right+1), y+chartBarH, c)
 		text(iw+4, y+11, fmt.Sprintf("%.2f", r.LoadImbalance), colText)
 	}
-	return png.Encode(w, img)
+	return cv.EncodePNG(w)
 }
 
 func baseName(strategy string) string {

@@ -12,18 +12,13 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"image"
 	"image/color"
-	"image/draw"
-	"image/png"
 	"io"
 	"os"
 	"slices"
 	"strings"
 
-	"golang.org/x/image/font"
-	"golang.org/x/image/font/basicfont"
-	"golang.org/x/image/math/fixed"
+	"rolter.dev/tests/sim"
 )
 
 // record is one strategy's result as rolter-sim --json prints it.
@@ -219,7 +214,6 @@ const (
 )
 
 var (
-	white  = color.RGBA{255, 255, 255, 255}
 	ink    = color.RGBA{20, 20, 20, 255}
 	grid   = color.RGBA{225, 225, 225, 255}
 	pass   = color.RGBA{190, 230, 190, 255}
@@ -256,16 +250,9 @@ func chart(w io.Writer, runs []*run) error {
 	panelH := rowH*(len(runs)+1) + panelGp
 	width := 2*pad + labelW + cellW*len(cols)
 	height := 2*pad + headH + panelH*len(panels)
-	img := image.NewRGBA(image.Rect(0, 0, width, height))
-	draw.Draw(img, img.Bounds(), image.NewUniform(white), image.Point{}, draw.Src)
-	face := basicfont.Face7x13
-	text := func(x, y int, s string) {
-		d := font.Drawer{Dst: img, Src: image.NewUniform(ink), Face: face, Dot: fixed.P(x, y)}
-		d.DrawString(s)
-	}
-	rect := func(x0, y0, x1, y1 int, c color.Color) {
-		draw.Draw(img, image.Rect(x0, y0, x1, y1), image.NewUniform(c), image.Point{}, draw.Src)
-	}
+	cv := sim.NewCanvas(width, height)
+	text := func(x, y int, s string) { cv.Text(x, y, s, ink) }
+	rect := cv.Rect
 	text(pad, pad+12, "rolter-sim: predicted_ttft against the peers (scripts/sim-ttft-grid.sh; green/red: predicted_ttft meets/misses issue 13's bound; blue: best peer)")
 	// Column headers, one strategy name per column, wrapped on ':' and '_'.
 	for c, name := range cols {
@@ -315,7 +302,7 @@ func chart(w io.Writer, runs []*run) error {
 			}
 		}
 	}
-	return png.Encode(w, img)
+	return cv.EncodePNG(w)
 }
 
 // wrap splits a strategy name into lines of at most n characters, breaking
