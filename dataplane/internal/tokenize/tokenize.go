@@ -163,7 +163,8 @@ func Decode(b []byte) ([]uint32, error) {
 
 // Client calls /tokenize and caches the answers. Safe for concurrent use.
 type Client struct {
-	http *http.Client
+	http  *http.Client
+	limit int // the cache's bound in token ids: CacheTokens
 
 	mu     sync.Mutex
 	lru    list.List // of *entry, most recent first
@@ -178,7 +179,7 @@ type entry struct {
 
 // New returns a client sending with hc.
 func New(hc *http.Client) *Client {
-	return &Client{http: hc, byKey: map[xxh3.Uint128]*list.Element{}}
+	return &Client{http: hc, limit: CacheTokens, byKey: map[xxh3.Uint128]*list.Element{}}
 }
 
 // Cached returns the ids cached for the /tokenize body tok.
@@ -229,7 +230,7 @@ func (c *Client) Tokenize(ctx context.Context, base, apiKey string, tok []byte) 
 }
 
 func (c *Client) store(k xxh3.Uint128, ids []uint32) {
-	if len(ids) > CacheTokens {
+	if len(ids) > c.limit {
 		return
 	}
 	c.mu.Lock()
@@ -239,7 +240,7 @@ func (c *Client) store(k xxh3.Uint128, ids []uint32) {
 	}
 	c.byKey[k] = c.lru.PushFront(&entry{key: k, ids: ids})
 	c.tokens += len(ids)
-	for c.tokens > CacheTokens {
+	for c.tokens > c.limit {
 		last := c.lru.Back()
 		e := last.Value.(*entry)
 		c.lru.Remove(last)

@@ -166,18 +166,30 @@ func TestClient(t *testing.T) {
 		t.Fatalf("slow engine: %v, want a deadline error", err)
 	}
 	delay.Store(0)
-	// Bounded: prompts of 1 Mi tokens each, the oldest goes first.
-	big := strings.Repeat("w ", 1<<20)
+	// Bounded (here at 64 token ids): answers of 20–25 tokens, the oldest
+	// go first; an answer larger than the bound is not kept.
+	small := tokenize.NewLimited(srv.Client(), 64)
+	if _, err := small.Tokenize(ctx, srv.URL, "k", body); err != nil {
+		t.Fatal(err)
+	}
+	words := strings.Repeat("w ", 20)
 	for i := range 6 {
-		b, _ := json.Marshal(map[string]string{"model": "m", "prompt": big + strings.Repeat("x ", i)})
-		if _, err := c.Tokenize(ctx, srv.URL, "k", b); err != nil {
+		b, _ := json.Marshal(map[string]string{"model": "m", "prompt": words + strings.Repeat("x ", i)})
+		if _, err := small.Tokenize(ctx, srv.URL, "k", b); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n, toks := c.Len(); toks > tokenize.CacheTokens || n >= 7 {
-		t.Fatalf("cache holds %d answers, %d tokens (bound %d)", n, toks, tokenize.CacheTokens)
+	if n, toks := small.Len(); n != 2 || toks != 24+25 {
+		t.Fatalf("cache holds %d answers, %d tokens (bound 64: want the newest two, 49 tokens)", n, toks)
 	}
-	if _, ok := c.Cached(body); ok {
+	if _, ok := small.Cached(body); ok {
 		t.Fatal("the oldest answer survived")
+	}
+	huge := []byte(`{"model":"m","prompt":"` + strings.Repeat("w ", 65) + `"}`)
+	if _, err := small.Tokenize(ctx, srv.URL, "k", huge); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := small.Cached(huge); ok {
+		t.Fatal("an answer larger than the whole cache was kept")
 	}
 }

@@ -1,0 +1,11 @@
+package tokenize
+
+import "net/http"
+
+// NewLimited is New with a cache bound of limit token ids instead of
+// CacheTokens, so that a test fills it with small answers.
+func NewLimited(hc *http.Client, limit int) *Client {
+	c := New(hc)
+	c.limit = limit
+	return c
+}
