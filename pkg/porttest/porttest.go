@@ -6,8 +6,9 @@
 // range, and between closing that listener and the server binding the port,
 // any other socket bound to port 0 (the test's other servers, a package
 // tested in parallel) can take it: "bind: address already in use". The ports
-// here come from below every common ephemeral range (Linux 32768–60999; BSD,
-// macOS and Windows 49152–65535), where only an explicit bind lands.
+// here come from below the ephemeral ranges of Linux (32768–60999), macOS and
+// Windows (49152–65535), where only an explicit bind lands. (FreeBSD's range
+// starts at 10000 by default: there the race stays, as rare as before.)
 package porttest
 
 import (
