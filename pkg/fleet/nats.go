@@ -122,15 +122,17 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 			warming = false
 			if again {
 				again = false
-				n.markUnwarmed()
+				signal(n.unwarmed)
 			}
 		}
 	}
 }
 
-func (n *Node) markUnwarmed() {
+// signal wakes Run's loop through ch (buffered, 1) without blocking: a
+// signal already pending stands for this one.
+func signal(ch chan struct{}) {
 	select {
-	case n.unwarmed <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }

@@ -181,10 +181,7 @@ func (n *Node) Bind(name string, layout uint64, targets int) *Route {
 	r := &Route{node: n, key: k, n: targets, peerLoad: make([]atomic.Int64, targets), reported: make([]bool, targets)}
 	n.routes[k] = r
 	n.sumLoads(r, time.Now())
-	select {
-	case n.unwarmed <- struct{}{}:
-	default:
-	}
+	signal(n.unwarmed)
 	return r
 }
 
@@ -218,10 +215,7 @@ func (r *Route) SetQueue(q Queue) {
 	r.queue.Store(&queueBox{q})
 	p := r.place.Load()
 	q.SetPlace(int(p>>32), max(int(uint32(p)), 1))
-	select {
-	case r.node.queuing <- struct{}{}:
-	default:
-	}
+	signal(r.node.queuing)
 }
 
 // sharesQueues reports whether a bound route's balancer shares its queue.
