@@ -760,7 +760,7 @@ func (w tieWeigher) known() bool { return w.cold || len(w.loads) == w.t.n }
 // lightest returns the lightest of the tied targets that keep accepts
 // (all when keep is nil), uniformly among equals, and its weight; -1 when
 // none is accepted.
-func (t *predictedTTFT) lightest(tied []uint8, w tieWeigher, keep func(int) bool) (pick int, minLoad int64) {
+func (t *predictedTTFT) lightest(tied []uint8, w tieWeigher, keep func(int) bool) (pick int, minWeight int64) {
 	pick, ties := -1, 0
 	for _, c := range tied {
 		i := int(c)
@@ -769,16 +769,16 @@ func (t *predictedTTFT) lightest(tied []uint8, w tieWeigher, keep func(int) bool
 		}
 		l := w.weight(i)
 		switch {
-		case pick < 0 || l < minLoad:
-			pick, minLoad, ties = i, l, 1
-		case l == minLoad:
+		case pick < 0 || l < minWeight:
+			pick, minWeight, ties = i, l, 1
+		case l == minWeight:
 			ties++
 			if t.intn(ties) == 0 {
 				pick = i
 			}
 		}
 	}
-	return pick, minLoad
+	return pick, minWeight
 }
 
 // homeTie breaks a tie between the tied targets when this proxy has peers
