@@ -80,6 +80,11 @@ const (
 // slotWaits), while the prefill ahead proceeds: the request's own prefill
 // (ttft_alone, ttft with nothing ahead) starts after both.
 //
+// With peers (SetPlace), a target that is not this proxy's home also costs
+// the wait behind peers' picks of the last report gap, which no report has
+// shown yet (see blindCollision), unless the cheapest targets tie (homeTie
+// breaks ties).
+//
 // pending(i) and pending_tokens(i) are the requests this balancer sent to i
 // (Observe) that have no first token yet and their uncached prefill tokens,
 // as estimated when they were sent; served(i) is what i has prefilled of
@@ -182,6 +187,13 @@ type predictedTTFT struct {
 	// place is this proxy's rank among the proxies serving the route and
 	// their number (SetPlace), packed as rank<<32 | size; size ≤ 1: alone.
 	place atomic.Uint64
+	// The peers' report gap (see blindCollision): per peer its latest
+	// report's time, the sum and count of the gaps between a peer's
+	// consecutive reports (under peerMu), and their mean (ns).
+	peerLast  map[string]time.Duration
+	gapSum    float64
+	gapN      int
+	reportGap atomic.Int64
 
 	mu        sync.Mutex
 	pending   []map[*Context]pendingPrefill
@@ -202,6 +214,14 @@ type predictedTTFT struct {
 	novelty    atomic.Uint64
 	noveltySum float64          // under mu
 	decisions  [2]atomic.Uint64 // precise, approximate
+	// The latest own arrivals' times (a ring, ns), and over the arrivals
+	// since a peer's report gap was known, Σ of the own arrivals within
+	// that gap on either side and their count (under mu); concurrent is
+	// their mean (float64 bits; see blindCollision).
+	recent           [recentArrivals]int64
+	recentN          int
+	closeSum, closeN float64
+	concurrent       atomic.Uint64
 	// Per target, the most requests the engine showed running, and whether
 	// it was seen full (requests waiting while others ran); anySlots, the
 	// most seen running at any target seen full: the batch limits (see
@@ -254,6 +274,11 @@ const maxUtilisation = 0.99
 // republishes a prompt's whole fingerprint.
 const maxUnsent = 4096
 
+// recentArrivals bounds the own arrivals kept to count those within a
+// peer's report gap (see blindCollision): a burst larger than this counts
+// as this many.
+const recentArrivals = 64
+
 var (
 	_ Balancer        = (*predictedTTFT)(nil)
 	_ TTFTObserver    = (*predictedTTFT)(nil)
@@ -277,7 +302,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		inflight:   make([]atomic.Int64, n),
 		maxRunning: make([]atomic.Int64, n), seenFull: make([]atomic.Bool, n),
 		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
-		peerQueues: map[string][]peerQueue{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
+		peerQueues: map[string][]peerQueue{}, peerLast: map[string]time.Duration{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
 		pending: make([]map[*Context]pendingPrefill, n), slotPend: make([]atomic.Int64, n),
 		unsent:  map[unsentKey][]uint64{},
 		unitLaw: ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1}, samples: PredictorMinSamples},
@@ -671,6 +696,8 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		}
 	}
 	el = t.slotWaits(el, loads, counts, slotWait)
+	rank, size := t.placeOf()
+	collision := t.blindCollision(&m, rates, size)
 	best := math.Inf(1)
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
@@ -691,6 +718,9 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			}
 			best = min(best, pred[i])
 		}
+	}
+	if collision > 0 {
+		best = t.addCollision(pred, el, best, collision, rank, size)
 	}
 	// Among the tied minimum: with peers, this proxy's own share of the
 	// targets first (homeTie); then the lightest (see tieWeigher), then
@@ -801,8 +831,7 @@ func (t *predictedTTFT) lightest(tied []uint8, w tieWeigher, keep func(int) bool
 // alone 0.79–0.82×, but agent 0.90× instead of 0.98× with its clients
 // starting over 1 s).
 func (t *predictedTTFT) homeTie(tied []uint8, w tieWeigher) (int, bool) {
-	p := t.place.Load()
-	rank, size := int(p>>32), int(uint32(p))
+	rank, size := t.placeOf()
 	if size <= 1 {
 		return -1, false
 	}
@@ -846,6 +875,109 @@ func (t *predictedTTFT) tiedOfTwo(tied []uint8, w tieWeigher) (int, bool) {
 	return a, true
 }
 
+// blindCollision is the wait a request sent now to a target that is not
+// this proxy's home (see homeTie) expects behind peers' requests that no
+// report has shown yet. A peer's pick reaches this proxy with its next
+// queue report, so for about one report gap it is invisible, and a burst
+// spread over the proxies by the L4 balancer is placed by each of them
+// blind to the others: rolter-sim's conversation trace, whose timestamps
+// come in 3 s buckets of about nine requests, waits 269 ms per request
+// behind same-instant picks of other proxies through 4 sharing proxies
+// against 42 ms through one (docs/routing.md, several proxies).
+//
+// The L4 balancer splits the traffic at random, so a peer receives within
+// a report gap of this request as many requests, on average, as this
+// proxy does besides this one (concurrent, measured over its own
+// arrivals). Those of them that no target holds any of (the novelty share
+// q) go to the peer's home targets, n / size of them; half are ahead of
+// this request. So each target that is not home expects concurrent × q ×
+// size / n / 2 requests ahead that it cannot see, each a mean service (the
+// law's per-request and queued-token weights for the mean uncached
+// prefill), and the home targets none. 0 alone, with more proxies than
+// targets, or before a peer's report gap is known.
+func (t *predictedTTFT) blindCollision(m *ttftLaw, r queueRates, size int) float64 {
+	n := t.observes.Load()
+	if size <= 1 || size > t.n || !r.started || n == 0 {
+		return 0
+	}
+	conc := loadFloat(&t.concurrent)
+	mean := float64(t.uncachedSum.Load()) / float64(n)
+	service := max(0, m.w[lawAhead]) + max(0, m.w[lawQueued])*mean/1000
+	return conc * r.q * float64(size) / float64(t.n) / 2 * service
+}
+
+// addCollision adds the blind collision wait to pred's targets that are not
+// home (target i is home to rank i mod size) and returns the new minimum,
+// unless pred's minimum best is tied: targets that cost the same are
+// already broken towards home by homeTie, which also draws a lighter one
+// at random, and that draw is what spreads new prefixes evenly (a wait
+// added to ties instead sent each proxy's new gsp groups to its own two
+// home targets: rolter-sim gsp --rate 20 through 4 proxies, imbalance 1.38
+// against 1.12).
+func (t *predictedTTFT) addCollision(pred []float64, el Set, best, collision float64, rank, size int) float64 {
+	limit := best + tieEpsilon*max(1, best)
+	tied := 0
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			if pred[wi*64+bitIndex(w)] <= limit {
+				tied++
+			}
+		}
+	}
+	if tied > 1 {
+		return best
+	}
+	best = math.Inf(1)
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			i := wi*64 + bitIndex(w)
+			if i%size != rank {
+				pred[i] += collision
+			}
+			best = min(best, pred[i])
+		}
+	}
+	return best
+}
+
+// arriveLocked counts an own arrival at now for blindCollision's
+// concurrent: the own arrivals within a peer's report gap before it, twice
+// (each such pair is within the gap of both); t.mu must be held.
+func (t *predictedTTFT) arriveLocked(now time.Duration) {
+	gap := time.Duration(t.reportGap.Load())
+	if gap <= 0 {
+		return
+	}
+	near := 0
+	for k := range min(t.recentN, recentArrivals) {
+		at := t.recent[(t.recentN-1-k)%recentArrivals]
+		if int64(now)-at >= int64(gap) {
+			break
+		}
+		near++
+	}
+	t.recent[t.recentN%recentArrivals] = int64(now)
+	t.recentN++
+	t.closeSum += 2 * float64(near)
+	t.closeN++
+	t.concurrent.Store(math.Float64bits(t.closeSum / t.closeN))
+}
+
+// gapLocked learns the peers' report gap from peer's report at now: the
+// mean time between a peer's consecutive reports, those under ttl apart (a
+// longer silence is an idle peer, not its interval); t.peerMu must be
+// held.
+func (t *predictedTTFT) gapLocked(peer string, now, ttl time.Duration) {
+	last, ok := t.peerLast[peer]
+	t.peerLast[peer] = now
+	if !ok || now <= last || now-last >= ttl {
+		return
+	}
+	t.gapSum += float64(now - last)
+	t.gapN++
+	t.reportGap.Store(int64(t.gapSum / float64(t.gapN)))
+}
+
 // Observe implements Balancer: the request joins target's pending prefill
 // and its prompt the target's approximate index.
 func (t *predictedTTFT) Observe(target int, ctx *Context) {
@@ -877,6 +1009,7 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 		t.novelty.Store(math.Float64bits(t.noveltySum))
 	}
 	t.start.CompareAndSwap(-1, int64(now))
+	t.arriveLocked(now)
 	t.arrivals[target].Add(1)
 	t.inflight[target].Add(1)
 	if old, ok := t.pending[target][ctx]; ok {
@@ -1026,6 +1159,7 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 	}
 	t.peerMu.Lock()
 	defer t.peerMu.Unlock()
+	t.gapLocked(peer, now, ttl)
 	qs := t.peerQueues[peer]
 	if qs == nil {
 		qs = make([]peerQueue, t.n)
@@ -1036,6 +1170,13 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 	}
 	qs[target] = pq
 	t.sumPeersLocked(target, now)
+}
+
+// placeOf returns this proxy's rank among the proxies serving the route and
+// their number (SetPlace; 0, 1 when alone).
+func (t *predictedTTFT) placeOf() (rank, size int) {
+	p := t.place.Load()
+	return int(p >> 32), max(int(uint32(p)), 1)
 }
 
 // SetPlace implements [SharedQueue].
@@ -1075,6 +1216,7 @@ func (t *predictedTTFT) sumPeersLocked(i int, now time.Duration) {
 			qs[i].until = -1
 			if !slices.ContainsFunc(qs, func(q peerQueue) bool { return q.until >= now }) {
 				delete(t.peerQueues, id)
+				delete(t.peerLast, id)
 			}
 			continue
 		}

@@ -321,3 +321,60 @@ func TestPredictedTTFTMarksSlotWaiters(t *testing.T) {
 		t.Fatalf("3 running, 1 waiting: place %d of %d slots, want 0 of 6", k, s)
 	}
 }
+
+// blindCollision's inputs: the peers' report gap is the mean time between
+// a peer's consecutive reports (the targets of one report are one, a
+// silence of a report's ttl or more is an idle peer), and the concurrent
+// own arrivals are, per own arrival since the gap was known, those within
+// the gap on either side. The wait is concurrent × q × size / n / 2 mean
+// services at each target that is not home.
+func TestPredictedTTFTBlindCollision(t *testing.T) {
+	now := time.Second
+	b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1, 1, 1}, Now: func() time.Duration { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := b.(*predictedTTFT)
+	const ttl = 30 * time.Millisecond
+	report := func() {
+		for target := range 4 {
+			p.FoldPeerQueue("peer", target, QueueState{LeaveAge: -1}, ttl)
+		}
+	}
+	report()
+	p.Observe(0, &Context{Prompt: strings.Repeat("a", 4000)}) // before any gap: not counted
+	now += 10 * time.Millisecond
+	report()
+	now += 6 * time.Millisecond
+	report()
+	now += time.Second // silence: not a gap
+	report()
+	if gap := time.Duration(p.reportGap.Load()); gap != 8*time.Millisecond {
+		t.Fatalf("report gap %v, want 8ms (the mean of 10 and 6 ms)", gap)
+	}
+	// Three arrivals 4 ms apart, then one alone: within 8 ms of each other
+	// are the first and second, the second and third (4 ms), not the first
+	// and third (8 ms); so 1, 2, 1 and 0 others, a mean of 1.
+	for _, step := range []time.Duration{4, 4, 100} {
+		p.Observe(1, &Context{Prompt: strings.Repeat("b", 4000)})
+		now += step * time.Millisecond
+	}
+	p.Observe(2, &Context{Prompt: strings.Repeat("c", 4000)})
+	if c := loadFloat(&p.concurrent); c != 1 {
+		t.Fatalf("concurrent %v, want 1 (pairs within the gap counted for both)", c)
+	}
+	r := queueRates{started: true, q: 0.5}
+	// simLaw: 5 ms a request, 50 per 1,000 queued tokens; the mean uncached
+	// prefill is the five prompts' 1,000 tokens less what they matched.
+	mean := float64(p.uncachedSum.Load()) / float64(p.observes.Load())
+	want := 1 * 0.5 * 2 / 4 / 2.0 * (5 + 50*mean/1000)
+	if got := p.blindCollision(&simLaw, r, 2); math.Abs(got-want) > 1e-9 {
+		t.Fatalf("blind collision %v ms, want %v", got, want)
+	}
+	if got := p.blindCollision(&simLaw, r, 1); got != 0 {
+		t.Fatalf("alone: %v, want 0", got)
+	}
+	if got := p.blindCollision(&simLaw, r, 5); got != 0 {
+		t.Fatalf("more proxies than targets: %v, want 0", got)
+	}
+}

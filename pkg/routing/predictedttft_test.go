@@ -541,3 +541,38 @@ func TestPredictedTTFTTiesPreferHomeWithPeers(t *testing.T) {
 		t.Fatalf("rank 3 of 3: picked %v, want both targets (no home)", got)
 	}
 }
+
+// With peers, a burst is placed by every proxy blind to the others' picks
+// of the same instant (they arrive with the peers' next queue report), so
+// a target that is not this proxy's home expects peers' requests ahead of
+// this one that it cannot see: a slightly better target elsewhere loses to
+// a home target while this proxy's own arrivals come in bursts (several
+// within a peer's report gap), and wins when they come one at a time.
+func TestPredictedTTFTBurstsPreferHomeWithPeers(t *testing.T) {
+	prefix := words(3, 200) // three 64-byte chunks of it are held at target 1
+	pick := func(spacing time.Duration) int {
+		clock := &ttftClock{now: time.Second}
+		b := newTTFT(t, 4, 1, clock, nil)
+		b.(routing.SharedQueue).SetPlace(0, 2) // home: 0 and 2
+		// A peer reporting every 20 ms: its picks are invisible for that long.
+		for range 2 {
+			b.(routing.SharedQueue).FoldPeerQueue("peer", 3, routing.QueueState{LeaveAge: -1}, 60*time.Millisecond)
+			clock.now += 20 * time.Millisecond
+		}
+		// Fresh prompts 2 ms apart plus spacing (fewer than the law's
+		// samples: the unit law prices them).
+		for i := range 6 {
+			served(b, i%4, &routing.Context{Prompt: words(uint64(100+i), 800)}, clock)
+			clock.now += spacing
+		}
+		served(b, 1, &routing.Context{Prompt: prefix}, clock)
+		clock.now += time.Second
+		return b.Pick(&routing.Context{Prompt: prefix + words(4, 200)}, nil, routing.All(4))
+	}
+	if got := pick(time.Second); got != 1 {
+		t.Fatalf("arrivals one at a time: picked %d, want 1 (holds the start of the prompt)", got)
+	}
+	if got := pick(0); got != 0 && got != 2 {
+		t.Fatalf("arrivals in bursts: picked %d, want a home target (0 or 2)", got)
+	}
+}
