@@ -615,9 +615,9 @@ func (t *predictedTTFT) features(i int, own float64, tokens int, m *ttftLaw, now
 	aheadN := float64(t.pendCount[i].Load() + peers.requests)
 	aheadTok := max(float64(t.pendTokens[i].Load()+peers.tokens)-t.served(i, m, now, peers), 0)
 	if c.ok && float64(c.waiting) > aheadN {
-		mean := float64(tokens)
-		if n := t.observes.Load(); n > 0 {
-			mean = float64(t.uncachedSum.Load()) / float64(n)
+		mean, ok := t.meanUncached()
+		if !ok {
+			mean = float64(tokens)
 		}
 		aheadTok += (float64(c.waiting) - aheadN) * mean
 		aheadN = float64(c.waiting)
@@ -719,9 +719,6 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			best = min(best, pred[i])
 		}
 	}
-	if collision > 0 {
-		best = t.addCollision(pred, el, best, collision, rank, size)
-	}
 	// Among the tied minimum: with peers, this proxy's own share of the
 	// targets first (homeTie); then the lightest (see tieWeigher), then
 	// uniform; with loads partly not this balancer's own (see tiedOfTwo),
@@ -734,14 +731,10 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		}
 	}
 	var tbuf [MaxTargets]uint8
-	tied := tbuf[:0]
-	limit := best + tieEpsilon*max(1, best)
-	for wi, w := range el.w {
-		for ; w != 0; w &= w - 1 {
-			if i := wi*64 + bitIndex(w); pred[i] <= limit {
-				tied = append(tied, uint8(i))
-			}
-		}
+	tied := tiedAt(pred, el, best, tbuf[:0])
+	if collision > 0 && len(tied) == 1 {
+		best = t.addCollision(pred, el, collision, rank, size)
+		tied = tiedAt(pred, el, best, tbuf[:0])
 	}
 	if i, ok := t.homeTie(tied, tw); ok {
 		return i
@@ -835,11 +828,7 @@ func (t *predictedTTFT) homeTie(tied []uint8, w tieWeigher) (int, bool) {
 	if size <= 1 {
 		return -1, false
 	}
-	home := func(i int) bool { return i%size == rank }
-	if t.n < size {
-		home = func(i int) bool { return i == rank%t.n }
-	}
-	pick, minWeight := t.lightest(tied, w, home)
+	pick, minWeight := t.lightest(tied, w, func(i int) bool { return t.isHome(i, rank, size) })
 	if pick < 0 {
 		return -1, false
 	}
@@ -896,48 +885,51 @@ func (t *predictedTTFT) tiedOfTwo(tied []uint8, w tieWeigher) (int, bool) {
 // prefill), and the home targets none. 0 alone, with more proxies than
 // targets, or before a peer's report gap is known.
 func (t *predictedTTFT) blindCollision(m *ttftLaw, r queueRates, size int) float64 {
-	n := t.observes.Load()
-	if size <= 1 || size > t.n || !r.started || n == 0 {
+	if size <= 1 || size > t.n || !r.started {
+		return 0
+	}
+	mean, ok := t.meanUncached()
+	if !ok {
 		return 0
 	}
 	conc := loadFloat(&t.concurrent)
-	mean := float64(t.uncachedSum.Load()) / float64(n)
 	service := max(0, m.w[lawAhead]) + max(0, m.w[lawQueued])*mean/1000
 	return conc * r.q * float64(size) / float64(t.n) / 2 * service
 }
 
 // addCollision adds the blind collision wait to pred's targets that are not
-// home (target i is home to rank i mod size) and returns the new minimum,
-// unless pred's minimum best is tied: targets that cost the same are
-// already broken towards home by homeTie, which also draws a lighter one
-// at random, and that draw is what spreads new prefixes evenly (a wait
-// added to ties instead sent each proxy's new gsp groups to its own two
-// home targets: rolter-sim gsp --rate 20 through 4 proxies, imbalance 1.38
-// against 1.12).
-func (t *predictedTTFT) addCollision(pred []float64, el Set, best, collision float64, rank, size int) float64 {
-	limit := best + tieEpsilon*max(1, best)
-	tied := 0
-	for wi, w := range el.w {
-		for ; w != 0; w &= w - 1 {
-			if pred[wi*64+bitIndex(w)] <= limit {
-				tied++
-			}
-		}
-	}
-	if tied > 1 {
-		return best
-	}
-	best = math.Inf(1)
+// home and returns the new minimum. Pick adds it only when pred's minimum
+// is not tied: targets that cost the same are already broken towards home
+// by homeTie, which also draws a lighter one at random, and that draw is
+// what spreads new prefixes evenly (a wait added to ties instead sent each
+// proxy's new gsp groups to its own two home targets: rolter-sim gsp --rate
+// 20 through 4 proxies, imbalance 1.38 against 1.12).
+func (t *predictedTTFT) addCollision(pred []float64, el Set, collision float64, rank, size int) float64 {
+	best := math.Inf(1)
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
 			i := wi*64 + bitIndex(w)
-			if i%size != rank {
+			if !t.isHome(i, rank, size) {
 				pred[i] += collision
 			}
 			best = min(best, pred[i])
 		}
 	}
 	return best
+}
+
+// tiedAt appends to dst the targets of el whose pred is at most best +
+// tieEpsilon × max(1, best) (a tie), and returns it.
+func tiedAt(pred []float64, el Set, best float64, dst []uint8) []uint8 {
+	limit := best + tieEpsilon*max(1, best)
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			if i := wi*64 + bitIndex(w); pred[i] <= limit {
+				dst = append(dst, uint8(i))
+			}
+		}
+	}
+	return dst
 }
 
 // arriveLocked counts an own arrival at now for blindCollision's
@@ -1172,6 +1164,16 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 	t.sumPeersLocked(target, now)
 }
 
+// isHome reports whether target i is home to the proxy of rank among size
+// (see homeTie): i mod size is rank, or with fewer targets than proxies,
+// i is rank mod the targets.
+func (t *predictedTTFT) isHome(i, rank, size int) bool {
+	if t.n < size {
+		return i == rank%t.n
+	}
+	return i%size == rank
+}
+
 // placeOf returns this proxy's rank among the proxies serving the route and
 // their number (SetPlace; 0, 1 when alone).
 func (t *predictedTTFT) placeOf() (rank, size int) {
@@ -1351,12 +1353,11 @@ func (t *predictedTTFT) followWait(i int, follow followFactors, now time.Duratio
 
 // followCost returns followWait's factors at now.
 func (t *predictedTTFT) followCost(m *ttftLaw, now time.Duration, r queueRates) followFactors {
-	n := t.observes.Load()
-	if !r.started || int64(now) <= t.start.Load() || n == 0 || r.arrivals <= 0 || m.w[lawOwn] <= 0 {
+	mean, ok := t.meanUncached()
+	if !r.started || int64(now) <= t.start.Load() || !ok || r.arrivals <= 0 || m.w[lawOwn] <= 0 {
 		return followFactors{}
 	}
 	q := max(r.q, 1/r.arrivals) // one novel request at least: the first
-	mean := float64(t.uncachedSum.Load()) / float64(n)
 	queued := max(0, m.w[lawQueued]) * mean / 1000
 	followers := (1 - q) / q
 	return followFactors{wait: followers * (max(0, m.w[lawAhead]) + queued), delay: followers * queued,
@@ -1394,6 +1395,16 @@ func (t *predictedTTFT) busyAt(i int, now time.Duration) float64 {
 		busy += float64(int64(now) - since)
 	}
 	return busy
+}
+
+// meanUncached returns the mean uncached prefill (tokens) of the requests
+// this balancer has sent, false before any.
+func (t *predictedTTFT) meanUncached() (float64, bool) {
+	n := t.observes.Load()
+	if n == 0 {
+		return 0, false
+	}
+	return float64(t.uncachedSum.Load()) / float64(n), true
 }
 
 // fleetScale is how much more traffic the targets carry than this balancer
