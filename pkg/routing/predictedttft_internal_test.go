@@ -378,3 +378,29 @@ func TestPredictedTTFTBlindCollision(t *testing.T) {
 		t.Fatalf("more proxies than targets: %v, want 0", got)
 	}
 }
+
+// A follow-up leaves the target holding its prefix only when the wait
+// there exceeds the re-prefill elsewhere twice over: once for its own
+// first token, once for the work the fleet does again (waste). Under the
+// simulator's law, with its 4,000-token prefix held by target 0 and 100
+// new tokens, the follow-up costs 210 ms on idle target 1 plus 200 ms of
+// waste; behind 6,000 queued tokens at target 0 (325 ms there) it stays,
+// behind 12,000 (625 ms) it moves.
+func TestPredictedTTFTWasteKeepsFollowUps(t *testing.T) {
+	for _, tc := range []struct {
+		queued int
+		want   int
+	}{{6000, 0}, {12000, 1}} {
+		now := time.Second
+		b := newTwoTargetTTFT(t, &now)
+		b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+		first := &Context{Prompt: strings.Repeat("a", 16000)}
+		b.Observe(0, first)
+		b.FirstToken(0, first, 200*time.Millisecond, 4000)
+		b.Observe(0, &Context{Prompt: strings.Repeat("z", 4*tc.queued)})
+		b.novelty.Store(math.Float64bits(0)) // everything repeats: no spreading for new prefixes
+		if got := b.Pick(&Context{Prompt: strings.Repeat("a", 16000) + strings.Repeat("b", 400)}, nil, Set{}); got != tc.want {
+			t.Fatalf("%d tokens queued at the holder: picked %d, want %d", tc.queued, got, tc.want)
+		}
+	}
+}
