@@ -73,7 +73,7 @@ const (
 //	ahead_tok(i) = pending_tokens(i) - served(i) + that excess × mean pending tokens
 //	own(i)       = prompt_tokens - matched(i)
 //	ttft(i)      = w0 + w1·ahead_n(i) + w2·ahead_tok(i)/1000 + w3·own(i)/1000
-//	cost(i)      = ttft(i) + externality + followWait (see each)
+//	cost(i)      = ttft(i) + externality + followWait + waste (see each)
 //	             + max(0, slot(i) + ttft_alone(i) − ttft(i))
 //
 // slot(i) is the wait for a batch slot when the engine is full (see
@@ -765,9 +765,10 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 // replica holding its conversation whenever that replica was busier for a
 // moment, and the conversation's history was prefilled again elsewhere
 // (rolter-sim trace at 131,072 blocks: 38 such moves lost 1.1 points of
-// the 27.0 % hit rate a single cache gets; docs/routing.md measures the
-// term across the grid and seeds). Zero for the holder, and until the law
-// is fitted (the unit law's weights are not milliseconds).
+// the 27.0 % hit rate a single cache gets; across the one-proxy grid it
+// lost in two ramped and open-loop agent runs, see issue 13's note). Zero
+// for the holder, and until the law is fitted (the unit law's weights are
+// not milliseconds).
 func waste(m *ttftLaw, tokens float64) float64 {
 	return max(0, m.w[lawOwn]) * max(tokens, 0) / 1000
 }
