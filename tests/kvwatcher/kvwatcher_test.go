@@ -97,6 +97,11 @@ func TestGapTriggersReplay(t *testing.T) {
 	eventually(t, "all three prefixes resident", 2*time.Second, func() bool {
 		return ix.Fresh("vllm-a") && ix.PrefixMatch("vllm-a", ids(x)) == 4 && ix.PrefixMatch("vllm-a", ids(y)) == 4 && ix.PrefixMatch("vllm-a", ids(z)) == 4
 	})
+	// The replay's batches reach the index before the replay ends (it
+	// waits for the socket to go idle) and is counted.
+	eventually(t, "the gap replay counted", 2*time.Second, func() bool {
+		return w.metric(t, "rolter_kvwatcher_replay_attempts_total", "kind", "gap") >= 1
+	})
 	if got := w.metric(t, "rolter_kvwatcher_replay_attempts_total", "kind", "gap", "result", "ok"); got != 1 {
 		t.Errorf("gap replays = %v, want 1", got)
 	}
