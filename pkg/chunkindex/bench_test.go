@@ -36,6 +36,17 @@ func BenchmarkMatch(b *testing.B) {
 	}
 }
 
+// BenchmarkSharedLen is what predicted_ttft's waste term adds to a pick
+// with a held prefix: the walk of a 4 KiB prompt whose 1 KiB system prompt
+// its target's other prompts continue differently.
+func BenchmarkSharedLen(b *testing.B) {
+	x, prompts := benchIndex(b)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		x.SharedLen(prompts[i%len(prompts)])
+	}
+}
+
 // BenchmarkObserveKnown is the observe of a prompt the target already holds
 // (the common case in multi-turn traffic): hashing and LRU touches.
 func BenchmarkObserveKnown(b *testing.B) {

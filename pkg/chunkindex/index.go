@@ -16,10 +16,13 @@ const ChunkBytes = 64
 // limit in rolter.dev/pkg/routing).
 const MaxTargets = 256
 
-// seed starts every chain; tailMark tells a tail hash from a full chunk's.
+// seed starts every chain; tailMark tells a tail hash from a full chunk's;
+// forked marks a chunk seen followed by two different chunks (a hash of
+// that value is merely never recorded as a successor).
 const (
 	seed     uint64 = 0x726f6c7465722e63 // "rolter.c"
 	tailMark uint64 = 0x9e3779b97f4a7c15
+	forked   uint64 = ^uint64(0)
 )
 
 // Hashes appends prompt's fingerprint (see the package doc) to dst.
@@ -46,8 +49,13 @@ type Stats struct {
 // Index holds, per target, a bounded LRU set of prefix hashes. See the
 // package doc.
 type Index struct {
-	mu       sync.RWMutex
-	holders  map[uint64]set // which targets hold a hash
+	mu      sync.RWMutex
+	holders map[uint64]set // which targets hold a hash
+	// next has, for a full chunk's hash this index observed a full chunk
+	// after, that successor's hash, or forked once two different ones
+	// were seen: where prompts part (see SharedLen). Kept as long as
+	// some target holds the hash.
+	next     map[uint64]uint64
 	targets  []target
 	capacity int
 }
@@ -79,7 +87,7 @@ type entry struct {
 // unbounded (and nothing is ever republished).
 func New(targets, capacity int) *Index {
 	targets = min(max(targets, 0), MaxTargets)
-	x := &Index{holders: make(map[uint64]set), targets: make([]target, targets), capacity: max(capacity, 0)}
+	x := &Index{holders: make(map[uint64]set), next: make(map[uint64]uint64), targets: make([]target, targets), capacity: max(capacity, 0)}
 	for i := range x.targets {
 		x.targets[i] = target{slots: make(map[uint64]int32), capacity: x.capacity}
 	}
@@ -187,13 +195,29 @@ func (x *Index) Observe(tgt int, prompt string, publish []uint64) []uint64 {
 	t := &x.targets[tgt]
 	h, off := seed, 0
 	for ; off+ChunkBytes <= len(prompt); off += ChunkBytes {
+		prev := h
 		h = xxh3.HashStringSeed(prompt[off:off+ChunkBytes], h)
+		if off > 0 {
+			x.follow(prev, h)
+		}
 		publish = x.observeOne(tgt, t, h, publish)
 	}
 	if off < len(prompt) {
 		publish = x.observeOne(tgt, t, xxh3.HashStringSeed(prompt[off:], h^tailMark), publish)
 	}
 	return publish
+}
+
+// follow records that full chunk h came after full chunk prev (the tail
+// is not a successor: a conversation's next turn extends its last turn's
+// tail into a full chunk, which is no fork). The write lock must be held.
+func (x *Index) follow(prev, h uint64) {
+	switch v, ok := x.next[prev]; {
+	case !ok:
+		x.next[prev] = h
+	case v != h && v != forked:
+		x.next[prev] = forked
+	}
 }
 
 // observeOne records hash h for target t (index tgt) and appends it to
@@ -229,6 +253,31 @@ func (x *Index) Fold(tgt int, hashes []uint64) {
 		}
 		x.insert(tgt, h)
 	}
+}
+
+// SharedLen returns the number of leading bytes of prompt up to the end of
+// its last full chunk that the observed prompts continued in two different
+// ways: the part of prompt that other requests share, such as a system
+// prompt many sessions start with, as opposed to what only one line of
+// requests extends (a conversation's history). It walks prompt's chunks
+// while this index knows them, takes the read lock and does not allocate.
+// Peers' folded hashes carry no order and teach it nothing.
+func (x *Index) SharedLen(prompt string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	shared := 0
+	h := seed
+	for off := 0; off+ChunkBytes <= len(prompt); off += ChunkBytes {
+		h = xxh3.HashStringSeed(prompt[off:off+ChunkBytes], h)
+		v, ok := x.next[h]
+		if !ok {
+			break
+		}
+		if v == forked {
+			shared = off + ChunkBytes
+		}
+	}
+	return shared
 }
 
 // Export appends target's hashes to dst, oldest first, newest last; at most
@@ -291,6 +340,7 @@ func (x *Index) evict(tgt int, t *target) {
 		hs.remove(tgt)
 		if hs.empty() {
 			delete(x.holders, oh)
+			delete(x.next, oh)
 		} else {
 			x.holders[oh] = hs
 		}

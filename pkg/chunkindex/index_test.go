@@ -252,3 +252,45 @@ func TestMatchDoesNotAllocate(t *testing.T) {
 		t.Fatalf("Match allocates %.1f times", a)
 	}
 }
+
+// SharedLen ends at the last chunk two observed prompts continued
+// differently: a system prompt two sessions start with is shared, one
+// conversation's history, each turn extending the last, is not.
+func TestSharedLenStopsWherePromptsPart(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	system := text(rng, 4*chunkindex.ChunkBytes)
+	turn1 := system + text(rng, 3*chunkindex.ChunkBytes+10) // ends in a tail chunk
+	turn2 := turn1 + text(rng, 2*chunkindex.ChunkBytes)     // extends turn1's tail into full chunks
+	x := chunkindex.New(2, 0)
+	x.Observe(0, turn1, nil)
+	x.Observe(0, turn2, nil)
+	if got := x.SharedLen(turn2 + "next"); got != 0 {
+		t.Fatalf("one conversation: shared %d bytes, want 0 (a history nobody else extends)", got)
+	}
+	other := system + text(rng, 2*chunkindex.ChunkBytes)
+	x.Observe(1, other, nil)
+	if got, want := x.SharedLen(turn2+"next"), len(system); got != want {
+		t.Fatalf("two sessions: shared %d bytes, want the system prompt's %d", got, want)
+	}
+	if got := x.SharedLen(text(rng, 3*chunkindex.ChunkBytes)); got != 0 {
+		t.Fatalf("unseen prompt: shared %d bytes, want 0", got)
+	}
+}
+
+// What SharedLen knows goes with the last holder of a chunk.
+func TestSharedLenForgetsEvicted(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	system := text(rng, 2*chunkindex.ChunkBytes)
+	a := system + text(rng, chunkindex.ChunkBytes)
+	b := system + text(rng, chunkindex.ChunkBytes)
+	x := chunkindex.New(1, 0)
+	x.Observe(0, a, nil)
+	x.Observe(0, b, nil)
+	if got := x.SharedLen(a); got != len(system) {
+		t.Fatalf("shared %d bytes, want %d", got, len(system))
+	}
+	x.SetCapacity(0, 1) // keeps only the newest hash: b's last chunk
+	if got := x.SharedLen(a); got != 0 {
+		t.Fatalf("after eviction: shared %d bytes, want 0", got)
+	}
+}

@@ -698,12 +698,15 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	el = t.slotWaits(el, loads, counts, slotWait)
 	rank, size := t.placeOf()
 	collision := t.blindCollision(&m, rates, size)
-	held := 0.0 // the longest prefix an eligible target holds (see waste)
+	held, shared := 0.0, 0.0 // the longest prefix an eligible target holds, and its shared part (see waste)
 	if fitted {
 		for wi, w := range el.w {
 			for ; w != 0; w &= w - 1 {
 				held = max(held, match[wi*64+bitIndex(w)])
 			}
+		}
+		if held > 0 && ctx.Prompt != "" {
+			shared = float64(t.index.SharedLen(ctx.Prompt)) * float64(tokens) / float64(promptBytes(ctx))
 		}
 	}
 	best := math.Inf(1)
@@ -713,7 +716,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			own := max(float64(tokens)-match[i], 0)
 			x := t.features(i, own, tokens, &m, now, counts[i])
 			ttft := max(0, m.predict(x))
-			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-match[i])
+			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-max(match[i], shared))
 			if follow.wait > 0 {
 				pred[i] += t.followWait(i, follow, now)
 			}
@@ -757,16 +760,21 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 }
 
 // waste is the price of re-prefilling tokens of a prefix another eligible
-// target already holds: the work itself, at the law's own-work rate, once.
-// The request's own TTFT already pays for that prefill (own(i)), but the
-// fleet pays for it too: it is GPU time no placement needed, which the
-// requests queued behind it wait for, and a second copy of the prefix that
-// displaces other prefixes from the cache. Without it a follow-up left the
-// replica holding its conversation whenever that replica was busier for a
-// moment, and the conversation's history was prefilled again elsewhere
-// (rolter-sim trace at 131,072 blocks: 38 such moves lost 1.1 points of
-// the 27.0 % hit rate a single cache gets; across the one-proxy grid it
-// lost in two ramped and open-loop agent runs, see issue 13's note). Zero
+// target already holds and no other request shares: the work itself, at
+// the law's own-work rate, once. The request's own TTFT already pays for
+// that prefill (own(i)), but the fleet pays for it too: it is GPU time no
+// placement needed, which the requests queued behind it wait for, and a
+// second copy that displaces other prefixes from the cache while the first
+// goes unused. Without it a follow-up left the replica holding its
+// conversation whenever that replica was busier for a moment, and the
+// conversation's history was prefilled again elsewhere (rolter-sim trace
+// at 131,072 blocks: 38 such moves lost 1.1 points of the 27.0 % hit rate a
+// single cache gets). The tokens counted stop at the part other requests
+// share (where the approximate index saw prompts part, Index.SharedLen): a
+// copy of a system prompt many sessions start with is replication the
+// fleet needs to spread them, and charging it piled sessions arriving one
+// by one onto the first holders (agents with a 2 s client ramp at 16
+// replicas: TTFT mean 123 -> 178 ms). Measured in docs/routing.md. Zero
 // for the holder, and until the law is fitted (the unit law's weights are
 // not milliseconds).
 func waste(m *ttftLaw, tokens float64) float64 {

@@ -404,3 +404,31 @@ func TestPredictedTTFTWasteKeepsFollowUps(t *testing.T) {
 		}
 	}
 }
+
+// A prefix other requests share is not waste: copying a system prompt
+// that two sessions started with lets the next session spread. As in the
+// test above (6,000 tokens queued at the holder, 325 ms there, 210 ms on
+// the idle target), a request whose 4,000-token prefix only its own
+// earlier turn sent stays with the holder; one whose prefix two sessions
+// continued differently moves to the idle target.
+func TestPredictedTTFTWasteSparesSharedPrefix(t *testing.T) {
+	system := strings.Repeat("a", 16000)
+	for _, tc := range []struct {
+		sessions []string
+		want     int
+	}{{[]string{""}, 0}, {[]string{strings.Repeat("x", 128), strings.Repeat("y", 128)}, 1}} {
+		now := time.Second
+		b := newTwoTargetTTFT(t, &now)
+		b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+		for _, s := range tc.sessions {
+			c := &Context{Prompt: system + s}
+			b.Observe(0, c)
+			b.FirstToken(0, c, 200*time.Millisecond, len(c.Prompt)/4)
+		}
+		b.Observe(0, &Context{Prompt: strings.Repeat("z", 4*6000)})
+		b.novelty.Store(math.Float64bits(0))
+		if got := b.Pick(&Context{Prompt: system + strings.Repeat("b", 400)}, nil, Set{}); got != tc.want {
+			t.Fatalf("%d sessions on the prefix: picked %d, want %d", len(tc.sessions), got, tc.want)
+		}
+	}
+}
