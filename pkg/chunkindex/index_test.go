@@ -294,3 +294,33 @@ func TestSharedLenForgetsEvicted(t *testing.T) {
 		t.Fatalf("after eviction: shared %d bytes, want 0", got)
 	}
 }
+
+// FuzzSharedLen: for any two prompts observed, SharedLen is a whole number
+// of chunks within the prompt, and two prompts that part after a common
+// run of full chunks, each with a full chunk after it, share that run.
+func FuzzSharedLen(f *testing.F) {
+	f.Add(strings.Repeat("s", 3*chunkindex.ChunkBytes)+strings.Repeat("a", 70), strings.Repeat("s", 3*chunkindex.ChunkBytes)+strings.Repeat("b", 64))
+	f.Add("", "x")
+	f.Add(strings.Repeat("q", 200), strings.Repeat("q", 200))
+	f.Fuzz(func(t *testing.T, a, b string) {
+		x := chunkindex.New(2, 0)
+		x.Observe(0, a, nil)
+		x.Observe(1, b, nil)
+		for _, p := range []string{a, b} {
+			n := x.SharedLen(p)
+			if n < 0 || n > len(p) || n%chunkindex.ChunkBytes != 0 {
+				t.Fatalf("SharedLen = %d for a %d-byte prompt", n, len(p))
+			}
+		}
+		common := 0
+		for common < min(len(a), len(b)) && a[common] == b[common] {
+			common++
+		}
+		common -= common % chunkindex.ChunkBytes
+		if common > 0 && len(a) >= common+chunkindex.ChunkBytes && len(b) >= common+chunkindex.ChunkBytes {
+			if got := x.SharedLen(a); got < common {
+				t.Fatalf("prompts parting after %d bytes: SharedLen = %d", common, got)
+			}
+		}
+	})
+}
