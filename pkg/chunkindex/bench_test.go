@@ -8,10 +8,13 @@ import (
 )
 
 // benchIndex holds 8 targets, each sent 200 prompts of 4 KiB that share a
-// 1 KiB system prompt per target.
-func benchIndex(b *testing.B) (*chunkindex.Index, []string) {
+// 1 KiB system prompt per target; forks: with TrackForks.
+func benchIndex(b *testing.B, forks bool) (*chunkindex.Index, []string) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	x := chunkindex.New(8, 1_000_000/chunkindex.ChunkBytes)
+	if forks {
+		x.TrackForks()
+	}
 	var prompts []string
 	for t := range 8 {
 		sys := text(rng, 1024)
@@ -28,7 +31,7 @@ func benchIndex(b *testing.B) (*chunkindex.Index, []string) {
 // BenchmarkMatch is the cost a shared index adds to a cache_aware pick: a
 // 4 KiB prompt fully held by one target.
 func BenchmarkMatch(b *testing.B) {
-	x, prompts := benchIndex(b)
+	x, prompts := benchIndex(b, false)
 	lens := make([]int, 8)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
@@ -40,7 +43,7 @@ func BenchmarkMatch(b *testing.B) {
 // with a held prefix: the walk of a 4 KiB prompt whose 1 KiB system prompt
 // its target's other prompts continue differently.
 func BenchmarkSharedLen(b *testing.B) {
-	x, prompts := benchIndex(b)
+	x, prompts := benchIndex(b, true)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		x.SharedLen(prompts[i%len(prompts)])
@@ -50,7 +53,7 @@ func BenchmarkSharedLen(b *testing.B) {
 // BenchmarkObserveKnown is the observe of a prompt the target already holds
 // (the common case in multi-turn traffic): hashing and LRU touches.
 func BenchmarkObserveKnown(b *testing.B) {
-	x, prompts := benchIndex(b)
+	x, prompts := benchIndex(b, false)
 	buf := make([]uint64, 0, 128)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {

@@ -26,8 +26,9 @@
 // target holds. The walk stops at the first chunk no target holds, so a
 // match costs one hash and one map lookup per matched chunk.
 //
-// It also remembers, per held hash, the chunk that followed it in the
-// prompts this proxy observed, or that two different ones did:
+// With [Index.TrackForks] it also remembers, per held hash, the chunk that
+// followed it in the prompts this proxy observed, or that two different
+// ones did:
 // [Index.SharedLen] is the part of a prompt other requests share (up to
 // the last such fork), as opposed to what one line of requests extends.
 // Peers' hashes carry no order, so only local observations teach it.

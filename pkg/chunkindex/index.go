@@ -54,7 +54,7 @@ type Index struct {
 	// next has, for a full chunk's hash this index observed a full chunk
 	// after, that successor's hash, or forked once two different ones
 	// were seen: where prompts part (see SharedLen). Kept as long as
-	// some target holds the hash.
+	// some target holds the hash; nil unless TrackForks was called.
 	next     map[uint64]uint64
 	targets  []target
 	capacity int
@@ -87,7 +87,7 @@ type entry struct {
 // unbounded (and nothing is ever republished).
 func New(targets, capacity int) *Index {
 	targets = min(max(targets, 0), MaxTargets)
-	x := &Index{holders: make(map[uint64]set), next: make(map[uint64]uint64), targets: make([]target, targets), capacity: max(capacity, 0)}
+	x := &Index{holders: make(map[uint64]set), targets: make([]target, targets), capacity: max(capacity, 0)}
 	for i := range x.targets {
 		x.targets[i] = target{slots: make(map[uint64]int32), capacity: x.capacity}
 	}
@@ -208,10 +208,24 @@ func (x *Index) Observe(tgt int, prompt string, publish []uint64) []uint64 {
 	return publish
 }
 
+// TrackForks makes the index remember where observed prompts part, for
+// SharedLen; an index that never calls it pays nothing for that (a map
+// entry per held chunk and a lookup per observed chunk).
+func (x *Index) TrackForks() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.next == nil {
+		x.next = make(map[uint64]uint64)
+	}
+}
+
 // follow records that full chunk h came after full chunk prev (the tail
 // is not a successor: a conversation's next turn extends its last turn's
 // tail into a full chunk, which is no fork). The write lock must be held.
 func (x *Index) follow(prev, h uint64) {
+	if x.next == nil {
+		return
+	}
 	switch v, ok := x.next[prev]; {
 	case !ok:
 		x.next[prev] = h
@@ -259,7 +273,8 @@ func (x *Index) Fold(tgt int, hashes []uint64) {
 // its last full chunk that the observed prompts continued in two different
 // ways: the part of prompt that other requests share, such as a system
 // prompt many sessions start with, as opposed to what only one line of
-// requests extends (a conversation's history). It walks prompt's chunks
+// requests extends (a conversation's history); 0 unless TrackForks was
+// called before the prompts were observed. It walks prompt's chunks
 // while this index knows them, takes the read lock and does not allocate.
 // Peers' folded hashes carry no order and teach it nothing.
 func (x *Index) SharedLen(prompt string) int {

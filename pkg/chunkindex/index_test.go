@@ -262,6 +262,7 @@ func TestSharedLenStopsWherePromptsPart(t *testing.T) {
 	turn1 := system + text(rng, 3*chunkindex.ChunkBytes+10) // ends in a tail chunk
 	turn2 := turn1 + text(rng, 2*chunkindex.ChunkBytes)     // extends turn1's tail into full chunks
 	x := chunkindex.New(2, 0)
+	x.TrackForks()
 	x.Observe(0, turn1, nil)
 	x.Observe(0, turn2, nil)
 	if got := x.SharedLen(turn2 + "next"); got != 0 {
@@ -275,6 +276,13 @@ func TestSharedLenStopsWherePromptsPart(t *testing.T) {
 	if got := x.SharedLen(text(rng, 3*chunkindex.ChunkBytes)); got != 0 {
 		t.Fatalf("unseen prompt: shared %d bytes, want 0", got)
 	}
+	untracked := chunkindex.New(2, 0)
+	for i, p := range []string{turn1, turn2, other} {
+		untracked.Observe(i%2, p, nil)
+	}
+	if got := untracked.SharedLen(turn2 + "next"); got != 0 {
+		t.Fatalf("index without TrackForks: shared %d bytes, want 0", got)
+	}
 }
 
 // What SharedLen knows goes with the last holder of a chunk.
@@ -284,6 +292,7 @@ func TestSharedLenForgetsEvicted(t *testing.T) {
 	a := system + text(rng, chunkindex.ChunkBytes)
 	b := system + text(rng, chunkindex.ChunkBytes)
 	x := chunkindex.New(1, 0)
+	x.TrackForks()
 	x.Observe(0, a, nil)
 	x.Observe(0, b, nil)
 	if got := x.SharedLen(a); got != len(system) {
@@ -304,6 +313,7 @@ func FuzzSharedLen(f *testing.F) {
 	f.Add(strings.Repeat("q", 200), strings.Repeat("q", 200))
 	f.Fuzz(func(t *testing.T, a, b string) {
 		x := chunkindex.New(2, 0)
+		x.TrackForks()
 		x.Observe(0, a, nil)
 		x.Observe(1, b, nil)
 		for _, p := range []string{a, b} {

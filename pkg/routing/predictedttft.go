@@ -325,6 +325,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	t.peerHeard.Store(-1)
 	t.bytesPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.indexedPerToken.Store(math.Float64bits(DefaultBytesPerToken))
+	t.index.TrackForks() // for waste's shared part
 	t.refreshCapacity()
 	return t
 }
@@ -340,6 +341,12 @@ func promptBytes(ctx *Context) int {
 		return ctx.PromptLen
 	}
 	return len(ctx.Prompt)
+}
+
+// tokensPerByte converts a length of ctx's prompt text to tokens, at the
+// request's own ratio; ctx.Prompt must not be empty.
+func tokensPerByte(ctx *Context, tokens int) float64 {
+	return float64(tokens) / float64(promptBytes(ctx))
 }
 
 // tokens estimates the request's prompt tokens.
@@ -375,7 +382,7 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 	var lbuf [MaxTargets]int
 	lens := lbuf[:t.n]
 	t.index.Match(ctx.Prompt, lens)
-	scale := float64(tokens) / float64(promptBytes(ctx))
+	scale := tokensPerByte(ctx, tokens)
 	for i, l := range lens {
 		match[i] = min(float64(l)*scale, float64(tokens))
 	}
@@ -706,7 +713,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			}
 		}
 		if held > 0 && ctx.Prompt != "" {
-			shared = float64(t.index.SharedLen(ctx.Prompt)) * float64(tokens) / float64(promptBytes(ctx))
+			shared = float64(t.index.SharedLen(ctx.Prompt)) * tokensPerByte(ctx, tokens)
 		}
 	}
 	best := math.Inf(1)
