@@ -75,16 +75,17 @@ func firstMin(loads []int) int {
 // ---------------------------------------------------------------- SGLang
 
 // SGLang's cache-aware router defaults, as its launcher passes them
-// (sgl-project/sglang sgl-model-gateway/bindings/python/sglang_router/
-// router_args.py: cache_threshold 0.3, balance_abs_threshold 64,
-// balance_rel_threshold 1.5, eviction_interval_secs 120, max_tree_size
-// 2**26). The algorithm is sgl-model-gateway/src/policies/cache_aware.rs
+// (sgl-project/sglang sgl-model-gateway/bindings/python/src/sglang_router/
+// router_args.py, read at commit 05e589ad: cache_threshold 0.3,
+// balance_abs_threshold 64, balance_rel_threshold 1.5,
+// eviction_interval_secs 60 (120 before the package moved under src/),
+// max_tree_size 2**26). The algorithm is sgl-model-gateway/src/policies/cache_aware.rs
 // (read at commit 053b63ff), the tree src/policies/tree.rs (03744dbe).
 const (
 	sglangCacheThreshold = 0.3
 	sglangBalanceAbs     = 64
 	sglangBalanceRel     = 1.5
-	sglangEvictInterval  = 120 * time.Second
+	sglangEvictInterval  = 60 * time.Second
 	sglangMaxTreeSize    = 1 << 26 // characters per worker
 )
 
@@ -93,7 +94,7 @@ const (
 // whose character radix tree shares the longest prefix with the request text
 // when matched/len > 0.3, otherwise the least-loaded worker. The text is
 // inserted into the chosen worker's tree either way. The tree grows without
-// bound between eviction passes; every 120 s each worker holding more than
+// bound between eviction passes; every 60 s each worker holding more than
 // 2^26 characters loses its least recently used entries down to 2^26
 // (cache_aware.rs's eviction thread, Tree::evict_tenant_by_size).
 //
@@ -107,7 +108,7 @@ const (
 // SGLang removes least recently used leaves, which differ only in how much
 // of a shared path survives. Among workers tied on the longest match one is
 // drawn at random (SGLang returns the deepest node's last tenant). The pass
-// runs at the first pick after each 120 s tick of the virtual clock.
+// runs at the first pick after each 60 s tick of the virtual clock.
 type sglang struct {
 	n         int
 	tree      *prefixtree.Tree
@@ -175,21 +176,31 @@ func (s *sglang) Observe(target int, _ *Flight, _ *View) {
 
 // ---------------------------------------------------------------- llm-d
 
-// llm-d / gateway-api-inference-extension (GIE) v1.5.0, the version
-// llm-d-inference-scheduler v0.8.0 builds on (its go.mod). The approximate
-// prefix-cache producer (pkg/epp/framework/plugins/requestcontrol/
-// dataproducer/approximateprefix/types.go, plugin.go, hashing.go): 4
-// characters per token, at most 256 blocks, and with autoTune (on by
-// default) the block size and the LRU capacity per server taken from the
-// engine's metrics: its cache block size (16 tokens here, so 64-character
-// blocks) and its number of GPU blocks (Env.CapacityBlocks) instead of the
-// fallbacks 16 tokens and 31,250 entries. Metrics are refreshed every 50 ms
-// (pkg/epp/server/options.go, --refresh-metrics-interval).
+// llm-d's scheduler as its current release ships it: llm-d-router v0.10.0
+// (the endpoint picker moved there from gateway-api-inference-extension,
+// whose v1.6.0 README points to it; llm-d-inference-scheduler was renamed
+// llm-d-router after v0.8.0). The approximate prefix-cache producer
+// (pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/
+// types.go, plugin.go; prefixhash/hashing.go) hashes the request's token ids
+// in blocks; with no tokenizer configured (the chart configures none) the
+// auto-created `estimate` token producer (.../dataproducer/tokenizer/
+// estimate.go) packs the request's bytes into pseudo-tokens of 4 bytes
+// (zero-padded), a chat request's bytes being each message's role followed
+// by its content, no separators. The block size is the engine's cache block
+// size read from its metrics (autoTune, on by default), raised to
+// minBlockSizeTokens (64): 256 bytes per block here. The last, partial block
+// is hashed too. Matching stops at defaultMaxPrefixTokens (131,072) / block
+// size blocks. Each server's LRU holds as many block entries as the engine
+// reports GPU blocks (autoTune's CacheNumBlocks; 31,250 without it), so with
+// 16-token engine blocks it remembers four times what the engine holds.
+// Metrics are refreshed every 50 ms (--refresh-metrics-interval).
 const (
 	llmdCharsPerToken   = 4
-	llmdMaxBlocks       = 256
+	llmdMinBlockTokens  = 64
+	llmdMaxPrefixTokens = 131072
 	llmdRefreshInterval = 50 * time.Millisecond
 	llmdRequestTimeout  = 2 * time.Minute // active-request scorer's stale-request timeout
+	llmdChainSeed       = "sim"           // the model name seeds the chain
 )
 
 // llmdWeights are an llm-d scheduling profile's scorer weights (prefix:
@@ -201,11 +212,13 @@ type llmdWeights struct {
 	lruBlocks                      int // approximate: LRU entries per server; 0: autoTune
 }
 
-// shippedLLMDApproxWeights is the default profile of GIE's inferencepool
-// chart (v1.5.0 config/charts/epplib/templates/_config.yaml, the former
-// inferencepool/templates/epp-config.yaml: queue-scorer 2,
-// kv-cache-utilization-scorer 2, prefix-cache-scorer 3), which llm-d's
-// inference-scheduling guide deploys unchanged (llm-d/llm-d
+// shippedLLMDApproxWeights is the default profile of llm-d-router's chart
+// (v0.10.0 config/charts/routerlib/templates/_config.yaml, with the latency
+// predictor off as by default: queue-scorer 2, kv-cache-utilization-scorer
+// 2, prefix-cache-scorer 3, the max-score picker added by default), the
+// profile GIE's inferencepool chart shipped before the move (v1.5.0
+// config/charts/epplib/templates/_config.yaml) and llm-d's
+// inference-scheduling guide deploys (llm-d/llm-d
 // guides/inference-scheduling/scheduler/inference-scheduling.values.yaml,
 // commit 086f217d).
 func shippedLLMDApproxWeights() llmdWeights {
@@ -280,23 +293,25 @@ func (l *llmdLoad) FirstToken(*Flight, time.Duration) {}
 
 func (l *llmdLoad) Done(f *Flight, _ time.Duration) { delete(l.active[f.Target], f) }
 
-// llmd is llm-d's scheduler with the approximate prefix-cache scorer and the
-// profile's load scorers (llmdLoad):
+// llmd is llm-d's scheduler with the approximate prefix-cache producer and
+// scorer and the profile's load scorers (llmdLoad):
 //
 //	score = prefix * matched_blocks/request_blocks + llmdLoad
 //
-// The prompt (the JSON of the chat messages, as the scorer hashes it, the
-// model name seeding the chain) is cut into blocks of 4 characters per
-// token of the engine's block size (at most 256, a trailing partial block
-// ignored) chained by hash; matched_blocks walks the blocks while any server
-// holds the block, counting for each server the blocks it holds. After the
-// pick the request's blocks join the chosen server's LRU, as large as the
-// engine's cache in blocks.
+// The prompt (each message's role and content, as the estimate token
+// producer packs them, the model name seeding the chain) is cut into blocks
+// of 4 bytes per pseudo-token times max(engine block size, 64) tokens, the
+// last partial block included, at most 131,072 tokens' worth, chained by
+// hash; matched_blocks walks the blocks while any server holds the block,
+// counting for each server the blocks it holds. After the pick the
+// request's blocks join the chosen server's LRU, as many entries as the
+// engine has blocks.
 type llmd struct {
 	llmdLoad
 	n          int
 	rng        *rand.Rand
 	blockChars int
+	maxBlocks  int
 	owners     map[uint64]routing.Set
 	lrus       []*lruSet
 	hashes     []uint64
@@ -306,8 +321,10 @@ type llmd struct {
 
 func newLLMD(env Env, w llmdWeights, rng *rand.Rand) *llmd {
 	n := env.Replicas
-	l := &llmd{llmdLoad: newLLMDLoad(n, w), n: n, rng: rng, blockChars: env.BlockSize * llmdCharsPerToken,
-		owners: map[uint64]routing.Set{}, scores: make([]float64, n), matched: make([]int, n)}
+	blockTokens := max(env.BlockSize, llmdMinBlockTokens)
+	l := &llmd{llmdLoad: newLLMDLoad(n, w), n: n, rng: rng, blockChars: blockTokens * llmdCharsPerToken,
+		maxBlocks: llmdMaxPrefixTokens / blockTokens,
+		owners:    map[uint64]routing.Set{}, scores: make([]float64, n), matched: make([]int, n)}
 	lru := env.CapacityBlocks // autoTune: the engine's cache in blocks
 	if w.lruBlocks > 0 {
 		lru = w.lruBlocks
@@ -318,21 +335,29 @@ func newLLMD(env Env, w llmdWeights, rng *rand.Rand) *llmd {
 	return l
 }
 
-// chainHashes hashes text in blocks of size bytes (full blocks only, at most
-// maxBlocks), each block's hash covering its parent's.
-func chainHashes(dst []uint64, text string, size, maxBlocks int, seed uint64) []uint64 {
+// chainHashes hashes text in blocks of size bytes (at most maxBlocks, ≤ 0:
+// all), each block's hash covering its parent's; a trailing partial block
+// is hashed only when partial is set.
+func chainHashes(dst []uint64, text string, size, maxBlocks int, partial bool, seed uint64) []uint64 {
 	dst = dst[:0]
 	prev := seed
-	for i := 0; i+size <= len(text) && (maxBlocks <= 0 || len(dst) < maxBlocks); i += size {
-		prev = xxh3.HashStringSeed(text[i:i+size], prev)
+	for i := 0; i < len(text) && (maxBlocks <= 0 || len(dst) < maxBlocks); i += size {
+		end := i + size
+		if end > len(text) {
+			if !partial {
+				break
+			}
+			end = len(text)
+		}
+		prev = xxh3.HashStringSeed(text[i:end], prev)
 		dst = append(dst, prev)
 	}
 	return dst
 }
 
 func (l *llmd) Pick(f *Flight, v *View) int {
-	text := MessagesJSON(f.Req.Messages, l.blockChars*llmdMaxBlocks)
-	l.hashes = chainHashes(l.hashes, text, l.blockChars, llmdMaxBlocks, xxh3.HashString("sim"))
+	text := RoleContentText(f.Req.Messages, l.blockChars*l.maxBlocks)
+	l.hashes = chainHashes(l.hashes, text, l.blockChars, l.maxBlocks, true, xxh3.HashString(llmdChainSeed))
 	clear(l.matched)
 	for _, h := range l.hashes {
 		owners := l.owners[h]
@@ -670,7 +695,7 @@ func (a *aibrix) Pick(f *Flight, v *View) int {
 		}
 	}
 	text, _ := ContentText(f.Req.Messages, 0)
-	a.hashes = chainHashes(a.hashes, text, aibrixBlockSize, 0, 0x41494272)
+	a.hashes = chainHashes(a.hashes, text, aibrixBlockSize, 0, false, 0x41494272)
 	clear(a.pct)
 	var has routing.Set
 	for i, h := range a.hashes {

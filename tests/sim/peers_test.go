@@ -199,8 +199,14 @@ func llmdEnv(n int) Env { return Env{Replicas: n, BlockSize: 16, CapacityBlocks:
 // active-request 1 on live queues and never read KV usage.)
 func TestLLMDShippedProfile(t *testing.T) {
 	l := newLLMD(llmdEnv(3), shippedLLMDApproxWeights(), rand.New(rand.NewPCG(1, 1)))
-	if l.blockChars != 64 || l.lrus[0].cap != 4096 {
-		t.Fatalf("block %d chars, LRU %d: want autoTune's 16 tokens x 4 and the engine's 4096 blocks", l.blockChars, l.lrus[0].cap)
+	if l.blockChars != 256 || l.maxBlocks != 2048 || l.lrus[0].cap != 4096 {
+		t.Fatalf("block %d chars, %d blocks, LRU %d: want 16-token engine blocks raised to 64 pseudo-tokens x 4 bytes, "+
+			"131,072 tokens' worth, and the engine's 4096 blocks", l.blockChars, l.maxBlocks, l.lrus[0].cap)
+	}
+	big := llmdEnv(3)
+	big.BlockSize = 128
+	if b := newLLMD(big, shippedLLMDApproxWeights(), rand.New(rand.NewPCG(1, 1))); b.blockChars != 512 || b.maxBlocks != 1024 {
+		t.Fatalf("engine blocks of 128 tokens give %d-byte blocks, %d at most; want 512 and 1024", b.blockChars, b.maxBlocks)
 	}
 	w := shippedLLMDApproxWeights()
 	w.lruBlocks = 31250
@@ -215,6 +221,13 @@ func TestLLMDShippedProfile(t *testing.T) {
 	again := flight(userMsg(1, 300), userMsg(2, 20))
 	if got := l.Pick(again, v); got != 1 {
 		t.Fatalf("picked %d, want 1 (the prefix); scores %v", got, l.scores)
+	}
+	// The trailing partial block is hashed: the same prompt again matches
+	// every block, not all but the last.
+	l.Pick(warm, v)
+	n := len(RoleContentText(warm.Req.Messages, 0))
+	if blocks := (n + l.blockChars - 1) / l.blockChars; n%l.blockChars == 0 || len(l.hashes) != blocks || l.matched[1] != blocks {
+		t.Fatalf("the same %d-byte prompt matched %d of %d blocks, want %d of %d", n, l.matched[1], len(l.hashes), blocks, blocks)
 	}
 	// A queue formed on pod 1 since the last scrape: not seen yet.
 	v.Waiting[1] = 5

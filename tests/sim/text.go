@@ -212,22 +212,15 @@ func ContentText(msgs []Message, limit int) (string, int) {
 	return t.text(), t.n
 }
 
-// MessagesJSON renders msgs as the JSON array of {"role","content"} objects
-// that llm-d's approximate prefix scorer hashes (json.Marshal of the chat
-// messages), at most limit bytes (limit ≤ 0: all). The vocabulary needs no
-// escaping.
-func MessagesJSON(msgs []Message, limit int) string {
+// RoleContentText is what llm-d's estimate token producer packs for a chat
+// request: each message's role followed by its content, no separators (the
+// request has no tools), at most limit bytes (limit ≤ 0: all).
+func RoleContentText(msgs []Message, limit int) string {
 	t := limitedText{limit: limit}
-	t.write("[")
-	for i, m := range msgs {
-		if i > 0 {
-			t.write(",")
-		}
-		t.write(`{"role":"` + m.Role + `","content":"`)
+	for _, m := range msgs {
+		t.write(m.Role)
 		t.content(m, " ")
-		t.write(`"}`)
 	}
-	t.write("]")
 	return t.text()
 }
 

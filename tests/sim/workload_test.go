@@ -264,7 +264,7 @@ func TestChatBodyAndHeader(t *testing.T) {
 
 // RouteContext (pkg/affinity on the chat body) and directContext (built from
 // the messages) agree on every field, long prompts and session keys
-// included; the peers' text extraction (ContentText, MessagesJSON) relies on
+// included; the peers' text extraction (ContentText, RoleContentText) relies on
 // the same rendering.
 func TestRouteContextIsAffinitys(t *testing.T) {
 	ws := smallWorkloads()
@@ -287,28 +287,21 @@ func TestRouteContextIsAffinitys(t *testing.T) {
 }
 
 // The peers' views of a request: SGLang and AIBrix read the contents joined
-// by spaces, llm-d hashes json.Marshal of the messages.
+// by spaces, llm-d's estimate token producer each role and its content.
 func TestPeerTexts(t *testing.T) {
 	msgs := smallWorkloads()["multiturn"].Sessions[0].Turns[2].Messages
-	type msg struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
-	}
-	var ms []msg
 	var parts []string
+	var packed strings.Builder
 	for _, m := range msgs {
-		ms = append(ms, msg{m.Role, m.Text()})
 		parts = append(parts, m.Text())
+		packed.WriteString(m.Role + m.Text())
 	}
-	want, err := json.Marshal(ms)
-	if err != nil {
-		t.Fatal(err)
+	want := packed.String()
+	if got := RoleContentText(msgs, 0); got != want {
+		t.Fatalf("RoleContentText = %.80s..., want %.80s...", got, want)
 	}
-	if got := MessagesJSON(msgs, 0); got != string(want) {
-		t.Fatalf("MessagesJSON = %.80s..., want %.80s...", got, want)
-	}
-	if got := MessagesJSON(msgs, 100); got != string(want[:100]) {
-		t.Fatalf("MessagesJSON cut at 100 = %q", got)
+	if got := RoleContentText(msgs, 100); got != want[:100] {
+		t.Fatalf("RoleContentText cut at 100 = %q", got)
 	}
 	whole := strings.Join(parts, " ")
 	if got, n := ContentText(msgs, 0); got != whole || n != len(whole) {
