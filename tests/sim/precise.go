@@ -93,6 +93,12 @@ func newPrecise(spec routing.Spec, env Env) (Policy, error) {
 // (llm-d-inference-scheduler v0.8.0 pkg/epp/framework/plugins/scheduling/
 // scorer/preciseprefixcache/precise_prefix_cache.go). The guide's block
 // size must match vLLM's --block-size, so it is the replicas' here.
+// Re-read in llm-d-router v0.10.0 (the renamed repository's newest
+// release), nothing this model uses changed: pkg/epp/framework/plugins/
+// requestcontrol/dataproducer/preciseprefixcache/prerequest.go
+// (defaultSpeculativeTTL 2 s), producer.go (full blocks only), the prefix
+// scorer's match ratio (scheduling/scorer/prefix/plugin.go) and the sample
+// profile deploy/config/epp-precise-prefix-cache-config.yaml (2 / 1 / 1).
 const llmdSpeculativeTTL = 2 * time.Second
 
 func defaultLLMDWeights() llmdWeights {
