@@ -78,9 +78,11 @@ func firstMin(loads []int) int {
 // (sgl-project/sglang sgl-model-gateway/bindings/python/src/sglang_router/
 // router_args.py, read at commit 05e589ad: cache_threshold 0.3,
 // balance_abs_threshold 64, balance_rel_threshold 1.5,
-// eviction_interval_secs 60 (120 before the package moved under src/),
-// max_tree_size 2**26). The algorithm is sgl-model-gateway/src/policies/cache_aware.rs
-// (read at commit 053b63ff), the tree src/policies/tree.rs (03744dbe).
+// eviction_interval_secs 60, max_tree_size 2**26; the older
+// bindings/python/sglang_router/router_args.py this simulator read first
+// had 120 s). The algorithm is sgl-model-gateway/src/policies/
+// cache_aware.rs (read at commit 053b63ff), the tree src/policies/tree.rs
+// (03744dbe).
 const (
 	sglangCacheThreshold = 0.3
 	sglangBalanceAbs     = 64
@@ -192,7 +194,8 @@ func (s *sglang) Observe(target int, _ *Flight, _ *View) {
 // is hashed too. Matching stops at defaultMaxPrefixTokens (131,072) / block
 // size blocks. Each server's LRU holds as many block entries as the engine
 // reports GPU blocks (autoTune's CacheNumBlocks; 31,250 without it), so with
-// 16-token engine blocks it remembers four times what the engine holds.
+// 16-token engine blocks it remembers four times what the engine holds (at
+// 4 bytes a token).
 // Metrics are refreshed every 50 ms (--refresh-metrics-interval).
 const (
 	llmdCharsPerToken   = 4

@@ -235,12 +235,12 @@ func TestLLMDShippedProfile(t *testing.T) {
 		t.Fatalf("picked %d, want 1: the queue is not scraped yet; scores %v", got, l.scores)
 	}
 	// Scraped: a full KV cache costs pod 1 the 2 points of the utilization
-	// scorer and the queue 2 more; ~0.9 x 3 of prefix does not make up 4.
+	// scorer and the queue 2 more; 6/7 x 3 of prefix does not make up 4.
 	v.ScrapedWaiting[1], v.ScrapedKVUsage[1] = 5, 1
 	if got := l.Pick(again, v); got == 1 {
 		t.Fatalf("picked the loaded pod; scores %v", l.scores)
 	}
-	// With only the KV usage high, the prefix still wins (2.7 + 2 > 4).
+	// With only the KV usage high, the prefix still wins (2.6 + 2 > 4).
 	v.ScrapedWaiting[1] = 0
 	if got := l.Pick(again, v); got != 1 {
 		t.Fatalf("picked %d, want 1; scores %v", got, l.scores)
