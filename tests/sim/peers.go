@@ -622,23 +622,28 @@ func (d *dynamo) Done(f *Flight, now time.Duration) {
 
 // ---------------------------------------------------------------- AIBrix
 
-// AIBrix prefix-cache router defaults (vllm-project/aibrix
-// pkg/plugins/gateway/algorithms/prefix_cache.go and
-// pkg/utils/prefixcacheindexer/hash.go).
+// AIBrix prefix-cache router defaults (vllm-project/aibrix v0.7.0, its
+// newest release: pkg/plugins/gateway/algorithms/prefix_cache.go
+// (defaultPodRunningRequestImbalanceAbsCount 8, defaultStandardDeviationFactor
+// 1, getTargetPodListOnLoadImbalance, getTargetPodFromMatchedPods),
+// least_request.go (selectTargetPodWithLeastRequestCount),
+// pkg/utils/prefixcacheindexer/hash.go (block size 4, 200,000 blocks,
+// 20-minute eviction, full blocks only), pkg/plugins/gateway/util.go
+// (parseChatMessages)). The imbalance test has been max - min > 8 since
+// v0.3.0; this simulator's earlier model also required max > 2 (mean + 1),
+// which no release has.
 const (
-	aibrixImbalanceFactor = 2.0
-	aibrixImbalanceMinGap = 8
-	aibrixStdDevFactor    = 1.0
-	aibrixBlockSize       = 4 // tokens of the default "character" tokenizer: bytes
-	aibrixBlockNumber     = 200_000
-	aibrixEvictAfter      = 20 * time.Minute
+	aibrixImbalanceAbsCount = 8
+	aibrixStdDevFactor      = 1.0
+	aibrixBlockSize         = 4 // tokens of the default "character" tokenizer: bytes
+	aibrixBlockNumber       = 200_000
+	aibrixEvictAfter        = 20 * time.Minute
 )
 
 // aibrix is AIBrix's prefix-cache routing with its local hash table:
 //
-//  1. counts = running requests per pod (router-tracked). If max > 2.0 *
-//     (mean+1) and max - min >= 8, prefix matching is restricted to the pods
-//     at min.
+//  1. counts = running requests per pod (router-tracked). If max - min > 8,
+//     prefix matching is restricted to the pods at min.
 //  2. The message text (the contents joined by spaces, as the gateway reads a
 //     chat request; the default "character" tokenizer makes its bytes the
 //     tokens) is cut into 4-byte blocks
@@ -689,7 +694,7 @@ func (a *aibrix) Pick(f *Flight, v *View) int {
 	}
 	mean := float64(sum) / float64(a.n)
 	ready := routing.All(a.n)
-	if float64(hi) > aibrixImbalanceFactor*(mean+1) && hi-lo >= aibrixImbalanceMinGap {
+	if hi-lo > aibrixImbalanceAbsCount {
 		ready = routing.Set{}
 		for i, c := range counts {
 			if c == lo {

@@ -74,10 +74,16 @@ func TestAIBrixPolicy(t *testing.T) {
 	if got := a.Pick(again, view(1, 0, 0, 0)); got == 0 {
 		t.Error("an over-loaded matching pod was picked")
 	}
-	// The imbalance gate (max 20 > 2*(5+1) and gap >= 8) restricts matching
-	// to the least-loaded pods.
-	if got := a.Pick(again, view(20, 0, 0, 0)); got == 0 {
-		t.Error("the gate did not fire")
+	// The imbalance gate (max - min > 8) restricts matching to the
+	// least-loaded pods: at 9,9,9,0 the matching pod is within mean + 1
+	// stddev (9 <= 6.75 + 3.9) but the gate sends the request to pod 3.
+	// (The old model also required max > 2 (mean + 1) and kept the match.)
+	if got := a.Pick(again, view(9, 9, 9, 0)); got != 3 {
+		t.Errorf("gap 9: picked %d, want 3 (the gate)", got)
+	}
+	// A gap of exactly 8 does not fire it.
+	if got := a.Pick(again, view(8, 8, 8, 0)); got != 0 {
+		t.Errorf("gap 8: picked %d, want the matching pod 0", got)
 	}
 	// A pod within mean + 1 stddev keeps its match: loads 2,1,1,2 have
 	// mean 1.5 and stddev 0.5.
