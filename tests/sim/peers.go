@@ -2,9 +2,12 @@ package sim
 
 import (
 	"container/list"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -488,10 +491,14 @@ type dynamo struct {
 	tree    map[dynKey]*list.Element // approximate mode: (block, worker) -> entry in ttl
 	ttl     *list.List               // dynEntry, oldest first
 	prefill []int
-	blocks  []map[uint64]int // worker -> active block -> refs
-	pending map[*Flight]int  // prefill tokens counted for a flight
-	overlap []int
-	costs   []float64
+	// queueTokens, when > 0 (the queue_tokens variant), holds requests at
+	// the router while every worker has more pending prefill tokens than
+	// this (see holds).
+	queueTokens int
+	blocks      []map[uint64]int // worker -> active block -> refs
+	pending     map[*Flight]int  // prefill tokens counted for a flight
+	overlap     []int
+	costs       []float64
 }
 
 type dynKey struct {
@@ -515,6 +522,54 @@ func newDynamo(n, bs int, events bool, rng *rand.Rand) *dynamo {
 		d.blocks = append(d.blocks, map[uint64]int{})
 	}
 	return d
+}
+
+// holds implements holder: the variant dynamo:queue_tokens=N models the
+// router queue of Dynamo's newer releases (--router-queue-threshold, off
+// at 870abbd1, on by default since: requests wait in the router, first
+// come first served, while every worker's active prompt-side prefill
+// exceeds the threshold times its max_num_batched_tokens, here N tokens,
+// and are routed when one drops below). Without it Dynamo dispatches at
+// once.
+func (d *dynamo) holds() bool {
+	if d.queueTokens <= 0 {
+		return false
+	}
+	for _, p := range d.prefill {
+		if p <= d.queueTokens {
+			return false
+		}
+	}
+	return true
+}
+
+// parseDynamo reads dynamo's and dynamo_approx's one parameter,
+// queue_tokens (see holds).
+func parseDynamo(st Strategy, params string) (Strategy, error) {
+	tokens := 0
+	for kv := range strings.SplitSeq(params, ":") {
+		k, v, _ := strings.Cut(kv, "=")
+		n, err := strconv.Atoi(v)
+		if k != "queue_tokens" || err != nil || n < 1 {
+			return st, fmt.Errorf("strategy %q: %s: want queue_tokens=N, N >= 1 (the only %s parameter)", st.Name, kv, st.Base)
+		}
+		tokens = n
+	}
+	base := peerFactory(st.Base)
+	st.New = func(env Env) (Policy, error) {
+		p, err := base(env)
+		if err != nil {
+			return nil, err
+		}
+		switch d := p.(type) {
+		case dynamoEvents:
+			d.queueTokens = tokens
+		case *dynamo:
+			d.queueTokens = tokens
+		}
+		return p, nil
+	}
+	return st, nil
 }
 
 // dynamoEvents is the events-mode router: a kvConsumer.

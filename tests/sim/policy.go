@@ -85,6 +85,14 @@ type queueReader interface {
 	readsQueues()
 }
 
+// holder is a policy whose router holds requests back instead of picking
+// a replica while holds reports true (Dynamo's router queue): the run keeps
+// them, oldest first, and dispatches them once it reports false, checked
+// at every first token and completion. Their TTFT includes the wait.
+type holder interface {
+	holds() bool
+}
+
 // lifecycle is implemented by policies that track requests after dispatch.
 type lifecycle interface {
 	FirstToken(f *Flight, now time.Duration)
@@ -159,13 +167,17 @@ func AllStrategies() []string { return append(slices.Clone(RolterStrategies), Pe
 // speculate_ms, Spec.SpeculativeTTL in milliseconds (default 5 s; 0 turns
 // speculation off). The peers run with their shipped defaults and take no
 // parameters, except the llm-d strategies (their scorer weights prefix,
-// kv_cache, queue, active, and for llmd_precise speculate_ms).
+// kv_cache, queue, active, and for llmd_precise speculate_ms) and dynamo and
+// dynamo_approx (queue_tokens, the router queue of newer Dynamo releases).
 func ParseStrategy(s string) (Strategy, error) {
 	s = strings.TrimSpace(s)
 	base, params, _ := strings.Cut(s, ":")
 	st := Strategy{Name: s, Base: base}
 	if base == LLMDPrecise || base == LLMDApprox || base == LLMDApproxBench {
 		return parseLLMD(st, params)
+	}
+	if (base == Dynamo || base == DynamoApprox) && params != "" {
+		return parseDynamo(st, params)
 	}
 	if slices.Contains(PeerStrategies, base) {
 		if params != "" {

@@ -169,6 +169,7 @@ type proxy struct {
 	policy Policy
 	loads  []int
 	kv     kvConsumer // policy, when it reads the KV events
+	held   []*Flight  // requests its router holds back, oldest first (holder)
 }
 
 // event kinds
@@ -344,8 +345,10 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 			r.fill()
 		case evFirstToken:
 			r.firstToken(e.f)
+			r.release()
 		case evDone:
 			r.done(e.f)
+			r.release()
 		case evShareFlush, evShareQueue, evShareLoad, evShareDeliver:
 			r.shareEvent(e)
 		case evScrape:
@@ -451,6 +454,31 @@ func (r *run) issue(s *sessionState) {
 	if len(r.proxies) > 1 {
 		p = r.rng.IntN(len(r.proxies))
 	}
+	f.sess = s
+	px := r.proxies[p]
+	if h, ok := px.policy.(holder); ok && (len(px.held) > 0 || h.holds()) {
+		px.held = append(px.held, f)
+		return
+	}
+	r.dispatch(f, p)
+}
+
+// release dispatches, oldest first, the requests each proxy's router held
+// back for as long as it no longer holds.
+func (r *run) release() {
+	for p, px := range r.proxies {
+		h, ok := px.policy.(holder)
+		for ok && len(px.held) > 0 && !h.holds() {
+			f := px.held[0]
+			px.held = px.held[1:]
+			r.dispatch(f, p)
+		}
+	}
+}
+
+// dispatch routes f through proxy p to a replica's queue.
+func (r *run) dispatch(f *Flight, p int) {
+	req := f.Req
 	px := r.proxies[p]
 	v := &View{Now: r.now, Loads: r.fleetLoads(p, px.loads), Waiting: r.waiting, Running: r.running, KVUsage: r.usage,
 		ScrapedWaiting: r.scrapedWaiting, ScrapedKVUsage: r.scrapedUsage, Caches: r.caches, Queued: r.queued,
@@ -462,7 +490,6 @@ func (r *run) issue(s *sessionState) {
 	f.Proxy, f.Target, f.Depth = p, target, v.Loads[target]
 	px.policy.Observe(target, f, v)
 	px.loads[target]++
-	f.sess = s
 
 	rep := r.replicas[target]
 	r.account(rep)

@@ -165,6 +165,67 @@ func TestSerialPrefill(t *testing.T) {
 	}
 }
 
+// Dynamo's router queue (dynamo:queue_tokens=N) holds a request while
+// every worker has more than N prefill tokens pending and routes it at a
+// first token: with one replica and three simultaneous requests, the
+// second and third wait in the router, not in the engine, and every
+// request still completes. TTFTs are the same as dispatching at once here
+// (one replica, serial prefill), so the wait is counted from arrival.
+func TestDynamoRouterQueueHoldsAndReleases(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Replicas = 1
+	cfg.PrefillPerToken, cfg.PrefillBase = time.Millisecond, 0
+	w := Unique(UniqueParams{Requests: 3, PromptLen: 100, OutputLen: 1, Concurrency: 3}, 1)
+	n := time.Duration(hdr("user")+100+hdr("assistant")) * time.Millisecond
+	direct := mustRun(t, cfg, w, "dynamo")
+	queued := mustRun(t, cfg, w, "dynamo:queue_tokens=1")
+	if direct.TTFTMean != 2*n || queued.TTFTMean != direct.TTFTMean || queued.TTFTP99 != 3*n {
+		t.Fatalf("TTFT mean %v (direct %v), p99 %v; want %v, %v", queued.TTFTMean, direct.TTFTMean, queued.TTFTP99, 2*n, 3*n)
+	}
+	// Held, the later requests are routed only once the one ahead has its
+	// first token: each pick sees at most one request in flight, not two.
+	for tokens, want := range map[int]int{0: 2, 1: 1} {
+		maxLoad := 0
+		st := Strategy{Name: "probe", Base: Dynamo, New: func(env Env) (Policy, error) {
+			d := newDynamo(env.Replicas, env.BlockSize, false, nil)
+			d.queueTokens = tokens
+			return loadSeenProbe{d, &maxLoad}, nil
+		}}
+		if _, err := Run(cfg, w, st); err != nil {
+			t.Fatal(err)
+		}
+		if maxLoad != want {
+			t.Errorf("queue_tokens=%d: a pick saw %d requests in flight, want %d", tokens, maxLoad, want)
+		}
+	}
+	d := newDynamo(2, 16, false, nil)
+	d.queueTokens = 100
+	d.prefill = []int{150, 100}
+	if d.holds() {
+		t.Fatal("holds while worker 1 is at the threshold, not over it")
+	}
+	d.prefill[1] = 101
+	if !d.holds() {
+		t.Fatal("does not hold with every worker over the threshold")
+	}
+	d.queueTokens = 0
+	if d.holds() {
+		t.Fatal("the default (no queue) holds")
+	}
+}
+
+// loadSeenProbe is Dynamo's router recording the most requests in flight
+// any pick saw.
+type loadSeenProbe struct {
+	*dynamo
+	maxLoad *int
+}
+
+func (p loadSeenProbe) Pick(f *Flight, v *View) int {
+	*p.maxLoad = max(*p.maxLoad, v.Loads[0])
+	return p.dynamo.Pick(f, v)
+}
+
 // loadProbe wraps round robin and records the busiest moment it saw.
 type loadProbe struct {
 	Policy
@@ -246,6 +307,10 @@ func TestParseStrategy(t *testing.T) {
 		{"llmd_approx:lru_blocks=0", "unknown parameter"},
 		{"llmd_precise:lru_blocks=5", "unknown parameter"},
 		{"dynamo_approx", ""},
+		{"dynamo:queue_tokens=8192", ""},
+		{"dynamo_approx:queue_tokens=1", ""},
+		{"dynamo:queue_tokens=0", "queue_tokens=N"},
+		{"dynamo:overlap=2", "queue_tokens=N"},
 		{"precise_cache_aware:signal_weight=2:load_weight=0.5:speculate_ms=0", ""},
 		{"llmd_precise", ""},
 		{"llmd_precise:prefix=3:kv_cache=2:queue=2:active=0:speculate_ms=500", ""},
