@@ -334,3 +334,34 @@ func FuzzSharedLen(f *testing.F) {
 		}
 	})
 }
+
+// With EvictTailFirst a prompt pushed out of a full target loses its last
+// chunk first, as a vLLM replica frees a finished request's blocks, and
+// still matches the rest from its start; by default its first chunk goes
+// first and nothing of it matches any more.
+func TestEvictTailFirstKeepsTheHead(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	a := text(rng, 3*chunkindex.ChunkBytes)
+	b := text(rng, chunkindex.ChunkBytes)
+	for _, tc := range []struct {
+		tailFirst bool
+		want      int
+	}{{false, 0}, {true, 2 * chunkindex.ChunkBytes}} {
+		x := chunkindex.New(1, 3)
+		if tc.tailFirst {
+			x.EvictTailFirst()
+		}
+		x.Observe(0, a, nil)
+		lens := []int{0}
+		if x.Match(a, lens); lens[0] != len(a) {
+			t.Fatalf("tail first %v: %d bytes of a match before the eviction, want %d", tc.tailFirst, lens[0], len(a))
+		}
+		x.Observe(0, b, nil) // one hash over the capacity: one of a's goes
+		if x.Match(a, lens); lens[0] != tc.want {
+			t.Errorf("tail first %v: %d bytes of a match after the eviction, want %d", tc.tailFirst, lens[0], tc.want)
+		}
+		if s := x.Stats(0); s.Chunks != 3 || s.Evictions != 1 {
+			t.Errorf("tail first %v: %+v, want 3 chunks and 1 eviction", tc.tailFirst, s)
+		}
+	}
+}

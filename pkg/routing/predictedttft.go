@@ -124,7 +124,8 @@ const (
 // chunks, the seed's ceiling), and indexed bytes per token (the share of a
 // prompt's KV the bounded text represents) is learned from FirstToken's
 // prompt token counts. So the index forgets, oldest first, at the rate the
-// replica's LRU does.
+// replica's LRU does, and a prompt's tail before its head, as the replica
+// frees a finished request's blocks (chunkindex.Index.EvictTailFirst).
 //
 // State keyed by the *Context pointer: Observe records the attempt under
 // (target, ctx) until FirstToken or Abandon; the pointer is only a key and
@@ -325,7 +326,8 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	t.peerHeard.Store(-1)
 	t.bytesPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.indexedPerToken.Store(math.Float64bits(DefaultBytesPerToken))
-	t.index.TrackForks() // for waste's shared part
+	t.index.TrackForks()     // for waste's shared part
+	t.index.EvictTailFirst() // forget as the replica does: tail first
 	t.refreshCapacity()
 	return t
 }
