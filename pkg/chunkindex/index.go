@@ -196,8 +196,9 @@ func (x *Index) Observe(tgt int, prompt string, publish []uint64) []uint64 {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	t := &x.targets[tgt]
-	var buf [maxPromptChunks]uint64
-	chain := buf[:0] // the prompt's hashes, first to last, when tailFirst
+	if x.tailFirst {
+		return x.observeTailFirst(tgt, t, prompt, publish)
+	}
 	h, off := seed, 0
 	for ; off+ChunkBytes <= len(prompt); off += ChunkBytes {
 		prev := h
@@ -205,19 +206,22 @@ func (x *Index) Observe(tgt int, prompt string, publish []uint64) []uint64 {
 		if off > 0 {
 			x.follow(prev, h)
 		}
-		if x.tailFirst {
-			chain = append(chain, h)
-		} else {
-			publish = x.observeOne(tgt, t, h, publish)
-		}
+		publish = x.observeOne(tgt, t, h, publish)
 	}
 	if off < len(prompt) {
-		h = xxh3.HashStringSeed(prompt[off:], h^tailMark)
-		if x.tailFirst {
-			chain = append(chain, h)
-		} else {
-			publish = x.observeOne(tgt, t, h, publish)
-		}
+		publish = x.observeOne(tgt, t, xxh3.HashStringSeed(prompt[off:], h^tailMark), publish)
+	}
+	return publish
+}
+
+// observeTailFirst is Observe for an index that evicts tail first: the
+// same hashes and forks, touched last to first. The write lock must be
+// held.
+func (x *Index) observeTailFirst(tgt int, t *target, prompt string, publish []uint64) []uint64 {
+	var buf [maxPromptChunks]uint64
+	chain := Hashes(buf[:0], prompt)
+	for i := 1; i < len(prompt)/ChunkBytes; i++ { // full chunks only: a tail is no successor
+		x.follow(chain[i-1], chain[i])
 	}
 	for i := len(chain) - 1; i >= 0; i-- {
 		publish = x.observeOne(tgt, t, chain[i], publish)
