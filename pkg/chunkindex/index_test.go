@@ -306,20 +306,36 @@ func TestSharedLenForgetsEvicted(t *testing.T) {
 
 // FuzzSharedLen: for any two prompts observed, SharedLen is a whole number
 // of chunks within the prompt, and two prompts that part after a common
-// run of full chunks, each with a full chunk after it, share that run.
+// run of full chunks, each with a full chunk after it, share that run; an
+// index that evicts tail first (EvictTailFirst) holds the same hashes and
+// forks, so its matches and SharedLen are the same.
 func FuzzSharedLen(f *testing.F) {
 	f.Add(strings.Repeat("s", 3*chunkindex.ChunkBytes)+strings.Repeat("a", 70), strings.Repeat("s", 3*chunkindex.ChunkBytes)+strings.Repeat("b", 64))
 	f.Add("", "x")
 	f.Add(strings.Repeat("q", 200), strings.Repeat("q", 200))
 	f.Fuzz(func(t *testing.T, a, b string) {
-		x := chunkindex.New(2, 0)
+		x, y := chunkindex.New(2, 0), chunkindex.New(2, 0)
 		x.TrackForks()
-		x.Observe(0, a, nil)
-		x.Observe(1, b, nil)
+		y.TrackForks()
+		y.EvictTailFirst()
+		var xp, yp []uint64
+		xp = x.Observe(0, a, xp)
+		xp = x.Observe(1, b, xp)
+		yp = y.Observe(0, a, yp)
+		yp = y.Observe(1, b, yp)
+		if len(xp) != len(yp) {
+			t.Fatalf("published %d hashes, tail first %d", len(xp), len(yp))
+		}
+		xl, yl := []int{0, 0}, []int{0, 0}
 		for _, p := range []string{a, b} {
 			n := x.SharedLen(p)
 			if n < 0 || n > len(p) || n%chunkindex.ChunkBytes != 0 {
 				t.Fatalf("SharedLen = %d for a %d-byte prompt", n, len(p))
+			}
+			x.Match(p, xl)
+			y.Match(p, yl)
+			if m := y.SharedLen(p); m != n || xl[0] != yl[0] || xl[1] != yl[1] {
+				t.Fatalf("tail first: SharedLen %d and matches %v, first to last %d and %v", m, yl, n, xl)
 			}
 		}
 		common := 0
