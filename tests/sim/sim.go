@@ -169,7 +169,8 @@ type proxy struct {
 	policy Policy
 	loads  []int
 	kv     kvConsumer // policy, when it reads the KV events
-	held   []*Flight  // requests its router holds back, oldest first (holder)
+	holder holder     // policy, when its router can hold requests back
+	held   []*Flight  // requests its router holds back, oldest first
 }
 
 // event kinds
@@ -289,6 +290,7 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 			r.bindShare(p, px)
 		}
 		px.kv, _ = pol.(kvConsumer)
+		px.holder, _ = pol.(holder)
 		if t, ok := pol.(*ttftPolicy); ok && t.src == nil {
 			px.kv = nil // predicted_ttft:kv_events=0 reads no events
 		}
@@ -456,7 +458,7 @@ func (r *run) issue(s *sessionState) {
 	}
 	f.sess = s
 	px := r.proxies[p]
-	if h, ok := px.policy.(holder); ok && (len(px.held) > 0 || h.holds()) {
+	if px.holder != nil && (len(px.held) > 0 || px.holder.holds()) {
 		px.held = append(px.held, f)
 		return
 	}
@@ -467,8 +469,7 @@ func (r *run) issue(s *sessionState) {
 // back for as long as it no longer holds.
 func (r *run) release() {
 	for p, px := range r.proxies {
-		h, ok := px.policy.(holder)
-		for ok && len(px.held) > 0 && !h.holds() {
+		for len(px.held) > 0 && !px.holder.holds() {
 			f := px.held[0]
 			px.held = px.held[1:]
 			r.dispatch(f, p)

@@ -148,14 +148,21 @@ func TestServiceModel(t *testing.T) {
 	}
 }
 
+// simultaneous is one replica prefilling 1 ms per token and k unique
+// 100-word requests sent at once, one output token each; n is one
+// request's prefill.
+func simultaneous(k int) (cfg Config, w *Workload, n time.Duration) {
+	cfg = DefaultConfig()
+	cfg.Replicas = 1
+	cfg.PrefillPerToken, cfg.PrefillBase = time.Millisecond, 0
+	w = Unique(UniqueParams{Requests: k, PromptLen: 100, OutputLen: 1, Concurrency: k}, 1)
+	return cfg, w, time.Duration(hdr("user")+100+hdr("assistant")) * time.Millisecond
+}
+
 // Prefill is one request at a time per replica: the second of two
 // simultaneous requests waits for the first's prefill.
 func TestSerialPrefill(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Replicas = 1
-	cfg.PrefillPerToken, cfg.PrefillBase = time.Millisecond, 0
-	w := Unique(UniqueParams{Requests: 2, PromptLen: 100, OutputLen: 1, Concurrency: 2}, 1)
-	n := time.Duration(hdr("user")+100+hdr("assistant")) * time.Millisecond
+	cfg, w, n := simultaneous(2)
 	if r := mustRun(t, cfg, w, "round_robin"); r.TTFTP99 != 2*n || r.TTFTP50 != n {
 		t.Fatalf("TTFT p50 %v p99 %v, want %v and %v", r.TTFTP50, r.TTFTP99, n, 2*n)
 	}
@@ -172,11 +179,7 @@ func TestSerialPrefill(t *testing.T) {
 // request still completes. TTFTs are the same as dispatching at once here
 // (one replica, serial prefill), so the wait is counted from arrival.
 func TestDynamoRouterQueueHoldsAndReleases(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Replicas = 1
-	cfg.PrefillPerToken, cfg.PrefillBase = time.Millisecond, 0
-	w := Unique(UniqueParams{Requests: 3, PromptLen: 100, OutputLen: 1, Concurrency: 3}, 1)
-	n := time.Duration(hdr("user")+100+hdr("assistant")) * time.Millisecond
+	cfg, w, n := simultaneous(3)
 	direct := mustRun(t, cfg, w, "dynamo")
 	queued := mustRun(t, cfg, w, "dynamo:queue_tokens=1")
 	if direct.TTFTMean != 2*n || queued.TTFTMean != direct.TTFTMean || queued.TTFTP99 != 3*n {
