@@ -460,6 +460,18 @@ func (s *lruSet) add(k uint64) (uint64, bool) {
 // indexer (use_kv_events false, --no-kv-events) router_ttl_secs 120,
 // router_max_tree_size 2^20, router_prune_target_ratio 0.8. The block size
 // is the engine's (the worker registers its kv_cache_block_size).
+//
+// Re-read in the router's newer layout (docs/routing.md, the peers' current
+// releases): lib/kv-router/src/scheduling/selector/default.rs at 07a6c9ce
+// (worker_logit: prefill_load_scale * max(0, active prefill + prompt blocks
+// - overlap_score_credit * device overlap) + decode blocks +
+// decode_active_request_weight * active requests; minimum_cost_index ties at
+// random), scheduling/config.rs at 0243c51b (credit 1.0, scale 1.0,
+// temperature 0, prompt-side tracking on, router_ttl_secs 120) and approx.rs
+// at 209c9e83 (PruneConfig 120 s, 2^20, 0.8), the active-request weight 0
+// by default (its routing-concepts.md): the same cost at the defaults.
+// What differs between releases is the router queue's threshold, which the
+// queue_tokens variant models.
 const (
 	dynamoOverlapWeight = 1.0
 	dynamoTTL           = 120 * time.Second
@@ -525,12 +537,13 @@ func newDynamo(n, bs int, events bool, rng *rand.Rand) *dynamo {
 }
 
 // holds implements holder: the variant dynamo:queue_tokens=N models the
-// router queue of Dynamo's newer releases (--router-queue-threshold, off
-// at 870abbd1, on by default since: requests wait in the router, first
-// come first served, while every worker's active prompt-side prefill
-// exceeds the threshold times its max_num_batched_tokens, here N tokens,
-// and are routed when one drops below). Without it Dynamo dispatches at
-// once.
+// router queue of Dynamo's newer releases (--router-queue-threshold: off
+// at 870abbd1, then 2.0, 4.0 and 16.0 by default (scheduling/config.rs at
+// 0243c51b), off again in the newest configuration docs: requests wait in
+// the router, first come first served, while every worker's active
+// prompt-side prefill exceeds the threshold times its
+// max_num_batched_tokens, here N tokens, and are routed when one drops
+// below). Without it Dynamo dispatches at once.
 func (d *dynamo) holds() bool {
 	if d.queueTokens <= 0 {
 		return false
