@@ -1,7 +1,9 @@
 // Package chunkindex keeps, for each target of a route, the prompt prefixes
 // the whole fleet of proxies sent to it, in the compact form proxies share
-// with one another: chained hashes of fixed-size chunks of the bounded prompt
-// text, never the text itself.
+// with one another: chained hashes of fixed-size chunks of the prompt text,
+// never the text itself. A [Chain] is such a fingerprint on its own, for a
+// prompt whose text a routing context does not keep in full; [Chainer]
+// computes one from the text in pieces.
 //
 // # Fingerprints
 //

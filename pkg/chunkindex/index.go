@@ -136,14 +136,9 @@ func (x *Index) Capacity() int { return x.capacity }
 // len(prompt) when it holds the whole fingerprint. It takes the read lock
 // and does not allocate.
 func (x *Index) Match(prompt string, lens []int) {
-	clear(lens)
-	n := min(len(lens), len(x.targets))
-	if n == 0 || prompt == "" {
+	alive := x.startMatch(lens)
+	if alive.empty() || prompt == "" {
 		return
-	}
-	var alive set
-	for i := range n {
-		alive.add(i)
 	}
 	x.mu.RLock()
 	defer x.mu.RUnlock()
@@ -163,6 +158,16 @@ func (x *Index) Match(prompt string, lens []int) {
 		}
 	}
 	forEach(&alive, func(i int) { lens[i] = end })
+}
+
+// startMatch clears lens and returns the targets a match starts with: every
+// one lens has room for.
+func (x *Index) startMatch(lens []int) (alive set) {
+	clear(lens)
+	for i := range min(len(lens), len(x.targets)) {
+		alive.add(i)
+	}
+	return alive
 }
 
 // narrow intersects alive with the holders of h; targets that drop out get
@@ -219,14 +224,7 @@ func (x *Index) Observe(tgt int, prompt string, publish []uint64) []uint64 {
 // held.
 func (x *Index) observeTailFirst(tgt int, t *target, prompt string, publish []uint64) []uint64 {
 	var buf [maxPromptChunks]uint64
-	chain := Hashes(buf[:0], prompt)
-	for i := 1; i < len(prompt)/ChunkBytes; i++ { // full chunks only: a tail is no successor
-		x.follow(chain[i-1], chain[i])
-	}
-	for i := len(chain) - 1; i >= 0; i-- {
-		publish = x.observeOne(tgt, t, chain[i], publish)
-	}
-	return publish
+	return x.observeHashes(tgt, t, Hashes(buf[:0], prompt), len(prompt)/ChunkBytes, publish)
 }
 
 // maxPromptChunks covers a prompt of rolter.dev/pkg/affinity's 32 KiB
