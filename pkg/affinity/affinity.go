@@ -2,11 +2,13 @@ package affinity
 
 import (
 	"net/http"
+	"slices"
 	"sync"
 	"unicode/utf8"
 
 	"github.com/zeebo/xxh3"
 
+	"rolter.dev/pkg/chunkindex"
 	"rolter.dev/pkg/routing"
 )
 
@@ -44,6 +46,11 @@ type Affinity struct {
 	// Digest is the xxh3-64 (seed 0) digest of everything read, in order:
 	// the text, tool traffic and media.
 	Digest uint64
+	// Chain is the chunk fingerprint of the whole text when Text was cut
+	// (zero otherwise: Text's own fingerprint is the same), so that an
+	// approximate prefix index matches a prompt past the cut without the
+	// text being kept.
+	Chain chunkindex.Chain
 }
 
 // Build returns the routing context of a JSON request to path: the prompt
@@ -63,6 +70,7 @@ func Build(path string, body []byte, h http.Header) routing.Context {
 		ctx.PromptLen = a.Len
 		ctx.PromptDigest = a.Digest
 		ctx.HasDigest = true
+		ctx.PromptChain = a.Chain
 	} else {
 		ctx.Prompt = RawPrompt(body)
 	}
@@ -101,6 +109,10 @@ func Parse(path string, body []byte) (Affinity, bool) {
 	if ok && b.n > 0 {
 		b.flush()
 		a = Affinity{Text: string(b.text), Len: b.n, Digest: b.h.Sum64()}
+		if b.full {
+			c := b.chain.Chain()
+			a.Chain = chunkindex.Chain{Hashes: slices.Clone(c.Hashes), Len: c.Len}
+		}
 	} else {
 		ok = false
 	}
@@ -168,9 +180,10 @@ type builder struct {
 	careful bool    // no speculation: delimit every field, then read in order
 	failed  failure // why document returned false
 
-	text []byte // the kept text, cap MaxBytes
-	full bool   // text was cut; nothing more is appended
-	n    int    // measured length of the whole prompt
+	text  []byte             // the kept text, cap MaxBytes
+	full  bool               // text was cut; nothing more is appended
+	chain chunkindex.Chainer // once full: the whole text's fingerprint
+	n     int                // measured length of the whole prompt
 
 	measured bool // absorbed bytes count towards n
 
@@ -258,6 +271,7 @@ func (b *builder) cbyte(c byte) {
 // the last boundary that does, and the text is then full.
 func (b *builder) appendText(p []byte) {
 	if b.full {
+		b.chain.Write(p)
 		return
 	}
 	room := MaxBytes - len(b.text)
@@ -265,8 +279,13 @@ func (b *builder) appendText(p []byte) {
 		b.text = append(b.text, p...)
 		return
 	}
-	b.text = append(b.text, p[:cutPoint(p, room)]...)
+	cut := cutPoint(p, room)
+	b.text = append(b.text, p[:cut]...)
 	b.full = true
+	// Past the cut only the fingerprint grows (8 bytes per 64 of text).
+	b.chain.Reset()
+	b.chain.Write(b.text)
+	b.chain.Write(p[cut:])
 }
 
 // push adds a literal piece of text (a role, ": ", "\n").

@@ -14,6 +14,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"rolter.dev/pkg/affinity"
+	"rolter.dev/pkg/chunkindex"
 )
 
 const (
@@ -369,6 +370,9 @@ func TestLongPromptCut(t *testing.T) {
 			if got.PromptLen != len(whole) || got.PromptDigest != xxh3.HashString(whole) {
 				t.Fatalf("%s shift %d: len %d digest %#x, want %d %#x", ch, shift,
 					got.PromptLen, got.PromptDigest, len(whole), xxh3.HashString(whole))
+			}
+			if got.PromptChain.Len != len(whole) || !slices.Equal(got.PromptChain.Hashes, chunkindex.Hashes(nil, whole)) {
+				t.Fatalf("%s shift %d: chain of %d bytes, want the whole text's %d", ch, shift, got.PromptChain.Len, len(whole))
 			}
 		}
 	}

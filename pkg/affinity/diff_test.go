@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"rolter.dev/pkg/affinity"
+	"rolter.dev/pkg/chunkindex"
 	"rolter.dev/pkg/routing"
 )
 
@@ -116,8 +118,16 @@ func FuzzBuild(f *testing.F) {
 		}
 		want := refBuild(path, body, h)
 		sameContext(t, path, got, want)
-		if full, _, _, ok := refAffinity(path, body); ok && !strings.HasPrefix(full, got.Prompt) {
+		full, _, _, ok := refAffinity(path, body)
+		if ok && !strings.HasPrefix(full, got.Prompt) {
 			t.Fatalf("prompt %q is not a prefix of the whole text %q", got.Prompt, full)
+		}
+		if ok && len(full) > len(got.Prompt) {
+			if got.PromptChain.Len != len(full) || !slices.Equal(got.PromptChain.Hashes, chunkindex.Hashes(nil, full)) {
+				t.Fatalf("a prompt cut at %d of %d bytes carries a chain of %d", len(got.Prompt), len(full), got.PromptChain.Len)
+			}
+		} else if got.PromptChain.Len != 0 || got.PromptChain.Hashes != nil {
+			t.Fatalf("an uncut prompt carries a chain of %d bytes", got.PromptChain.Len)
 		}
 	})
 }

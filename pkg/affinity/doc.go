@@ -15,7 +15,10 @@
 //
 // At most the first [MaxBytes] of the text are kept, cut on a UTF-8 character
 // boundary; nothing is appended after the cut. The whole prompt is still
-// measured and hashed while it is read. Tool calls and tool results count
+// measured and hashed while it is read, and past the cut the text's chunk
+// fingerprint (rolter.dev/pkg/chunkindex's Chain, 8 bytes per 64 of text) is
+// computed in full, so an approximate prefix index can match a long prompt
+// without the text being kept. Tool calls and tool results count
 // towards both the length and the digest, images, audio and files towards the
 // digest only. Non-string values are hashed as compact JSON that is streamed
 // into the hasher and never copied.

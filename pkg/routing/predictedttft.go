@@ -97,8 +97,9 @@ const (
 // tokens: from Spec.KV (the engines' KV events, speculated for
 // Spec.SpeculativeTTL after each pick) when the request has token ids and
 // the state is fresh, else from the approximate index: the chained 64-byte
-// chunk hashes (rolter.dev/pkg/chunkindex) of the prompts sent to i,
-// matched bytes scaled to tokens. prompt_tokens is len(TokenIDs), else the
+// chunk hashes (rolter.dev/pkg/chunkindex) of the prompts sent to i, whole
+// (Context.PromptChain past the text's 32 KiB cut), matched bytes scaled to
+// tokens. prompt_tokens is len(TokenIDs), else the
 // prompt's bytes / the learned bytes per token.
 //
 // w is the fleet's latency law: the least-squares fit, no weight negative,
@@ -121,9 +122,9 @@ const (
 // capacity_tokens(i) × indexed bytes per token / 64 chunks, where
 // capacity_tokens is Spec.Engine's scraped KV capacity, else
 // Spec.KVCapacityTokens[i], else unknown ([DefaultMaxTrieNodes] bytes of
-// chunks, the seed's ceiling), and indexed bytes per token (the share of a
-// prompt's KV the bounded text represents) is learned from FirstToken's
-// prompt token counts. So the index forgets, oldest first, at the rate the
+// chunks, the seed's ceiling), and indexed bytes per token (the text the
+// index sees of a prompt, all of it but tool traffic and media) is learned
+// from FirstToken's prompt token counts. So the index forgets, oldest first, at the rate the
 // replica's LRU does, and a prompt's tail before its head, as the replica
 // frees a finished request's blocks (chunkindex.Index.EvictTailFirst).
 //
@@ -345,6 +346,33 @@ func promptBytes(ctx *Context) int {
 	return len(ctx.Prompt)
 }
 
+// hasChain reports whether ctx carries the fingerprint of a prompt longer
+// than its Prompt, which the approximate index then uses instead: a prefix
+// shared past the text's cut (pkg/affinity's 32 KiB) still matches. On the
+// Mooncake traces, prompts of 15 K tokens on average, matching only the
+// first 32 KiB cost the approximate index up to 7 points of hit rate
+// (docs/routing.md).
+func hasChain(ctx *Context) bool {
+	return len(ctx.PromptChain.Hashes) > 0 && ctx.PromptChain.Len > len(ctx.Prompt)
+}
+
+// indexedBytes is the length of the text the approximate index sees of ctx.
+func indexedBytes(ctx *Context) int {
+	if hasChain(ctx) {
+		return ctx.PromptChain.Len
+	}
+	return len(ctx.Prompt)
+}
+
+// observeIndex records in the approximate index that target was sent ctx's
+// prompt and appends the hashes to publish to peers.
+func (t *predictedTTFT) observeIndex(target int, ctx *Context, publish []uint64) []uint64 {
+	if hasChain(ctx) {
+		return t.index.ObserveChain(target, ctx.PromptChain, publish)
+	}
+	return t.index.Observe(target, ctx.Prompt, publish)
+}
+
 // tokensPerByte converts a length of ctx's prompt text to tokens, at the
 // request's own ratio; ctx.Prompt must not be empty.
 func tokensPerByte(ctx *Context, tokens int) float64 {
@@ -383,7 +411,11 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 	}
 	var lbuf [MaxTargets]int
 	lens := lbuf[:t.n]
-	t.index.Match(ctx.Prompt, lens)
+	if hasChain(ctx) {
+		t.index.MatchChain(ctx.PromptChain, lens)
+	} else {
+		t.index.Match(ctx.Prompt, lens)
+	}
 	scale := tokensPerByte(ctx, tokens)
 	for i, l := range lens {
 		match[i] = min(float64(l)*scale, float64(tokens))
@@ -714,6 +746,11 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 				held = max(held, match[wi*64+bitIndex(w)])
 			}
 		}
+		// The shared part is read from the kept text alone (its first 32
+		// KiB): read over the whole chain, forks deep in long prompts (a
+		// conversation resent with another continuation) made histories
+		// "shared" and cost the trace up to 1.3 points of hit rate
+		// (docs/routing.md, whole prompts for the approximate index).
 		if held > 0 && ctx.Prompt != "" {
 			shared = float64(t.index.SharedLen(ctx.Prompt)) * tokensPerByte(ctx, tokens)
 		}
@@ -1027,7 +1064,7 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	m := t.law()
 	c := t.counts(target)
 	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens, &m, now, c), at: now,
-		bytes: promptBytes(ctx), indexed: len(ctx.Prompt), knownTok: len(ctx.TokenIDs), blind: t.peerHeard.Load() < 0,
+		bytes: promptBytes(ctx), indexed: indexedBytes(ctx), knownTok: len(ctx.TokenIDs), blind: t.peerHeard.Load() < 0,
 		slot: t.slotWaiter(target, c)}
 
 	held := 0.0
@@ -1059,9 +1096,9 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 
 	if ctx.Prompt != "" {
 		if t.publish == nil {
-			t.index.Observe(target, ctx.Prompt, nil)
+			t.observeIndex(target, ctx, nil)
 		} else {
-			hashes := t.index.Observe(target, ctx.Prompt, nil)
+			hashes := t.observeIndex(target, ctx, nil)
 			t.mu.Lock()
 			if len(t.unsent) < maxUnsent {
 				k := unsentKey{target, xxh3.HashString(ctx.Prompt)}

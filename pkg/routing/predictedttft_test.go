@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"rolter.dev/pkg/affinity"
 	"rolter.dev/pkg/routing"
 )
 
@@ -574,5 +575,33 @@ func TestPredictedTTFTBurstsPreferHomeWithPeers(t *testing.T) {
 	}
 	if got := pick(0); got != 0 && got != 2 {
 		t.Fatalf("arrivals in bursts: picked %d, want a home target (0 or 2)", got)
+	}
+}
+
+// longChat is a chat completions body whose one user message is text.
+func longChat(text string) []byte {
+	return []byte(`{"model":"m","messages":[{"role":"user","content":"` + text + `"}]}`)
+}
+
+// A prompt longer than the 32 KiB a context keeps is matched over its whole
+// length (the chain pkg/affinity computes past the cut): two targets that
+// hold the same first 32 KiB are told apart by what they hold beyond. With
+// only the kept text they tie, and ties spread.
+func TestPredictedTTFTMatchesPastTheCut(t *testing.T) {
+	common := words(11, 48<<10)
+	holder := affinity.Build(affinity.PathChatCompletions, longChat(common+words(12, 2000)), nil)
+	partial := affinity.Build(affinity.PathChatCompletions, longChat(common[:36<<10]+words(13, 14<<10)), nil)
+	if len(holder.Prompt) > affinity.MaxBytes || holder.PromptChain.Len <= len(holder.Prompt) {
+		t.Fatalf("context keeps %d bytes and a chain of %d: want the text cut and the chain whole", len(holder.Prompt), holder.PromptChain.Len)
+	}
+	for seed := range uint64(20) {
+		clock := &ttftClock{now: time.Second}
+		b := newTTFT(t, 4, seed, clock, nil)
+		served(b, 1, &partial, clock)
+		served(b, 3, &holder, clock)
+		next := affinity.Build(affinity.PathChatCompletions, longChat(common+words(14, 2000)), nil)
+		if got := b.Pick(&next, []int{0, 0, 0, 0}, routing.All(4)); got != 3 {
+			t.Fatalf("seed %d: picked %d, want 3, which holds 48 KiB of the prompt (1 holds 36)", seed, got)
+		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+
+	"rolter.dev/pkg/chunkindex"
 )
 
 // Context is what a balancer knows about a request. The dataplane builds it
@@ -21,6 +23,11 @@ type Context struct {
 	PromptDigest uint64
 	// HasDigest reports whether PromptDigest is set.
 	HasDigest bool
+	// PromptChain is the chunk fingerprint (rolter.dev/pkg/chunkindex) of
+	// the whole conversation text when Prompt was cut, else zero.
+	// predicted_ttft's approximate index matches and records it, so a
+	// prefix shared past the cut still counts.
+	PromptChain chunkindex.Chain
 	// SessionKey comes from the x-session-id header.
 	SessionKey string
 	// TokenIDs come from the x-rolter-vllm-token-ids header; nil when absent

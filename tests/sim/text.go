@@ -10,6 +10,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"rolter.dev/pkg/affinity"
+	"rolter.dev/pkg/chunkindex"
 	"rolter.dev/pkg/routing"
 	"rolter.dev/tests/vllmsim"
 )
@@ -365,7 +366,8 @@ func RouteContext(r *Request, sessionKeys bool) routing.Context {
 // directContext builds, from the messages, the context affinity.Build reads
 // from a chat body: Prompt = the first 32 KiB of RouteText cut on a character
 // boundary, PromptLen = its whole length, PromptDigest = xxh3 of the whole
-// text, SessionKey = the session's key when sessionKeys.
+// text, PromptChain = the whole text's chunk fingerprint when Prompt is
+// cut, SessionKey = the session's key when sessionKeys.
 func directContext(r *Request, sessionKeys bool) routing.Context {
 	// RouteText, kept to its first MaxPromptBytes, the rest only measured
 	// and hashed.
@@ -381,6 +383,11 @@ func directContext(r *Request, sessionKeys bool) routing.Context {
 		PromptLen:    t.n,
 		PromptDigest: t.h.Sum64(),
 		HasDigest:    true,
+	}
+	if len(ctx.Prompt) < t.n {
+		// Past the cut only the whole text's fingerprint.
+		whole := RouteText(r.Messages)
+		ctx.PromptChain = chunkindex.Chain{Hashes: chunkindex.Hashes(nil, whole), Len: len(whole)}
 	}
 	if sessionKeys && r.Session != nil {
 		ctx.SessionKey = r.Session.Key

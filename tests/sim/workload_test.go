@@ -276,8 +276,12 @@ func TestRouteContextIsAffinitys(t *testing.T) {
 		for _, r := range allRequests(w) {
 			for _, sk := range []bool{false, true} {
 				a, b := RouteContext(r, sk), directContext(r, sk)
+				if whole := RouteText(r.Messages); len(whole) > MaxPromptBytes && a.PromptChain.Len != len(whole) {
+					t.Fatalf("%s: a %d-byte prompt cut to %d carries a chain of %d bytes", name, len(whole), len(a.Prompt), a.PromptChain.Len)
+				}
 				if a.Prompt != b.Prompt || a.PromptLen != b.PromptLen || a.PromptDigest != b.PromptDigest ||
-					a.HasDigest != b.HasDigest || a.SessionKey != b.SessionKey || a.TokenIDs != nil {
+					a.HasDigest != b.HasDigest || a.SessionKey != b.SessionKey || a.TokenIDs != nil ||
+					a.PromptChain.Len != b.PromptChain.Len || !slices.Equal(a.PromptChain.Hashes, b.PromptChain.Hashes) {
 					t.Fatalf("%s session %d turn %d: affinity gives len %d digest %#x session %q, direct len %d digest %#x session %q",
 						name, r.Session.ID, r.Turn, a.PromptLen, a.PromptDigest, a.SessionKey, b.PromptLen, b.PromptDigest, b.SessionKey)
 				}
