@@ -605,3 +605,78 @@ func TestPredictedTTFTMatchesPastTheCut(t *testing.T) {
 		}
 	}
 }
+
+// A request's prompt is recorded again when it completes, as a replica
+// frees its blocks then: a prompt sent first but finished last outlives the
+// prompts sent after it. Touched only at the send, it would be the oldest
+// and forgotten, and the next request sharing its prefix would go to the
+// other, empty target as a new prefix does.
+func TestPredictedTTFTCompletionRefreshesIndex(t *testing.T) {
+	sys := words(1, 4000)
+	for _, complete := range []bool{true, false} {
+		for seed := range uint64(10) {
+			clock := &ttftClock{now: time.Second}
+			// 10,000 tokens at the default 4 bytes a token: 40,000 bytes of
+			// text, less than the long request and the five sent after it.
+			b := newTTFT(t, 2, seed, clock, func(s *routing.Spec) { s.KVCapacityTokens = []int{10_000, 10_000} })
+			long := &routing.Context{Prompt: sys + words(2, 100)}
+			b.Observe(0, long)
+			clock.tick()
+			for i := range 5 {
+				served(b, 0, &routing.Context{Prompt: words(uint64(20+i), 8000)}, clock)
+			}
+			b.(routing.TTFTObserver).FirstToken(0, long, 20*time.Millisecond, 0)
+			if complete {
+				b.(routing.Learner).Learn(0, long, 0, 2*time.Second)
+			}
+			clock.tick()
+			got := b.Pick(&routing.Context{Prompt: sys + words(3, 100)}, []int{0, 0}, routing.All(2))
+			if complete && got != 0 {
+				t.Fatalf("seed %d: picked %d after the long request completed, want its holder 0", seed, got)
+			}
+			if !complete && got != 1 {
+				t.Fatalf("seed %d: picked %d with no completion, want 1 (the prompt forgotten, a new prefix)", seed, got)
+			}
+		}
+	}
+}
+
+// Through several proxies the completion's touch reaches the peers: proxy b
+// keeps a prompt proxy a sent first and completed last, as a does, instead
+// of forgetting it as its oldest send.
+func TestPredictedTTFTCompletionTouchIsShared(t *testing.T) {
+	sys := words(1, 4000)
+	type pick struct {
+		target int
+		prompt string
+	}
+	for seed := range uint64(10) {
+		clock := &ttftClock{now: time.Second}
+		var qa, qb []pick
+		spec := func(q *[]pick) func(*routing.Spec) {
+			return func(s *routing.Spec) {
+				s.KVCapacityTokens = []int{10_000, 10_000}
+				s.Share = func(tg int, p string) { *q = append(*q, pick{tg, p}) }
+			}
+		}
+		a, b := newTTFT(t, 2, seed, clock, spec(&qa)), newTTFT(t, 2, seed, clock, spec(&qb))
+		deliver := func(from routing.Balancer, q *[]pick, to routing.Balancer) {
+			for _, p := range *q {
+				to.(routing.SharedAffinity).FoldPeer(p.target, from.(routing.SharedAffinity).RecordLocal(p.target, p.prompt, nil))
+			}
+			*q = nil
+		}
+		long := &routing.Context{Prompt: sys + words(2, 100)}
+		a.Observe(0, long)
+		deliver(a, &qa, b)
+		for i := range 5 {
+			served(b, 0, &routing.Context{Prompt: words(uint64(20+i), 8000)}, clock)
+		}
+		a.(routing.TTFTObserver).FirstToken(0, long, 20*time.Millisecond, 0)
+		a.(routing.Learner).Learn(0, long, 0, 2*time.Second)
+		deliver(a, &qa, b)
+		if got := b.Pick(&routing.Context{Prompt: sys + words(3, 100)}, []int{0, 0}, routing.All(2)); got != 0 {
+			t.Fatalf("seed %d: the peer picked %d after the long request completed at a, want its holder 0", seed, got)
+		}
+	}
+}
