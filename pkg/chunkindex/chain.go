@@ -70,7 +70,8 @@ func (c *Chainer) Write(p []byte) {
 }
 
 // Chain returns the fingerprint of everything written since the last Reset,
-// tail included. Its Hashes share c's buffer until the next Reset.
+// tail included. Its Hashes share c's buffer: valid until c is written to or
+// Reset again.
 func (c *Chainer) Chain() Chain {
 	hashes := c.hashes
 	if c.n > 0 {

@@ -99,8 +99,8 @@ const (
 // the state is fresh, else from the approximate index: the chained 64-byte
 // chunk hashes (rolter.dev/pkg/chunkindex) of the prompts sent to i, whole
 // (Context.PromptChain past the text's 32 KiB cut), matched bytes scaled to
-// tokens. prompt_tokens is len(TokenIDs), else the
-// prompt's bytes / the learned bytes per token.
+// tokens. prompt_tokens is len(TokenIDs), else the prompt's bytes / the
+// learned bytes per token.
 //
 // w is the fleet's latency law: the least-squares fit, no weight negative,
 // of y = TTFT in ms on x = (1, ahead_n, ahead_tok/1000, own/1000) as
@@ -124,9 +124,11 @@ const (
 // Spec.KVCapacityTokens[i], else unknown ([DefaultMaxTrieNodes] bytes of
 // chunks, the seed's ceiling), and indexed bytes per token (the text the
 // index sees of a prompt, all of it but tool traffic and media) is learned
-// from FirstToken's prompt token counts. So the index forgets, oldest first, at the rate the
-// replica's LRU does, and a prompt's tail before its head, as the replica
-// frees a finished request's blocks (chunkindex.Index.EvictTailFirst).
+// from FirstToken's prompt token counts. So the index forgets, oldest first,
+// at the rate the replica's LRU does, a prompt's tail before its head, as
+// the replica frees a finished request's blocks
+// (chunkindex.Index.EvictTailFirst), and it ages a prompt from its
+// request's completion (Learn), when the replica frees the blocks.
 //
 // State keyed by the *Context pointer: Observe records the attempt under
 // (target, ctx) until FirstToken or Abandon; the pointer is only a key and
@@ -783,7 +785,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		// The shared part is read from the kept text alone (its first 32
 		// KiB): read over the whole chain, forks deep in long prompts (a
 		// conversation resent with another continuation) made histories
-		// "shared" and cost the trace up to 1.3 points of hit rate
+		// "shared" and cost the trace up to 1.1 points of hit rate
 		// (docs/routing.md, whole prompts for the approximate index).
 		if held > 0 && ctx.Prompt != "" {
 			shared = float64(t.index.SharedLen(ctx.Prompt)) * tokensPerByte(ctx, tokens)
