@@ -1,6 +1,7 @@
 package routing_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -679,4 +680,46 @@ func TestPredictedTTFTCompletionTouchIsShared(t *testing.T) {
 			t.Fatalf("seed %d: the peer picked %d after the long request completed at a, want its holder 0", seed, got)
 		}
 	}
+}
+
+// BenchmarkPredictedTTFTRequest is one request's whole life in the balancer
+// without KV events (Pick, Observe, FirstToken, Learn) over 8 targets, for
+// 64 sessions sharing a system prompt: the approximate index's hash walks
+// and writes, the latency law, the pending queue. At 64 KiB the contexts
+// carry the fingerprint past the 32 KiB cut.
+func BenchmarkPredictedTTFTRequest(b *testing.B) {
+	for _, size := range []int{4 << 10, 64 << 10} {
+		b.Run(fmt.Sprintf("prompt=%dKiB", size>>10), func(b *testing.B) {
+			sys := words(1, size/2)
+			ctxs := make([]routing.Context, 64)
+			for i := range ctxs {
+				ctxs[i] = affinity.Build(affinity.PathChatCompletions, longChat(sys+words(uint64(10+i), size/2)), nil)
+			}
+			clock := &ttftClock{now: time.Second}
+			bal := newTTFT(b, 8, 1, clock, func(s *routing.Spec) { s.KVCapacityTokens = capacities(8, 1<<20) })
+			loads := make([]int, 8)
+			obs := bal.(routing.TTFTObserver)
+			learn := bal.(routing.Learner)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				ctx := &ctxs[i%len(ctxs)]
+				i++
+				target := bal.Pick(ctx, loads, routing.All(8))
+				bal.Observe(target, ctx)
+				clock.tick()
+				obs.FirstToken(target, ctx, 20*time.Millisecond, size/4)
+				learn.Learn(target, ctx, 0, 100*time.Millisecond)
+			}
+		})
+	}
+}
+
+// capacities returns n copies of v.
+func capacities(n, v int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = v
+	}
+	return out
 }
