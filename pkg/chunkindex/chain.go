@@ -34,7 +34,7 @@ type Chainer struct {
 	h      uint64
 	buf    [ChunkBytes]byte
 	n      int // bytes staged in buf
-	len    int
+	size   int // bytes written
 	hashes []uint64
 	begun  bool
 }
@@ -50,7 +50,7 @@ func (c *Chainer) Write(p []byte) {
 	if !c.begun {
 		c.h, c.begun = seed, true
 	}
-	c.len += len(p)
+	c.size += len(p)
 	if c.n > 0 {
 		k := copy(c.buf[c.n:], p)
 		c.n += k
@@ -77,7 +77,7 @@ func (c *Chainer) Chain() Chain {
 	if c.n > 0 {
 		hashes = append(hashes, xxh3.HashSeed(c.buf[:c.n], c.h^tailMark))
 	}
-	return Chain{Hashes: hashes, Len: c.len}
+	return Chain{Hashes: hashes, Len: c.size}
 }
 
 // MatchChain is Match for a text given by its fingerprint: lens[i] is the
