@@ -368,18 +368,22 @@ func (t *predictedTTFT) publishHashes(target int, prompt string, hashes []uint64
 // running sessions first (rolter-sim agent through 4 proxies without KV
 // events: 47.1 % hit rate, 58.4 with the completions shared; docs/routing.md).
 func (t *predictedTTFT) touchCompleted(target int, ctx *Context) {
-	t.observeIndex(target, ctx, nil)
 	if t.publish == nil {
+		t.observeIndex(target, ctx, nil)
 		return
 	}
-	var all []uint64
+	// One fingerprint both records and is published: the request's own
+	// chain copied (it is not this balancer's to reorder), else the kept
+	// text hashed once.
+	var c chunkindex.Chain
 	if hasChain(ctx) {
-		all = slices.Clone(ctx.PromptChain.Hashes)
+		c = chunkindex.Chain{Hashes: slices.Clone(ctx.PromptChain.Hashes), Len: ctx.PromptChain.Len}
 	} else {
-		all = chunkindex.Hashes(nil, ctx.Prompt)
+		c = chunkindex.Chain{Hashes: chunkindex.Hashes(nil, ctx.Prompt), Len: len(ctx.Prompt)}
 	}
-	slices.Reverse(all)
-	t.publishHashes(target, ctx.Prompt, all)
+	t.index.ObserveChain(target, c, nil)
+	slices.Reverse(c.Hashes)
+	t.publishHashes(target, ctx.Prompt, c.Hashes)
 }
 
 // hasChain reports whether ctx carries the fingerprint of a prompt longer

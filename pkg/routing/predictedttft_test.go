@@ -647,21 +647,17 @@ func TestPredictedTTFTCompletionRefreshesIndex(t *testing.T) {
 // of forgetting it as its oldest send.
 func TestPredictedTTFTCompletionTouchIsShared(t *testing.T) {
 	sys := words(1, 4000)
-	type pick struct {
-		target int
-		prompt string
-	}
 	for seed := range uint64(10) {
 		clock := &ttftClock{now: time.Second}
-		var qa, qb []pick
-		spec := func(q *[]pick) func(*routing.Spec) {
+		var qa, qb []queuedPick
+		spec := func(q *[]queuedPick) func(*routing.Spec) {
 			return func(s *routing.Spec) {
 				s.KVCapacityTokens = []int{10_000, 10_000}
-				s.Share = func(tg int, p string) { *q = append(*q, pick{tg, p}) }
+				s.Share = func(tg int, p string) { *q = append(*q, queuedPick{tg, p}) }
 			}
 		}
 		a, b := newTTFT(t, 2, seed, clock, spec(&qa)), newTTFT(t, 2, seed, clock, spec(&qb))
-		deliver := func(from routing.Balancer, q *[]pick, to routing.Balancer) {
+		deliver := func(from routing.Balancer, q *[]queuedPick, to routing.Balancer) {
 			for _, p := range *q {
 				to.(routing.SharedAffinity).FoldPeer(p.target, from.(routing.SharedAffinity).RecordLocal(p.target, p.prompt, nil))
 			}
