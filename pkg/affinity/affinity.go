@@ -110,15 +110,33 @@ func Parse(path string, body []byte) (Affinity, bool) {
 		b.flush()
 		a = Affinity{Text: string(b.text), Len: b.n, Digest: b.h.Sum64()}
 		if b.full {
-			c := b.chain.Chain()
-			a.Chain = chunkindex.Chain{Hashes: slices.Clone(c.Hashes), Len: c.Len}
+			if c := b.chain.Chain(); cap(c.Hashes) > maxPooledChain {
+				// Too large to keep pooled (see recycle): handed over, not copied.
+				a.Chain, b.chain = c, chunkindex.Chainer{}
+			} else {
+				a.Chain = chunkindex.Chain{Hashes: slices.Clone(c.Hashes), Len: c.Len}
+			}
 		}
 	} else {
 		ok = false
 	}
-	b.body = nil
-	pool.Put(b)
+	b.recycle()
 	return a, ok
+}
+
+// maxPooledChain is the most chunk hashes a pooled builder's fingerprint
+// buffer keeps room for: 8 bytes each, so at most the size of its kept text
+// buffer (MaxBytes), the fingerprint of 256 KiB of prompt. A larger one,
+// grown by one very long prompt, is dropped rather than held by the pool
+// for every later request (a 4 MiB prompt's is 512 KiB).
+const maxPooledChain = MaxBytes / 8
+
+// recycle returns b to the pool, without the body it read and without a
+// fingerprint buffer grown past maxPooledChain.
+func (b *builder) recycle() {
+	b.body = nil
+	b.chain.Trim(maxPooledChain)
+	pool.Put(b)
 }
 
 type endpoint uint8
@@ -282,8 +300,10 @@ func (b *builder) appendText(p []byte) {
 	cut := cutPoint(p, room)
 	b.text = append(b.text, p[:cut]...)
 	b.full = true
-	// Past the cut only the fingerprint grows (8 bytes per 64 of text).
+	// Past the cut only the fingerprint grows (8 bytes per 64 of text),
+	// sized at once for a text as long as the body.
 	b.chain.Reset()
+	b.chain.Grow(len(b.body)/chunkindex.ChunkBytes + 1)
 	b.chain.Write(b.text)
 	b.chain.Write(p[cut:])
 }

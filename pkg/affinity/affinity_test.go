@@ -378,6 +378,27 @@ func TestLongPromptCut(t *testing.T) {
 	}
 }
 
+// A builder that parsed a very long prompt goes back to the pool without
+// its grown fingerprint buffer (affinity's recycle); the contexts built
+// after it, long or short, carry their own prompt's chain all the same.
+func TestChainAfterAVeryLongPrompt(t *testing.T) {
+	for _, n := range []int{4 << 20, affinity.MaxBytes + 100, 1 << 20, 200, 3 << 20} {
+		content := strings.Repeat("abcdefghij", n/10)
+		body := fmt.Appendf(nil, `{"messages":[{"role":"user","content":%q}]}`, content)
+		got := affinity.Build(chat, body, nil)
+		whole := "user: " + content + "\n"
+		if n < affinity.MaxBytes {
+			if got.Prompt != whole || len(got.PromptChain.Hashes) != 0 {
+				t.Fatalf("%d bytes: prompt of %d bytes and a chain of %d hashes, want the whole text and no chain", n, len(got.Prompt), len(got.PromptChain.Hashes))
+			}
+			continue
+		}
+		if got.PromptChain.Len != len(whole) || !slices.Equal(got.PromptChain.Hashes, chunkindex.Hashes(nil, whole)) {
+			t.Fatalf("%d bytes: chain of %d bytes, %d hashes; want the whole text's %d", n, got.PromptChain.Len, len(got.PromptChain.Hashes), len(whole))
+		}
+	}
+}
+
 // TestNothingAfterTheCut: once a piece is cut, a later piece is not appended
 // even when it would fit in the room the cut left.
 func TestNothingAfterTheCut(t *testing.T) {

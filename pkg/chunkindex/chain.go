@@ -1,6 +1,10 @@
 package chunkindex
 
-import "github.com/zeebo/xxh3"
+import (
+	"slices"
+
+	"github.com/zeebo/xxh3"
+)
 
 // Chain is the fingerprint of a text (see the package doc) without the
 // text: Hashes(nil, text) and the text's length in bytes. A routing context
@@ -43,6 +47,19 @@ type Chainer struct {
 // returned earlier must no longer be used).
 func (c *Chainer) Reset() {
 	*c = Chainer{hashes: c.hashes[:0]}
+}
+
+// Grow makes room for n more hashes (a text of about 64 × n more bytes), so
+// that a long text's fingerprint is allocated once rather than grown.
+func (c *Chainer) Grow(n int) { c.hashes = slices.Grow(c.hashes, n) }
+
+// Trim drops c's hash buffer when it has room for more than limit hashes,
+// so that a Chainer kept for reuse does not hold on to the buffer of the
+// longest text it ever saw. c must be Reset before its next text.
+func (c *Chainer) Trim(limit int) {
+	if cap(c.hashes) > limit {
+		c.hashes = nil
+	}
 }
 
 // Write appends p to the text.

@@ -42,6 +42,36 @@ func TestChainerIsHashesOfTheWhole(t *testing.T) {
 	}
 }
 
+// Trim drops a hash buffer grown past its limit and keeps one within it; a
+// trimmed Chainer, once Reset, still fingerprints its next text exactly.
+func TestChainerTrim(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	long, short := text(rng, 64<<10), text(rng, 4<<10) // 1,024 and 64 hashes
+	var c chunkindex.Chainer
+	longBytes := []byte(long)
+	rewrite := func(limit int) float64 {
+		return testing.AllocsPerRun(3, func() {
+			c.Reset()
+			c.Write(longBytes)
+			c.Chain()
+			c.Trim(limit)
+		})
+	}
+	if a := rewrite(2048); a != 0 {
+		t.Fatalf("a buffer within the limit was dropped: %.0f allocations to fingerprint the same text again", a)
+	}
+	if a := rewrite(100); a == 0 {
+		t.Fatal("a buffer of 1,024 hashes survived Trim(100): no allocation to grow it again")
+	}
+	for _, txt := range []string{long, short, long} {
+		got := chainOf(&c, txt, []int{len(txt) / 3})
+		c.Trim(100)
+		if want := chunkindex.Hashes(nil, txt); got.Len != len(txt) || !slices.Equal(got.Hashes, want) {
+			t.Fatalf("after Trim: chain of %d hashes, len %d; want %d hashes, len %d", len(got.Hashes), got.Len, len(want), len(txt))
+		}
+	}
+}
+
 // The chain forms of Match and Observe agree with the text forms, in both
 // eviction orders, and a chain teaches SharedLen the same forks.
 func TestChainFormsAgreeWithText(t *testing.T) {
