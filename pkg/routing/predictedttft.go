@@ -203,7 +203,7 @@ type predictedTTFT struct {
 	pending   []map[*Context]pendingPrefill
 	slotPend  []atomic.Int64 // per target, the pending requests waiting for a batch slot (written under mu)
 	lastSweep time.Duration
-	unsent    map[unsentKey][]uint64 // hashes Observe inserted, until RecordLocal publishes them
+	unsent    map[unsentKey]*unsentHashes // what each (target, prompt) has to publish, until RecordLocal hands it over
 
 	// Learned text/token ratios: Σ whole-prompt bytes, Σ bounded (indexed)
 	// bytes and Σ engine prompt tokens of the attempts that reported them.
@@ -270,12 +270,24 @@ type unsentKey struct {
 	digest uint64
 }
 
+// unsentHashes are the hashes one (target, prompt) has to publish, in
+// order, and the fleet picks queued for it that RecordLocal has not yet
+// answered: the first answer hands over every hash, the later ones (the
+// same prompt sent, or sent and completed, within one flush) nothing more.
+type unsentHashes struct {
+	hashes []uint64
+	picks  int
+}
+
 // maxUtilisation caps the measured utilisation in the queueing delay
 // factor 1/(1-ρ), which is unbounded at saturation.
 const maxUtilisation = 0.99
 
-// maxUnsent bounds the hashes kept for RecordLocal; past it RecordLocal
-// republishes a prompt's whole fingerprint.
+// maxUnsent bounds the (target, prompt) entries kept for RecordLocal. When
+// it is reached they are all dropped, and RecordLocal republishes the
+// whole fingerprint of each prompt it finds no entry for: a superset, head
+// first. That also clears the entries of picks the fleet dropped (its queue
+// is bounded), which RecordLocal would never be asked for.
 const maxUnsent = 4096
 
 // recentArrivals bounds the own arrivals kept to count those within a
@@ -308,7 +320,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
 		peerQueues: map[string][]peerQueue{}, peerLast: map[string]time.Duration{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
 		pending: make([]map[*Context]pendingPrefill, n), slotPend: make([]atomic.Int64, n),
-		unsent:  map[unsentKey][]uint64{},
+		unsent:  map[unsentKey]*unsentHashes{},
 		unitLaw: ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1}, samples: PredictorMinSamples},
 	}
 	if t.specTTL == 0 {
@@ -351,11 +363,18 @@ func promptBytes(ctx *Context) int {
 // publishHashes hands the fleet these hashes of prompt, sent to target, for
 // its next flush (RecordLocal gives them back when it asks for prompt).
 func (t *predictedTTFT) publishHashes(target int, prompt string, hashes []uint64) {
+	k := unsentKey{target, xxh3.HashString(prompt)}
 	t.mu.Lock()
-	if len(t.unsent) < maxUnsent {
-		k := unsentKey{target, xxh3.HashString(prompt)}
-		t.unsent[k] = append(t.unsent[k], hashes...)
+	u := t.unsent[k]
+	if u == nil {
+		if len(t.unsent) >= maxUnsent {
+			clear(t.unsent)
+		}
+		u = &unsentHashes{}
+		t.unsent[k] = u
 	}
+	u.hashes = append(u.hashes, hashes...)
+	u.picks++
 	t.mu.Unlock()
 	t.publish(target, prompt)
 }
@@ -1811,17 +1830,24 @@ func (t *predictedTTFT) Decisions() map[string]uint64 {
 	return map[string]uint64{DecisionPrecise: t.decisions[0].Load(), DecisionApproximate: t.decisions[1].Load()}
 }
 
-// RecordLocal implements [SharedAffinity]: the hashes Observe inserted for
-// the prompt (the index already holds them), or its whole fingerprint when
-// they were not kept.
+// RecordLocal implements [SharedAffinity]: the hashes the prompt's sends
+// and completions at target left to publish since the last call for it (the
+// index already holds them), or its whole fingerprint when they were not
+// kept (see maxUnsent).
 func (t *predictedTTFT) RecordLocal(target int, prompt string, dst []uint64) []uint64 {
 	k := unsentKey{target, xxh3.HashString(prompt)}
 	t.mu.Lock()
-	hashes, ok := t.unsent[k]
-	delete(t.unsent, k)
+	u := t.unsent[k]
+	if u != nil {
+		dst = append(dst, u.hashes...)
+		u.hashes = u.hashes[:0]
+		if u.picks--; u.picks <= 0 {
+			delete(t.unsent, k)
+		}
+	}
 	t.mu.Unlock()
-	if ok {
-		return append(dst, hashes...)
+	if u != nil {
+		return dst
 	}
 	return chunkindex.Hashes(dst, prompt)
 }

@@ -3,11 +3,13 @@ package routing_test
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"rolter.dev/pkg/affinity"
+	"rolter.dev/pkg/chunkindex"
 	"rolter.dev/pkg/routing"
 )
 
@@ -675,6 +677,50 @@ func TestPredictedTTFTCompletionTouchIsShared(t *testing.T) {
 		if got := b.Pick(&routing.Context{Prompt: sys + words(3, 100)}, []int{0, 0}, routing.All(2)); got != 0 {
 			t.Fatalf("seed %d: the peer picked %d after the long request completed at a, want its holder 0", seed, got)
 		}
+	}
+}
+
+// A prompt sent and completed within one flush queues two fleet picks for
+// the same (target, prompt): the first RecordLocal hands over both records
+// in order (the send's new hashes, then the completion's touch), the
+// second nothing more. It used to republish the prompt's whole
+// fingerprint head first, so that peers aged the prompt in send order after
+// all.
+func TestPredictedTTFTRecordLocalPublishesOnce(t *testing.T) {
+	clock := &ttftClock{now: time.Second}
+	var q []queuedPick
+	bal := newTTFT(t, 2, 1, clock, func(s *routing.Spec) {
+		s.Share = func(tg int, p string) { q = append(q, queuedPick{tg, p}) }
+	})
+	ctx := &routing.Context{Prompt: words(1, 2000)}
+	bal.Observe(0, ctx)
+	bal.(routing.TTFTObserver).FirstToken(0, ctx, 20*time.Millisecond, 0)
+	bal.(routing.Learner).Learn(0, ctx, 0, time.Second)
+	if len(q) != 2 {
+		t.Fatalf("%d picks queued for a send and its completion, want 2", len(q))
+	}
+	// Both record the prompt tail first, as the replica frees it.
+	h := chunkindex.Hashes(nil, ctx.Prompt)
+	slices.Reverse(h)
+	want := append(slices.Clone(h), h...)
+	rec := bal.(routing.SharedAffinity)
+	if got := rec.RecordLocal(q[0].target, q[0].prompt, nil); !slices.Equal(got, want) {
+		t.Fatalf("first answer: %d hashes, want the send's %d then the touch's %d", len(got), len(h), len(h))
+	}
+	if got := rec.RecordLocal(q[1].target, q[1].prompt, nil); len(got) != 0 {
+		t.Fatalf("second answer for the same prompt: %d hashes, want none", len(got))
+	}
+	// Answered: a later send is recorded afresh (the index holds every
+	// hash, so the send inserts none; its completion touches them all).
+	q = nil
+	bal.Observe(0, ctx)
+	bal.(routing.Learner).Learn(0, ctx, 0, time.Second)
+	var got []uint64
+	for _, p := range q {
+		got = rec.RecordLocal(p.target, p.prompt, got)
+	}
+	if !slices.Equal(got, want[len(h):]) {
+		t.Fatalf("after the flush: %d hashes, want the touch's %d", len(got), len(h))
 	}
 }
 
