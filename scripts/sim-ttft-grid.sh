@@ -96,14 +96,30 @@ mixed)
 mixed2)
 	# A second set like mixed, seeds 20-43, picked without looking at the
 	# results (docs/routing.md: it found the saturated follow-up wait).
-	for a in "--workload gsp --seed 20 --replicas 5 --gsp-groups 40 --gsp-question-len 512" "--workload multiturn --seed 21 --replicas 7 --mt-clients 96 --prefill-us 45" "--workload agent --seed 22 --replicas 9 --agent-agents 24 --agent-turns 6" \
-		"--workload unique --seed 23 --replicas 5 --unique-len 8192 --rate 3" "--workload gsp --seed 24 --capacity 1536 --gsp-groups 48 --ramp 2s" "--workload multiturn --seed 25 --mt-request-len 2048 --mt-rounds 4 --replicas 12" \
-		"--workload agent --seed 26 --agent-tool-len 8192 --agent-agents 16 --replicas 4" "--workload trace --seed 27 --trace-limit 800 --capacity 24576 --replicas 10" "--workload gsp --seed 28 --gsp-system-len 1024 --gsp-prompts 32 --prefill-us 35 --replicas 6" \
-		"--workload multiturn --seed 29 --mt-think-ms 1000 --replicas 14 --ramp 3s" "--workload agent --seed 30 --agent-task-len 2048 --prefill-us 90 --replicas 10" "--workload unique --seed 31 --unique-len 1024 --rate 30 --replicas 10" \
-		"--workload gsp --seed 32 --rate 15 --gsp-groups 24 --replicas 12 --capacity 8192" "--workload multiturn --seed 33 --mt-clients 32 --mt-rounds 12 --capacity 2048" "--workload agent --seed 34 --agent-agents 64 --ramp 6s --replicas 8" \
-		"--workload trace --seed 35 --trace-limit 800 --capacity 98304 --prefill-us 40 --replicas 6" "--workload gsp --seed 36 --gsp-groups 200 --gsp-prompts 4 --replicas 8" "--workload multiturn --seed 37 --prefill-us 20 --mt-request-len 512 --replicas 5" \
-		"--workload agent --seed 38 --agent-tool-ms 500 --agent-turns 16 --replicas 6" "--workload agent --seed 39 --itl-ms 10 --replicas 12 --agent-agents 40" "--workload gsp --seed 40 --itl-ms 8 --gsp-output-len 64 --replicas 10" \
-		"--workload multiturn --seed 41 --block-size 32 --replicas 9 --mt-think-ms 300" "--workload trace --seed 42 --trace-limit 800 --capacity 16384 --replicas 12 --prefill-us 70" "--workload agent --seed 43 --block-size 32 --prefill-us 55 --ramp 2500ms"; do
+	for a in "--workload gsp --seed 20 --replicas 5 --gsp-groups 40 --gsp-question-len 512" \
+		"--workload multiturn --seed 21 --replicas 7 --mt-clients 96 --prefill-us 45" \
+		"--workload agent --seed 22 --replicas 9 --agent-agents 24 --agent-turns 6" \
+		"--workload unique --seed 23 --replicas 5 --unique-len 8192 --rate 3" \
+		"--workload gsp --seed 24 --capacity 1536 --gsp-groups 48 --ramp 2s" \
+		"--workload multiturn --seed 25 --mt-request-len 2048 --mt-rounds 4 --replicas 12" \
+		"--workload agent --seed 26 --agent-tool-len 8192 --agent-agents 16 --replicas 4" \
+		"--workload trace --seed 27 --trace-limit 800 --capacity 24576 --replicas 10" \
+		"--workload gsp --seed 28 --gsp-system-len 1024 --gsp-prompts 32 --prefill-us 35 --replicas 6" \
+		"--workload multiturn --seed 29 --mt-think-ms 1000 --replicas 14 --ramp 3s" \
+		"--workload agent --seed 30 --agent-task-len 2048 --prefill-us 90 --replicas 10" \
+		"--workload unique --seed 31 --unique-len 1024 --rate 30 --replicas 10" \
+		"--workload gsp --seed 32 --rate 15 --gsp-groups 24 --replicas 12 --capacity 8192" \
+		"--workload multiturn --seed 33 --mt-clients 32 --mt-rounds 12 --capacity 2048" \
+		"--workload agent --seed 34 --agent-agents 64 --ramp 6s --replicas 8" \
+		"--workload trace --seed 35 --trace-limit 800 --capacity 98304 --prefill-us 40 --replicas 6" \
+		"--workload gsp --seed 36 --gsp-groups 200 --gsp-prompts 4 --replicas 8" \
+		"--workload multiturn --seed 37 --prefill-us 20 --mt-request-len 512 --replicas 5" \
+		"--workload agent --seed 38 --agent-tool-ms 500 --agent-turns 16 --replicas 6" \
+		"--workload agent --seed 39 --itl-ms 10 --replicas 12 --agent-agents 40" \
+		"--workload gsp --seed 40 --itl-ms 8 --gsp-output-len 64 --replicas 10" \
+		"--workload multiturn --seed 41 --block-size 32 --replicas 9 --mt-think-ms 300" \
+		"--workload trace --seed 42 --trace-limit 800 --capacity 16384 --replicas 12 --prefill-us 70" \
+		"--workload agent --seed 43 --block-size 32 --prefill-us 55 --ramp 2500ms"; do
 		# shellcheck disable=SC2086
 		run $a --strategies $S
 	done ;;

@@ -1838,18 +1838,17 @@ func (t *predictedTTFT) RecordLocal(target int, prompt string, dst []uint64) []u
 	k := unsentKey{target, xxh3.HashString(prompt)}
 	t.mu.Lock()
 	u := t.unsent[k]
-	if u != nil {
-		dst = append(dst, u.hashes...)
-		u.hashes = u.hashes[:0]
-		if u.picks--; u.picks <= 0 {
-			delete(t.unsent, k)
-		}
+	if u == nil {
+		t.mu.Unlock()
+		return chunkindex.Hashes(dst, prompt)
+	}
+	dst = append(dst, u.hashes...)
+	u.hashes = u.hashes[:0]
+	if u.picks--; u.picks <= 0 {
+		delete(t.unsent, k)
 	}
 	t.mu.Unlock()
-	if u != nil {
-		return dst
-	}
-	return chunkindex.Hashes(dst, prompt)
+	return dst
 }
 
 // FoldPeer implements [SharedAffinity].
