@@ -232,15 +232,15 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 	b.observes.Store(10)
 	b.uncachedSum.Store(10 * 1000)
 	b.novelty.Store(math.Float64bits(5))
-	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true)), now); math.Abs(got-155) > 1e-6 {
+	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 4000), now); math.Abs(got-155) > 1e-6 {
 		t.Fatalf("busy half the time: follow wait %.3f ms, want 55 + 100", got)
 	}
 	parallel := ttftLaw{w: [lawFeatures]float64{5, 5, 5, 50}, samples: 100}
 	want := 10.0 + 5*0.05/(0.95*0.95) // 1 × (5 + 5), and the delay
-	if got := b.followWait(0, b.followCost(&parallel, now, b.fleetRates(now, 1, true)), now); math.Abs(got-want) > 1e-6 {
+	if got := b.followWait(0, b.followCost(&parallel, now, b.fleetRates(now, 1, true), 4000), now); math.Abs(got-want) > 1e-6 {
 		t.Fatalf("side-by-side prefill, busy half the time: follow wait %.3f ms, want %.3f", got, want)
 	}
-	if got := b.followWait(1, b.followCost(&simLaw, now, b.fleetRates(now, 1, true)), now); got != 0 {
+	if got := b.followWait(1, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 4000), now); got != 0 {
 		t.Fatalf("never busy: follow wait %.3f ms, want 0", got)
 	}
 	// The pick, with the law fitted: the target that was idle, every time.
@@ -251,7 +251,7 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 		}
 	}
 	b.novelty.Store(math.Float64bits(10)) // every request so far was new
-	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true)), now); got != 0 {
+	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 4000), now); got != 0 {
 		t.Fatalf("no repeat traffic: follow wait %.3f ms, want 0", got)
 	}
 	seen := map[int]bool{}
@@ -260,6 +260,53 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 	}
 	if !seen[0] || !seen[1] {
 		t.Fatalf("no repeat traffic: picked %v, want both targets (a tie)", seen)
+	}
+}
+
+// Where every target's prefill queue is busy nearly all the time, the
+// follow-up wait's M/M/1 factors are enormous and differ between targets
+// by the noise in ρ_i; each target's is bounded by the least one plus what
+// the followers pay to go there instead (this prompt prefilled again).
+// Target 0 holds the prompt and was busy 99.9 % of the time (ρ capped at
+// 0.99: 5,445 ms of followers' wait and 495,000 of their delay under the
+// simulator's law), target 1 90 % (495 + 4,500 ms): unbounded, the holder
+// lost by half a second per follower; bounded it is 100 ms (the 2,000
+// prompt tokens at 50 ms per 1,000) dearer than target 1, no more than
+// what leaving it costs in this request's own prefill alone, and it keeps
+// the prompt.
+func TestPredictedTTFTFollowWaitBoundedAtSaturation(t *testing.T) {
+	now := 10 * time.Second
+	b := newTwoTargetTTFT(t, &now)
+	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+	first := &Context{Prompt: strings.Repeat("a", 8000)}
+	b.Observe(0, first)
+	b.FirstToken(0, first, 200*time.Millisecond, 2000)
+	b.start.Store(0)
+	b.busyTotal[0].Store(int64(9990 * time.Millisecond))
+	b.busyTotal[1].Store(int64(9 * time.Second))
+	b.arrivals[0].Store(5)
+	b.arrivals[1].Store(5)
+	b.observes.Store(10)
+	b.uncachedSum.Store(10 * 1000)
+	b.novelty.Store(math.Float64bits(5))
+
+	follow := b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 2000)
+	if follow.fallback != 100 {
+		t.Fatalf("fallback %.3f ms, want 100 (2,000 tokens at 50 ms per 1,000, one follower)", follow.fallback)
+	}
+	var followed [2]float64
+	b.followWaits(Set{}.OrAll(2), follow, now, followed[:])
+	want1 := 55*9 + 50*0.9/(0.1*0.1)
+	if math.Abs(followed[1]-want1) > 1e-6 || math.Abs(followed[0]-(want1+100)) > 1e-6 {
+		t.Fatalf("follow waits %v, want [%.3f %.3f] (target 0 bounded by target 1's plus the fallback)", followed, want1+100, want1)
+	}
+	if raw := b.followWait(0, follow, now); raw < 10*followed[0] {
+		t.Fatalf("target 0's unbounded follow wait %.3f ms: the test no longer exercises the bound", raw)
+	}
+	for i := range 20 {
+		if got := b.Pick(&Context{Prompt: strings.Repeat("a", 8000) + strings.Repeat("b", 400+i)}, nil, Set{}); got != 0 {
+			t.Fatalf("draw %d: picked %d, want the holder 0", i, got)
+		}
 	}
 }
 
