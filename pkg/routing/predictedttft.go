@@ -817,7 +817,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	var fbuf [MaxTargets]float64
 	followed := fbuf[:t.n]
 	if follow.wait > 0 {
-		t.followWaits(el, follow, now, followed)
+		t.followWaits(el, follow, now, match, followed)
 	}
 	best := math.Inf(1)
 	for wi, w := range el.w {
@@ -1485,33 +1485,40 @@ func (t *predictedTTFT) followWait(i int, follow followFactors, now time.Duratio
 }
 
 // followWaits sets followed[i] to followWait(i) for every eligible target,
-// each at most the least of them plus follow.fallback. The followers are
+// bounded where it would override what the cache saves: a target holding
+// more of the prompt than the eligible target that holds least is charged
+// at most the least follow-up wait plus follow.fallback. The followers are
 // not bound to the target this pick sends the prompt to: each can go where
-// the follow-up wait is least and prefill this prompt again there. Without
-// that bound the wait's M/M/1 factors grow without limit as ρ_i nears 1
-// (b/(1 − b)² is 10⁴ at the 0.99 cap), and where every target's prefill
-// queue is busy nearly all the time their differences are the noise in
-// ρ_i, tens of seconds apart, which outweighed the TTFT and the waste
-// term: rolter-sim gsp with short answers (--itl-ms 8 --gsp-output-len
-// 64), whose queues are busy 93-100 % of the time, scattered its groups
-// (hit rate 81.4 against 87.6 %, TTFT mean 148 against SGLang's 107 ms;
-// bounded: 87.6 %, 101 ms). Capped at the fallback alone (no least wait),
-// a short prompt's followers looked as if they waited nowhere, and the
-// trace at 131,072 blocks lost 0.3 point of hit rate (docs/routing.md,
-// saturated prefill queues).
-func (t *predictedTTFT) followWaits(el Set, follow followFactors, now time.Duration, followed []float64) {
-	least := math.Inf(1)
+// the follow-up wait is least and prefill this prompt again there.
+//
+// Without the bound the wait's M/M/1 factors grow without limit as ρ_i
+// nears 1 (b/(1 − b)² is 10⁴ at the 0.99 cap), and where every target's
+// prefill queue is busy nearly all the time their differences are the
+// noise in ρ_i, seconds apart, which outweighed the cache: rolter-sim gsp
+// with short answers (--itl-ms 8 --gsp-output-len 64), whose queues are
+// busy 93-100 % of the time, sent a group's questions away from the
+// replica holding its system prompt (hit rate 81.4 against 87.6 %, TTFT
+// mean 148 against SGLang's 107 ms; bounded: 87.6 %, 101 ms). Among
+// targets that hold the same of the prompt (a new prompt: none of it, or
+// only what every target shares) nothing is saved either way, and the
+// unbounded wait is what spreads new prompts by each target's long-run
+// busy share; bounded there too, the trace under heavy prefill load lost
+// up to 1.2 points of hit rate (docs/routing.md, saturated prefill queues).
+func (t *predictedTTFT) followWaits(el Set, follow followFactors, now time.Duration, match, followed []float64) {
+	least, fewest := math.Inf(1), math.Inf(1)
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
 			i := wi*64 + bitIndex(w)
 			followed[i] = t.followWait(i, follow, now)
 			least = min(least, followed[i])
+			fewest = min(fewest, match[i])
 		}
 	}
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
-			i := wi*64 + bitIndex(w)
-			followed[i] = min(followed[i], least+follow.fallback)
+			if i := wi*64 + bitIndex(w); match[i] > fewest {
+				followed[i] = min(followed[i], least+follow.fallback)
+			}
 		}
 	}
 }

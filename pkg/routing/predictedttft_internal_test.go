@@ -265,15 +265,16 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 
 // Where every target's prefill queue is busy nearly all the time, the
 // follow-up wait's M/M/1 factors are enormous and differ between targets
-// by the noise in ρ_i; each target's is bounded by the least one plus what
-// the followers pay to go there instead (this prompt prefilled again).
-// Target 0 holds the prompt and was busy 99.9 % of the time (ρ capped at
-// 0.99: 5,445 ms of followers' wait and 495,000 of their delay under the
-// simulator's law), target 1 90 % (495 + 4,500 ms): unbounded, the holder
-// lost by half a second per follower; bounded it is 100 ms (the 2,000
-// prompt tokens at 50 ms per 1,000) dearer than target 1, no more than
-// what leaving it costs in this request's own prefill alone, and it keeps
-// the prompt.
+// by the noise in ρ_i; a target holding more of the prompt than another is
+// charged at most the least wait plus what the followers pay to go there
+// instead (this prompt prefilled again). Target 0 holds the prompt and was
+// busy 99.9 % of the time (ρ capped at 0.99: 5,445 ms of followers' wait
+// and 495,000 of their delay under the simulator's law), target 1 90 %
+// (495 + 4,500 ms): unbounded, the holder lost by half a second per
+// follower; bounded it is 100 ms (the 2,000 prompt tokens at 50 ms per
+// 1,000) dearer than target 1, no more than what leaving it costs in this
+// request's own prefill alone, and it keeps the prompt. Between targets
+// that hold the same of the prompt nothing is bounded.
 func TestPredictedTTFTFollowWaitBoundedAtSaturation(t *testing.T) {
 	now := 10 * time.Second
 	b := newTwoTargetTTFT(t, &now)
@@ -295,13 +296,18 @@ func TestPredictedTTFTFollowWaitBoundedAtSaturation(t *testing.T) {
 		t.Fatalf("fallback %.3f ms, want 100 (2,000 tokens at 50 ms per 1,000, one follower)", follow.fallback)
 	}
 	var followed [2]float64
-	b.followWaits(Set{}.OrAll(2), follow, now, followed[:])
+	b.followWaits(Set{}.OrAll(2), follow, now, []float64{2000, 0}, followed[:])
 	want1 := 55*9 + 50*0.9/(0.1*0.1)
 	if math.Abs(followed[1]-want1) > 1e-6 || math.Abs(followed[0]-(want1+100)) > 1e-6 {
 		t.Fatalf("follow waits %v, want [%.3f %.3f] (target 0 bounded by target 1's plus the fallback)", followed, want1+100, want1)
 	}
-	if raw := b.followWait(0, follow, now); raw < 10*followed[0] {
+	raw := b.followWait(0, follow, now)
+	if raw < 10*followed[0] {
 		t.Fatalf("target 0's unbounded follow wait %.3f ms: the test no longer exercises the bound", raw)
+	}
+	b.followWaits(Set{}.OrAll(2), follow, now, []float64{500, 500}, followed[:])
+	if followed[0] != raw || math.Abs(followed[1]-want1) > 1e-6 {
+		t.Fatalf("equal matches: follow waits %v, want [%.3f %.3f] (nothing bounded)", followed, raw, want1)
 	}
 	for i := range 20 {
 		if got := b.Pick(&Context{Prompt: strings.Repeat("a", 8000) + strings.Repeat("b", 400+i)}, nil, Set{}); got != 0 {
