@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|share|other-trace OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|share|other-trace OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # other-trace replays a Mooncake-format trace this repository does not
 # carry, named by OTHER_TRACE (docs/routing.md: Mooncake's
@@ -123,6 +123,37 @@ mixed2)
 		# shellcheck disable=SC2086
 		run $a --strategies $S
 	done ;;
+mixed3)
+	# A third set, seeds 50-73, picked without looking at the results and
+	# moving what the others rarely do: answer lengths, decode speed,
+	# concurrency, block and cache sizes together.
+	for a in "--workload gsp --seed 50 --gsp-output-len 32 --itl-ms 4 --replicas 6" \
+		"--workload multiturn --seed 51 --mt-output-len 64 --itl-ms 5 --replicas 8" \
+		"--workload agent --seed 52 --agent-output-len 64 --itl-ms 6 --replicas 8" \
+		"--workload unique --seed 53 --unique-output-len 32 --itl-ms 4 --replicas 8" \
+		"--workload gsp --seed 54 --gsp-output-len 512 --replicas 12 --prefill-us 30" \
+		"--workload multiturn --seed 55 --mt-output-len 512 --mt-rounds 6 --capacity 3072" \
+		"--workload agent --seed 56 --agent-output-len 512 --agent-turns 10 --replicas 6" \
+		"--workload trace --seed 57 --trace-limit 1000 --capacity 49152 --itl-ms 10 --replicas 8" \
+		"--workload gsp --seed 58 --gsp-groups 16 --gsp-prompts 64 --gsp-output-len 48 --itl-ms 6" \
+		"--workload multiturn --seed 59 --mt-clients 192 --mt-think-ms 200 --replicas 10" \
+		"--workload agent --seed 60 --agent-agents 48 --agent-tool-ms 100 --prefill-us 35" \
+		"--workload unique --seed 61 --unique-len 16384 --rate 2 --replicas 6" \
+		"--workload gsp --seed 62 --block-size 64 --capacity 1024 --gsp-groups 24 --itl-ms 3" \
+		"--workload multiturn --seed 63 --block-size 64 --mt-request-len 768 --prefill-us 70 --replicas 6" \
+		"--workload agent --seed 64 --max-batch 24 --agent-agents 40 --replicas 10" \
+		"--workload trace --seed 65 --trace-limit 1000 --capacity 20480 --prefill-us 120 --replicas 10" \
+		"--workload gsp --seed 66 --rate 25 --gsp-output-len 128 --replicas 10 --prefill-us 60" \
+		"--workload multiturn --seed 67 --mt-system-len 2048 --mt-clients 96 --replicas 12" \
+		"--workload agent --seed 68 --agent-system-len 4096 --agent-tool-len 512 --itl-ms 4 --replicas 8" \
+		"--workload agent --seed 69 --ramp 3s --agent-output-len 128 --itl-ms 5 --replicas 12" \
+		"--workload gsp --seed 70 --ramp 2s --gsp-output-len 64 --itl-ms 5 --replicas 8 --prefill-us 80" \
+		"--workload multiturn --seed 71 --ramp 2s --mt-output-len 96 --itl-ms 4 --replicas 8" \
+		"--workload trace --seed 72 --trace-limit 1000 --capacity 65536 --speedup 3 --replicas 8" \
+		"--workload unique --seed 73 --rate 40 --unique-len 512 --unique-output-len 64 --replicas 8"; do
+		# shellcheck disable=SC2086
+		run $a --strategies $S
+	done ;;
 share)
 	for w in gsp multiturn agent unique; do
 		run --workload $w --strategies predicted_ttft,predicted_ttft:kv_events=0
@@ -139,5 +170,5 @@ other-trace)
 		run --workload trace --trace "$OTHER_TRACE" $a --strategies $T
 	done
 	run --workload trace --trace "$OTHER_TRACE" --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|share|other-trace OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|share|other-trace OUT" >&2; exit 2 ;;
 esac

@@ -76,6 +76,9 @@ const (
 //	cost(i)      = ttft(i) + externality + followWait + waste (see each)
 //	             + max(0, slot(i) + ttft_alone(i) − ttft(i))
 //
+// followWait is bounded where a target holds more of the prompt than
+// another (see followWaits).
+//
 // slot(i) is the wait for a batch slot when the engine is full (see
 // slotWaits), while the prefill ahead proceeds: the request's own prefill
 // (ttft_alone, ttft with nothing ahead) starts after both.

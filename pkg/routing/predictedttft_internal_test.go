@@ -232,15 +232,15 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 	b.observes.Store(10)
 	b.uncachedSum.Store(10 * 1000)
 	b.novelty.Store(math.Float64bits(5))
-	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 4000), now); math.Abs(got-155) > 1e-6 {
+	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 0), now); math.Abs(got-155) > 1e-6 {
 		t.Fatalf("busy half the time: follow wait %.3f ms, want 55 + 100", got)
 	}
 	parallel := ttftLaw{w: [lawFeatures]float64{5, 5, 5, 50}, samples: 100}
 	want := 10.0 + 5*0.05/(0.95*0.95) // 1 × (5 + 5), and the delay
-	if got := b.followWait(0, b.followCost(&parallel, now, b.fleetRates(now, 1, true), 4000), now); math.Abs(got-want) > 1e-6 {
+	if got := b.followWait(0, b.followCost(&parallel, now, b.fleetRates(now, 1, true), 0), now); math.Abs(got-want) > 1e-6 {
 		t.Fatalf("side-by-side prefill, busy half the time: follow wait %.3f ms, want %.3f", got, want)
 	}
-	if got := b.followWait(1, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 4000), now); got != 0 {
+	if got := b.followWait(1, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 0), now); got != 0 {
 		t.Fatalf("never busy: follow wait %.3f ms, want 0", got)
 	}
 	// The pick, with the law fitted: the target that was idle, every time.
@@ -251,7 +251,7 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 		}
 	}
 	b.novelty.Store(math.Float64bits(10)) // every request so far was new
-	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 4000), now); got != 0 {
+	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 0), now); got != 0 {
 		t.Fatalf("no repeat traffic: follow wait %.3f ms, want 0", got)
 	}
 	seen := map[int]bool{}
