@@ -211,6 +211,20 @@ func TestPredictedTTFTPeerHeadServedSinceLastLeave(t *testing.T) {
 	}
 }
 
+// setQueueHistory gives a two-target balancer a history since time 0: its
+// targets' prefill queues busy for busy0 and busy1, ten requests of 1,000
+// uncached tokens each, five to each target, half of their prompts new.
+func setQueueHistory(b *predictedTTFT, busy0, busy1 time.Duration) {
+	b.start.Store(0)
+	b.busyTotal[0].Store(int64(busy0))
+	b.busyTotal[1].Store(int64(busy1))
+	b.arrivals[0].Store(5)
+	b.arrivals[1].Store(5)
+	b.observes.Store(10)
+	b.uncachedSum.Store(10 * 1000)
+	b.novelty.Store(math.Float64bits(5))
+}
+
 // The traffic a pick draws to a target waits there, and delays the others
 // there, as long as that target has been busy: a target whose prefill
 // queue was busy half the time since the first request costs each
@@ -225,13 +239,7 @@ func TestPredictedTTFTPeerHeadServedSinceLastLeave(t *testing.T) {
 func TestPredictedTTFTFollowWait(t *testing.T) {
 	now := 10 * time.Second
 	b := newTwoTargetTTFT(t, &now)
-	b.start.Store(0)
-	b.busyTotal[0].Store(int64(5 * time.Second))
-	b.arrivals[0].Store(5)
-	b.arrivals[1].Store(5)
-	b.observes.Store(10)
-	b.uncachedSum.Store(10 * 1000)
-	b.novelty.Store(math.Float64bits(5))
+	setQueueHistory(b, 5*time.Second, 0)
 	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 0), now); math.Abs(got-155) > 1e-6 {
 		t.Fatalf("busy half the time: follow wait %.3f ms, want 55 + 100", got)
 	}
@@ -282,14 +290,7 @@ func TestPredictedTTFTFollowWaitBoundedAtSaturation(t *testing.T) {
 	first := &Context{Prompt: strings.Repeat("a", 8000)}
 	b.Observe(0, first)
 	b.FirstToken(0, first, 200*time.Millisecond, 2000)
-	b.start.Store(0)
-	b.busyTotal[0].Store(int64(9990 * time.Millisecond))
-	b.busyTotal[1].Store(int64(9 * time.Second))
-	b.arrivals[0].Store(5)
-	b.arrivals[1].Store(5)
-	b.observes.Store(10)
-	b.uncachedSum.Store(10 * 1000)
-	b.novelty.Store(math.Float64bits(5))
+	setQueueHistory(b, 9990*time.Millisecond, 9*time.Second)
 
 	follow := b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 2000)
 	if follow.fallback != 100 {
