@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|share|other-trace OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|saturated|share|other-trace OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # other-trace replays a Mooncake-format trace this repository does not
 # carry, named by OTHER_TRACE (docs/routing.md: Mooncake's
@@ -154,6 +154,19 @@ mixed3)
 		# shellcheck disable=SC2086
 		run $a --strategies $S
 	done ;;
+saturated)
+	# Short answers and fast decode, so that clients come back at once and
+	# the prefill queues stay busy (docs/routing.md, saturated prefill
+	# queues), seeds 80-85.
+	for a in "--workload agent --seed 80 --agent-output-len 32 --itl-ms 2" \
+		"--workload multiturn --seed 81 --mt-output-len 32 --itl-ms 2" \
+		"--workload gsp --seed 82 --gsp-output-len 16 --itl-ms 2 --replicas 16" \
+		"--workload multiturn --seed 83 --mt-output-len 48 --itl-ms 3 --prefill-us 80 --replicas 4" \
+		"--workload agent --seed 84 --agent-output-len 48 --itl-ms 3 --replicas 16" \
+		"--workload gsp --seed 85 --gsp-output-len 24 --itl-ms 3 --prefill-us 20 --replicas 4"; do
+		# shellcheck disable=SC2086
+		run $a --strategies $S
+	done ;;
 share)
 	for w in gsp multiturn agent unique; do
 		run --workload $w --strategies predicted_ttft,predicted_ttft:kv_events=0
@@ -170,5 +183,5 @@ other-trace)
 		run --workload trace --trace "$OTHER_TRACE" $a --strategies $T
 	done
 	run --workload trace --trace "$OTHER_TRACE" --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|share|other-trace OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|saturated|share|other-trace OUT" >&2; exit 2 ;;
 esac
