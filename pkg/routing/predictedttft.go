@@ -468,8 +468,16 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 			return true
 		}
 	}
+	t.indexMatch(ctx, tokens, match)
+	return false
+}
+
+// indexMatch sets match[i] to the prefix tokens of the prompt the
+// approximate index records at target i (0 without a prompt).
+func (t *predictedTTFT) indexMatch(ctx *Context, tokens int, match []float64) {
+	clear(match)
 	if ctx.Prompt == "" {
-		return false
+		return
 	}
 	var lbuf [MaxTargets]int
 	lens := lbuf[:t.n]
@@ -482,7 +490,26 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 	for i, l := range lens {
 		match[i] = min(float64(l)*scale, float64(tokens))
 	}
-	return false
+}
+
+// placedAt sets placed[i] to the prefix of the prompt that lives at target
+// i: what i holds (match), or more where the approximate index records
+// that more of it was sent there and has not aged out of i's capacity.
+// The KV events tell what a replica holds now; under cache pressure its
+// LRU evicts part of a prefix whose requests keep returning to it, and
+// priced by the events alone the next request left for a shorter queue,
+// prefilled the whole prefix again elsewhere, and left the remnant at the
+// old replica to crowd out others. Read where the prefix lives, a session
+// stays (and its prefix is rebuilt) where it was, as llm-d's index, which
+// does not see evictions, keeps it: the waste term and the follow-up
+// wait's bound read placed, the prediction itself still match (rolter-sim
+// agent at 4 replicas, hit rate 41.2 -> 42.4 %, TTFT mean 3,573 -> 3,512
+// ms; docs/routing.md, where a prefix lives).
+func (t *predictedTTFT) placedAt(ctx *Context, tokens int, match, placed []float64) {
+	t.indexMatch(ctx, tokens, placed)
+	for i, m := range match {
+		placed[i] = max(placed[i], m)
+	}
 }
 
 // law returns the fleet's latency law (the least-squares fit over every
@@ -768,12 +795,12 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	if el.Len() == 1 {
 		return el.Nth(0, t.n)
 	}
-	var mbuf, pbuf [MaxTargets]float64
+	var mbuf, pbuf, hbuf [MaxTargets]float64
 	match, pred := mbuf[:t.n], pbuf[:t.n]
-	tokens := 0
+	tokens, precise := 0, false
 	if ctx != nil {
 		tokens = t.tokens(ctx)
-		if t.matched(ctx, tokens, match) {
+		if precise = t.matched(ctx, tokens, match); precise {
 			t.decisions[0].Add(1)
 		} else {
 			t.decisions[1].Add(1)
@@ -782,6 +809,11 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	now := t.now()
 	m := t.law()
 	fitted := m != t.unitLaw
+	placed := match // read by the waste term and the follow-up wait's bound, which need the law
+	if precise && fitted {
+		placed = hbuf[:t.n]
+		t.placedAt(ctx, tokens, match, placed)
+	}
 	rates := t.fleetRates(now, t.fleetScale(loads), fitted)
 	var follow followFactors
 	if fitted {
@@ -805,7 +837,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	if fitted {
 		for wi, w := range el.w {
 			for ; w != 0; w &= w - 1 {
-				held = max(held, match[wi*64+bitIndex(w)])
+				held = max(held, placed[wi*64+bitIndex(w)])
 			}
 		}
 		// The shared part is read from the kept text alone (its first 32
@@ -820,7 +852,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	var fbuf [MaxTargets]float64
 	followed := fbuf[:t.n]
 	if follow.wait > 0 {
-		t.followWaits(el, follow, now, match, followed)
+		t.followWaits(el, follow, now, placed, followed)
 	}
 	best := math.Inf(1)
 	for wi, w := range el.w {
@@ -829,7 +861,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			own := max(float64(tokens)-match[i], 0)
 			x := t.features(i, own, tokens, &m, now, counts[i])
 			ttft := max(0, m.predict(x))
-			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-max(match[i], shared)) + followed[i]
+			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-max(placed[i], shared)) + followed[i]
 			if slot := slotWait[i]; slot > 0 {
 				// The prefill ahead proceeds while the request waits for
 				// its slot: it starts its own after both.
@@ -869,11 +901,12 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	return pick
 }
 
-// waste is the price of re-prefilling tokens of a prefix another eligible
-// target already holds and no other request shares: the work itself, at
-// the law's own-work rate, once. The request's own TTFT already pays for
-// that prefill (own(i)), but the fleet pays for it too: it is GPU time no
-// placement needed, which the requests queued behind it wait for, and a
+// waste is the price of re-prefilling tokens of a prefix that lives at
+// another eligible target (it holds them, or was sent them and may have
+// evicted part: see placedAt) and no other request shares: the work
+// itself, at the law's own-work rate, once. The request's own TTFT
+// already pays for that prefill (own(i)), but the fleet pays for it too:
+// it is GPU time no placement needed, which the requests queued behind it wait for, and a
 // second copy that displaces other prefixes from the cache while the first
 // goes unused. Without it a follow-up left the replica holding its
 // conversation whenever that replica was busier for a moment, and the
@@ -1489,10 +1522,11 @@ func (t *predictedTTFT) followWait(i int, follow followFactors, now time.Duratio
 
 // followWaits sets followed[i] to followWait(i) for every eligible target,
 // bounded where it would override what the cache saves: a target holding
-// more of the prompt than the eligible target that holds least is charged
-// at most the least follow-up wait plus follow.fallback. The followers are
-// not bound to the target this pick sends the prompt to: each can go where
-// the follow-up wait is least and prefill this prompt again there.
+// more of the prompt (match: placedAt's when the law is fitted) than the
+// eligible target that holds least is charged at most the least follow-up
+// wait plus follow.fallback. The followers are not bound to the target
+// this pick sends the prompt to: each can go where the follow-up wait is
+// least and prefill this prompt again there.
 //
 // Without the bound the wait's M/M/1 factors grow without limit as ρ_i
 // nears 1 (b/(1 − b)² is 10⁴ at the 0.99 cap), and where every target's

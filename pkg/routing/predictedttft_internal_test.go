@@ -486,3 +486,45 @@ func TestPredictedTTFTWasteSparesSharedPrefix(t *testing.T) {
 		}
 	}
 }
+
+// evictedKV is a KVSource whose engines hold none of any prompt: every
+// block the events reported was removed again.
+type evictedKV struct{}
+
+func (evictedKV) KVScores(_ []uint32, s []float64) bool  { clear(s); return true }
+func (evictedKV) Speculate(int, []uint32, time.Duration) {}
+
+// A follow-up whose prefix the engine evicted stays where the approximate
+// index last sent it when the waste term prices the move: under the
+// simulator's law, with a 4,000-token history sent to target 0, 100 new
+// tokens and 1,000 tokens queued at target 0, the follow-up costs 265 ms
+// there and 210 ms on the idle target 1 plus 200 ms of waste. Read from
+// the events alone (nothing held anywhere, so nothing wasted) it moves to
+// target 1; so it does when the index never sent it anywhere.
+func TestPredictedTTFTWasteReadsWhereAPrefixLives(t *testing.T) {
+	history := strings.Repeat("a", 16000)
+	for _, tc := range []struct {
+		sent bool
+		want int
+	}{{true, 0}, {false, 1}} {
+		now := time.Second
+		b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1}, KV: evictedKV{}, Now: func() time.Duration { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := b.(*predictedTTFT)
+		p.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+		if tc.sent {
+			first := &Context{Prompt: history}
+			p.Observe(0, first)
+			p.FirstToken(0, first, 200*time.Millisecond, 4000)
+		}
+		now += 10 * time.Second // arrivals apart: a rate, not a burst
+		p.Observe(0, &Context{Prompt: strings.Repeat("z", 4*1000)})
+		p.novelty.Store(math.Float64bits(0))
+		ids := make([]uint32, 4100)
+		if got := p.Pick(&Context{Prompt: history + strings.Repeat("b", 400), TokenIDs: ids}, nil, Set{}); got != tc.want {
+			t.Fatalf("history sent to target 0: %v; picked %d, want %d", tc.sent, got, tc.want)
+		}
+	}
+}
