@@ -77,7 +77,8 @@ const (
 //	             + max(0, slot(i) + ttft_alone(i) − ttft(i))
 //
 // followWait is bounded where a target holds more of the prompt than
-// another (see followWaits).
+// another (see followWaits). There and in waste a target holds what
+// placedAt says: with KV events, what it holds or was last sent.
 //
 // slot(i) is the wait for a batch slot when the engine is full (see
 // slotWaits), while the prefill ahead proceeds: the request's own prefill
@@ -503,7 +504,7 @@ func (t *predictedTTFT) indexMatch(ctx *Context, tokens int, match []float64) {
 // stays (and its prefix is rebuilt) where it was, as llm-d's index, which
 // does not see evictions, keeps it: the waste term and the follow-up
 // wait's bound read placed, the prediction itself still match (rolter-sim
-// agent at 4 replicas, hit rate 41.2 -> 42.4 %, TTFT mean 3,573 -> 3,512
+// agent at 4 replicas, hit rate 41.2 -> 42.4 %, TTFT mean 3,573 -> 3,514
 // ms; docs/routing.md, where a prefix lives).
 func (t *predictedTTFT) placedAt(ctx *Context, tokens int, match, placed []float64) {
 	t.indexMatch(ctx, tokens, placed)
