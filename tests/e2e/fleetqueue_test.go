@@ -28,7 +28,10 @@ func TestProxiesShareQueuedPrefill(t *testing.T) {
 	opts := vllmsim.Options{Models: []string{"sim"}, PrefillTokensPerSecond: 200, ITL: 100 * time.Millisecond}
 	rs := []*replica{startReplica(t, opts), startReplica(t, opts)}
 	cfg := fleetConfig("[accounting]\nsink = \"none\"\n", "predicted_ttft", rs...)
-	share := app.Options{NATSURL: ns.ClientURL(), ShareGroup: "queues"}
+	// Reports every 100 ms, valid for 300: at the default 5 ms (valid for
+	// 15) a test binary starved of CPU for longer, as under a loaded CI
+	// machine, let A's report lapse before B's picks, and B saw a tie.
+	share := app.Options{NATSURL: ns.ClientURL(), ShareGroup: "queues", ShareQueueInterval: 100 * time.Millisecond}
 	a, _ := startProxyWith(t, cfg, share)
 	b, _ := startProxyWith(t, cfg, share)
 	for _, u := range []string{a.URL(), b.URL()} {
