@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|saturated|share|other-trace OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|saturated|share|other-trace OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # other-trace replays a Mooncake-format trace this repository does not
 # carry, named by OTHER_TRACE (docs/routing.md: Mooncake's
@@ -154,6 +154,38 @@ mixed3)
 		# shellcheck disable=SC2086
 		run $a --strategies $S
 	done ;;
+mixed4)
+	# A fourth set, seeds 90-113, written after the waste term read where a
+	# prefix lives (docs/routing.md) and before any of its runs: caches
+	# under pressure (small capacities, long histories, late KV events)
+	# next to roomy ones, with the workloads' own parameters moved.
+	for a in "--workload agent --seed 90 --capacity 2048 --agent-agents 48 --replicas 6" \
+		"--workload multiturn --seed 91 --capacity 2048 --mt-rounds 8 --mt-clients 128 --replicas 8" \
+		"--workload trace --seed 92 --trace-limit 1000 --capacity 16384 --replicas 6 --prefill-us 80" \
+		"--workload gsp --seed 93 --capacity 768 --gsp-groups 48 --replicas 8" \
+		"--workload agent --seed 94 --kv-delay 300ms --agent-tool-len 3072 --replicas 8" \
+		"--workload multiturn --seed 95 --kv-delay 250ms --mt-request-len 384 --replicas 10" \
+		"--workload unique --seed 96 --unique-len 3072 --replicas 6 --prefill-us 40" \
+		"--workload trace --seed 97 --trace-limit 1000 --capacity 98304 --replicas 12 --itl-ms 6" \
+		"--workload agent --seed 98 --agent-turns 12 --agent-tool-len 1536 --capacity 8192 --replicas 8" \
+		"--workload multiturn --seed 99 --mt-system-len 1024 --mt-rounds 7 --capacity 3072 --replicas 8" \
+		"--workload gsp --seed 100 --gsp-system-len 6144 --capacity 4096 --replicas 12 --prefill-us 45" \
+		"--workload agent --seed 101 --agent-agents 80 --ramp 2s --replicas 12" \
+		"--workload multiturn --seed 102 --mt-clients 320 --mt-think-ms 300 --replicas 12 --capacity 6144" \
+		"--workload trace --seed 103 --trace-limit 1000 --capacity 24576 --speedup 2 --replicas 8" \
+		"--workload unique --seed 104 --rate 12 --unique-len 2048 --replicas 8 --itl-ms 8" \
+		"--workload agent --seed 105 --agent-system-len 2048 --agent-task-len 1024 --prefill-us 60 --replicas 6" \
+		"--workload gsp --seed 106 --gsp-groups 96 --gsp-prompts 12 --capacity 2048 --replicas 8 --itl-ms 4" \
+		"--workload multiturn --seed 107 --mt-request-len 768 --mt-output-len 256 --replicas 6 --prefill-us 55" \
+		"--workload agent --seed 108 --max-batch 32 --agent-agents 96 --replicas 8" \
+		"--workload trace --seed 109 --trace-limit 1000 --capacity 12288 --replicas 16 --prefill-us 30" \
+		"--workload multiturn --seed 110 --block-size 32 --mt-clients 160 --capacity 2048 --replicas 8" \
+		"--workload agent --seed 111 --block-size 32 --agent-tool-ms 1000 --agent-tool-len 2560 --replicas 10" \
+		"--workload gsp --seed 112 --ramp 3s --gsp-question-len 512 --capacity 1536 --replicas 6" \
+		"--workload unique --seed 113 --unique-len 8192 --rate 3 --replicas 10 --prefill-us 35"; do
+		# shellcheck disable=SC2086
+		run $a --strategies $S
+	done ;;
 saturated)
 	# Short answers and fast decode, so that clients come back at once and
 	# the prefill queues stay busy (docs/routing.md, saturated prefill
@@ -183,5 +215,5 @@ other-trace)
 		run --workload trace --trace "$OTHER_TRACE" $a --strategies $T
 	done
 	run --workload trace --trace "$OTHER_TRACE" --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|saturated|share|other-trace OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|saturated|share|other-trace OUT" >&2; exit 2 ;;
 esac

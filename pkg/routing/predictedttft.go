@@ -498,14 +498,14 @@ func (t *predictedTTFT) indexMatch(ctx *Context, tokens int, match []float64) {
 // that more of it was sent there and has not aged out of i's capacity.
 // The KV events tell what a replica holds now; under cache pressure its
 // LRU evicts part of a prefix whose requests keep returning to it, and
-// priced by the events alone the next request left for a shorter queue,
-// prefilled the whole prefix again elsewhere, and left the remnant at the
-// old replica to crowd out others. Read where the prefix lives, a session
-// stays (and its prefix is rebuilt) where it was, as llm-d's index, which
-// does not see evictions, keeps it: the waste term and the follow-up
-// wait's bound read placed, the prediction itself still match (rolter-sim
-// agent at 4 replicas, hit rate 41.2 -> 42.4 %, TTFT mean 3,573 -> 3,514
-// ms; docs/routing.md, where a prefix lives).
+// priced by the events alone the next request saw nothing wasted in
+// leaving: it went to a shorter queue and prefilled the whole prefix again
+// there. Read where the prefix lives, a session stays where it was (and
+// its prefix is rebuilt there), as llm-d's index, which does not see
+// evictions, keeps it. The waste term and the follow-up wait's bound read
+// placed; the prediction itself still reads match (rolter-sim agent at 4
+// replicas, hit rate 41.2 -> 42.4 %, TTFT mean 3,573 -> 3,514 ms;
+// docs/routing.md, where a prefix lives).
 func (t *predictedTTFT) placedAt(ctx *Context, tokens int, match, placed []float64) {
 	t.indexMatch(ctx, tokens, placed)
 	for i, m := range match {

@@ -725,20 +725,31 @@ func TestPredictedTTFTRecordLocalPublishesOnce(t *testing.T) {
 }
 
 // BenchmarkPredictedTTFTRequest is one request's whole life in the balancer
-// without KV events (Pick, Observe, FirstToken, Learn) over 8 targets, for
-// 64 sessions sharing a system prompt: the approximate index's hash walks
-// and writes, the latency law, the pending queue. At 64 KiB the contexts
-// carry the fingerprint past the 32 KiB cut.
+// (Pick, Observe, FirstToken, Learn) over 8 targets, for 64 sessions
+// sharing a system prompt: the approximate index's hash walks and writes,
+// the latency law, the pending queue. At 64 KiB the contexts carry the
+// fingerprint past the 32 KiB cut. With events=1 the prefix comes from a
+// fixed KV source (the request carries token ids), and once the law is
+// fitted the index is walked as well, for where the prefix lives.
 func BenchmarkPredictedTTFTRequest(b *testing.B) {
-	for _, size := range []int{4 << 10, 64 << 10} {
-		b.Run(fmt.Sprintf("prompt=%dKiB", size>>10), func(b *testing.B) {
+	for _, c := range []struct{ size, events int }{{4 << 10, 0}, {64 << 10, 0}, {4 << 10, 1}, {64 << 10, 1}} {
+		size := c.size
+		b.Run(fmt.Sprintf("prompt=%dKiB/events=%d", size>>10, c.events), func(b *testing.B) {
 			sys := words(1, size/2)
 			ctxs := make([]routing.Context, 64)
 			for i := range ctxs {
 				ctxs[i] = affinity.Build(affinity.PathChatCompletions, longChat(sys+words(uint64(10+i), size/2)), nil)
+				if c.events == 1 {
+					ctxs[i].TokenIDs = make([]uint32, size/4)
+				}
 			}
 			clock := &ttftClock{now: time.Second}
-			bal := newTTFT(b, 8, 1, clock, func(s *routing.Spec) { s.KVCapacityTokens = capacities(8, 1<<20) })
+			bal := newTTFT(b, 8, 1, clock, func(s *routing.Spec) {
+				s.KVCapacityTokens = capacities(8, 1<<20)
+				if c.events == 1 {
+					s.KV = staticKV{0.5, 0.25, 0, 0, 0, 0, 0, 0}
+				}
+			})
 			loads := make([]int, 8)
 			obs := bal.(routing.TTFTObserver)
 			learn := bal.(routing.Learner)
@@ -756,6 +767,12 @@ func BenchmarkPredictedTTFTRequest(b *testing.B) {
 		})
 	}
 }
+
+// staticKV is a KVSource with fixed, fresh scores that records nothing.
+type staticKV []float64
+
+func (k staticKV) KVScores(_ []uint32, s []float64) bool { copy(s, k); return true }
+func (staticKV) Speculate(int, []uint32, time.Duration)  {}
 
 // capacities returns n copies of v.
 func capacities(n, v int) []int {
