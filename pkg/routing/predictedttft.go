@@ -1305,6 +1305,15 @@ func (t *predictedTTFT) LocalQueue(target int) QueueState {
 	return q
 }
 
+// PeerQueue implements [SharedQueue].
+func (t *predictedTTFT) PeerQueue(target int) QueueState {
+	if target < 0 || target >= t.n {
+		return QueueState{LeaveAge: -1}
+	}
+	p := t.peersAt(target, t.now())
+	return QueueState{Requests: int(p.requests), Tokens: int(p.tokens), LeaveAge: -1}
+}
+
 // FoldPeerQueue implements [SharedQueue]: the report's ages become instants
 // on this balancer's clock (the trip from the peer, a millisecond or two,
 // is not subtracted).

@@ -404,6 +404,9 @@ func TestPredictedTTFTFoldsPeerQueue(t *testing.T) {
 	}
 	const ttl = 75 * time.Millisecond
 	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, q, ttl)
+	if pq := a.(routing.SharedQueue).PeerQueue(0); pq.Requests != 1 || pq.Tokens != 2000 {
+		t.Fatalf("peers' queue at 0 %+v, want the report's one request of 2,000 tokens", pq)
+	}
 	if got := pickedTargets(a, 2, 40); got[0] {
 		t.Fatalf("with the peer's 2,000 tokens queued at 0: picked %v, want 1 only", got)
 	}
@@ -413,6 +416,9 @@ func TestPredictedTTFTFoldsPeerQueue(t *testing.T) {
 	}
 	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, q, ttl)
 	clock.now += ttl + time.Millisecond
+	if pq := a.(routing.SharedQueue).PeerQueue(0); pq.Requests != 0 || pq.Tokens != 0 {
+		t.Fatalf("peers' queue at 0 after the report expired %+v, want none", pq)
+	}
 	if got := pickedTargets(a, 2, 40); !got[0] || !got[1] {
 		t.Fatalf("after the report expired: picked %v, want both", got)
 	}

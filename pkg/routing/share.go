@@ -189,6 +189,9 @@ type SharedQueue interface {
 	// FoldPeerQueue replaces what peer has pending at target; it holds for
 	// ttl unless a newer report replaces it.
 	FoldPeerQueue(peer string, target int, q QueueState, ttl time.Duration)
+	// PeerQueue returns what the peers' unexpired reports have pending at
+	// target, summed (Requests and Tokens; the rest is zero).
+	PeerQueue(target int) QueueState
 	// SetPlace tells the balancer its place among the proxies serving the
 	// route: its rank, in [0, size), in an order every one of them agrees
 	// on, and their number (1: alone). Ties between targets are then

@@ -28,10 +28,10 @@ func TestProxiesShareQueuedPrefill(t *testing.T) {
 	opts := vllmsim.Options{Models: []string{"sim"}, PrefillTokensPerSecond: 200, ITL: 100 * time.Millisecond}
 	rs := []*replica{startReplica(t, opts), startReplica(t, opts)}
 	cfg := fleetConfig("[accounting]\nsink = \"none\"\n", "predicted_ttft", rs...)
-	// Reports every 100 ms, valid for 300: at the default 5 ms (valid for
+	// Reports every 500 ms, valid for 1.5 s: at the default 5 ms (valid for
 	// 15) a test binary starved of CPU for longer, as under a loaded CI
 	// machine, let A's report lapse before B's picks, and B saw a tie.
-	share := app.Options{NATSURL: ns.ClientURL(), ShareGroup: "queues", ShareQueueInterval: 100 * time.Millisecond}
+	share := app.Options{NATSURL: ns.ClientURL(), ShareGroup: "queues", ShareQueueInterval: 500 * time.Millisecond}
 	a, _ := startProxyWith(t, cfg, share)
 	b, _ := startProxyWith(t, cfg, share)
 	for _, u := range []string{a.URL(), b.URL()} {
@@ -68,8 +68,10 @@ func TestProxiesShareQueuedPrefill(t *testing.T) {
 	background(fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, "summarise: "+long))
 	waitFor(t, "the long prefill is admitted", func() bool { r := requests(); return r[0] == 1 && r[1] == 1 })
 	queued := 1 - decoding
-	waitFor(t, "B hears A's queue", func() bool {
-		return metric(t, b.URL(), `rolter_fleet_received_total{unit="queue_reports"}`) > 0
+	// Not just any report of A's: the one after the decode's first token
+	// may have left before A sent the long prompt.
+	waitFor(t, "B hears A's queued long prefill", func() bool {
+		return metric(t, b.URL(), fmt.Sprintf(`rolter_fleet_peer_queued_prefill_tokens{model="m",provider="vllm-%d"}`, queued)) > 0
 	})
 
 	const n = 8

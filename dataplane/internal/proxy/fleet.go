@@ -24,12 +24,14 @@ var (
 	fleetPubErrors = fleetDesc("publish_errors_total", "Publishes NATS refused (connection closed).")
 	fleetPeers     = fleetDesc("peers", "Peers heard from within their load-report TTL.")
 	fleetStateAge  = fleetDesc("state_age_seconds", "Seconds since a peer was last heard from; absent until one is.")
-	sharedChunks   = prometheus.NewDesc("rolter_shared_prefix_chunks",
+	peerQueued     = prometheus.NewDesc("rolter_fleet_peer_queued_prefill_tokens",
+		"Uncached prompt tokens the peers report pending at a target (sent, no first token yet), summed over their unexpired queue reports (predicted_ttft with sharing).", []string{"model", "provider"}, nil)
+	sharedChunks = prometheus.NewDesc("rolter_shared_prefix_chunks",
 		"Prompt-prefix hashes in a target's shared index (this proxy's and its peers' observations).", []string{"model", "provider"}, nil)
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{fleetPublished, fleetReceived, fleetDropped, fleetSnapshots, fleetPubErrors, fleetPeers, fleetStateAge, sharedChunks} {
+	for _, d := range []*prometheus.Desc{fleetPublished, fleetReceived, fleetDropped, fleetSnapshots, fleetPubErrors, fleetPeers, fleetStateAge, peerQueued, sharedChunks} {
 		ch <- d
 	}
 }
@@ -64,8 +66,13 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, r := range rt.routes {
 		// Variants sharing a provider sum, as the label set is (model, provider).
-		chunks := map[string]float64{}
+		chunks, queued := map[string]float64{}, map[string]float64{}
 		for _, pl := range r.pools {
+			if sq, ok := pl.balancer.(routing.SharedQueue); ok && pl.fleet != nil {
+				for i, t := range pl.targets {
+					queued[t.cfg.Provider.Name] += float64(sq.PeerQueue(i).Tokens)
+				}
+			}
 			sa, ok := pl.balancer.(routing.SharedAffinity)
 			if !ok {
 				continue
@@ -78,6 +85,9 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for prov, n := range chunks {
 			ch <- prometheus.MustNewConstMetric(sharedChunks, prometheus.GaugeValue, n, name, prov)
+		}
+		for prov, n := range queued {
+			ch <- prometheus.MustNewConstMetric(peerQueued, prometheus.GaugeValue, n, name, prov)
 		}
 	}
 }
