@@ -323,13 +323,17 @@ func (o *options) jsonRecord(r sim.Result, unbounded, oracle float64) map[string
 	if r.Decisions != nil {
 		rec["decisions"] = r.Decisions
 	}
-	// Per replica, the requests served and the busy time the imbalance is
-	// computed from, to see where a strategy piled up.
-	reqs, busy := make([]int, len(r.Replicas)), make([]float64, len(r.Replicas))
+	// Per replica, the requests served, the busy time the imbalance is
+	// computed from and the token hit rate, to see where a strategy piled up
+	// and which caches held what their requests asked for.
+	reqs, busy, hit := make([]int, len(r.Replicas)), make([]float64, len(r.Replicas)), make([]float64, len(r.Replicas))
 	for i, s := range r.Replicas {
 		reqs[i], busy[i] = s.Requests, s.Busy.Seconds()
+		if s.PromptTokens > 0 {
+			hit[i] = float64(s.CachedTokens) / float64(s.PromptTokens)
+		}
 	}
-	rec["replica_requests"], rec["replica_busy_s"] = reqs, busy
+	rec["replica_requests"], rec["replica_busy_s"], rec["replica_hit_rate"] = reqs, busy, hit
 	return rec
 }
 

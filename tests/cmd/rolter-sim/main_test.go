@@ -43,6 +43,19 @@ func TestJSON(t *testing.T) {
 		if got, want := rec["hit_vs_clairvoyant"].(float64), rec["token_hit_rate"].(float64)/rec["clairvoyant_hit_rate"].(float64); got != want {
 			t.Fatalf("hit_vs_clairvoyant %v, want %v", got, want)
 		}
+		// The fleet's hit rate is a mean of the replicas' (weighted by
+		// their prompt tokens), so it lies between theirs.
+		hits, _ := rec["replica_hit_rate"].([]any)
+		if len(hits) != int(rec["replicas"].(float64)) {
+			t.Fatalf("replica_hit_rate %v for %v replicas", rec["replica_hit_rate"], rec["replicas"])
+		}
+		lo, hi := 1.0, 0.0
+		for _, h := range hits {
+			lo, hi = min(lo, h.(float64)), max(hi, h.(float64))
+		}
+		if fleet := rec["token_hit_rate"].(float64); fleet < lo-1e-9 || fleet > hi+1e-9 || lo < 0 || hi > 1 {
+			t.Fatalf("fleet hit rate %v outside its replicas' %v", fleet, hits)
+		}
 		names = append(names, rec["strategy"].(string))
 	}
 	// The clairvoyant oracle is run and reported even when not listed.
