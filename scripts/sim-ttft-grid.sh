@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|saturated|share|other-trace OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|other-trace OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # other-trace replays a Mooncake-format trace this repository does not
 # carry, named by OTHER_TRACE (docs/routing.md: Mooncake's
@@ -186,6 +186,16 @@ mixed4)
 		# shellcheck disable=SC2086
 		run $a --strategies $S
 	done ;;
+returns)
+	# Multiturn with think times between rounds, fixed (conversations come
+	# back in the order they left: LRU's worst case) and exponential
+	# (--mt-think-exp: a random order), at the judged settings.
+	for t in "--mt-think-ms 2000" "--mt-think-ms 2000 --mt-think-exp" "--mt-think-ms 10000 --mt-think-exp"; do
+		for a in "" "--replicas 4" "--replicas 16" "--prefill-us 25" "--prefill-us 100"; do
+			# shellcheck disable=SC2086
+			run --workload multiturn $t $a --strategies $S
+		done
+	done ;;
 saturated)
 	# Short answers and fast decode, so that clients come back at once and
 	# the prefill queues stay busy (docs/routing.md, saturated prefill
@@ -215,5 +225,5 @@ other-trace)
 		run --workload trace --trace "$OTHER_TRACE" $a --strategies $T
 	done
 	run --workload trace --trace "$OTHER_TRACE" --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|saturated|share|other-trace OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|other-trace OUT" >&2; exit 2 ;;
 esac

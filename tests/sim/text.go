@@ -89,6 +89,7 @@ const (
 	kindAgentResult
 	kindUnique
 	kindTraceBlock
+	kindMTThink // not a segment: the stream of multiturn's random think times
 )
 
 // Segment is N words (N tokens) of the word stream named by Key.

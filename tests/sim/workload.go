@@ -112,6 +112,11 @@ type MultiturnParams struct {
 	SystemLen   int // a system prompt shared by every conversation (0: none)
 	Concurrency int // --max-parallel (128)
 	Think       time.Duration
+	// ThinkExp draws each round's think time from an exponential
+	// distribution of mean Think instead of Think itself, so that
+	// conversations come back in a random order rather than the order
+	// they left (people answer after varying delays).
+	ThinkExp bool
 	// Spread draws each request and answer length uniformly from
 	// [mean*(1-Spread), mean*(1+Spread)] (0.5), as a real dataset's
 	// lengths vary; 0 gives bench_multiturn's fixed random-token lengths,
@@ -141,6 +146,8 @@ func spreadLen(rng *rand.Rand, mean int, spread float64) int {
 func Multiturn(p MultiturnParams, seed uint64) *Workload {
 	w := &Workload{Name: "multiturn", Concurrency: p.Concurrency}
 	rng := rand.New(rand.NewPCG(seed, kindMTUser))
+	// A stream of its own, so that the lengths do not change with ThinkExp.
+	think := rand.New(rand.NewPCG(seed, kindMTThink))
 	var sys []Message
 	if p.SystemLen > 0 {
 		sys = []Message{{Role: "system", Content: []Segment{{Key(seed, kindMTSystem), p.SystemLen}}}}
@@ -154,6 +161,9 @@ func Multiturn(p MultiturnParams, seed uint64) *Workload {
 			t := Turn{Messages: msgs, Output: out}
 			if r > 0 {
 				t.Think = p.Think
+				if p.ThinkExp {
+					t.Think = time.Duration(think.ExpFloat64() * float64(p.Think))
+				}
 			}
 			s.Turns = append(s.Turns, t)
 			hist = append(slices.Clip(msgs), Message{Role: "assistant", Content: []Segment{{Key(seed, kindMTAnswer, uint64(c), uint64(r)), out}}})

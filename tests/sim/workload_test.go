@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/zeebo/xxh3"
@@ -191,6 +192,39 @@ func TestConversationsExtendTheirPrefix(t *testing.T) {
 	last := w.Sessions[0].Turns[2].Messages
 	if last[len(last)-1].Role != "tool" || last[len(last)-1].Tokens() < 1000 {
 		t.Fatalf("the last message is not a large tool result: %s of %d tokens", last[len(last)-1].Role, last[len(last)-1].Tokens())
+	}
+}
+
+// Random think times vary round to round around their mean and leave the
+// conversations' text as it was.
+func TestMultiturnThinkExp(t *testing.T) {
+	p := MultiturnParams{Clients: 50, Rounds: 5, RequestLen: 40, OutputLen: 10, Concurrency: 8, Spread: 0.5, Think: time.Second}
+	fixed := Multiturn(p, 3)
+	p.ThinkExp = true
+	exp := Multiturn(p, 3)
+	var sum time.Duration
+	n, distinct := 0, map[time.Duration]bool{}
+	for c, s := range exp.Sessions {
+		for k, turn := range s.Turns {
+			if !slices.Equal(PromptTokens(turn.Messages), PromptTokens(fixed.Sessions[c].Turns[k].Messages)) {
+				t.Fatalf("session %d turn %d: the text changed with random think times", c, k)
+			}
+			if fixed.Sessions[c].Turns[k].Think != min(time.Duration(k), 1)*time.Second {
+				t.Fatalf("fixed think time %v at turn %d", fixed.Sessions[c].Turns[k].Think, k)
+			}
+			if k == 0 {
+				if turn.Think != 0 {
+					t.Fatalf("a first turn thinks %v", turn.Think)
+				}
+				continue
+			}
+			sum += turn.Think
+			n++
+			distinct[turn.Think] = true
+		}
+	}
+	if mean := sum / time.Duration(n); mean < 800*time.Millisecond || mean > 1200*time.Millisecond || len(distinct) < n-1 {
+		t.Fatalf("%d random think times: mean %v, %d distinct; want about 1s, all different", n, mean, len(distinct))
 	}
 }
 

@@ -131,6 +131,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.mt.OutputLen, "mt-output-len", o.mt.OutputLen, "multiturn: mean output tokens per round")
 	fs.IntVar(&o.mt.SystemLen, "mt-system-len", o.mt.SystemLen, "multiturn: shared system prompt tokens")
 	fs.Float64Var(&o.thinkMS, "mt-think-ms", 0, "multiturn: client think time between rounds, ms")
+	fs.BoolVar(&o.mt.ThinkExp, "mt-think-exp", false, "multiturn: draw each think time from an exponential distribution of mean --mt-think-ms")
 	fs.Float64Var(&o.mt.Spread, "mt-spread", o.mt.Spread, "multiturn: lengths uniform in mean*(1±spread)")
 
 	fs.IntVar(&o.agent.Agents, "agent-agents", o.agent.Agents, "agent: sessions")
