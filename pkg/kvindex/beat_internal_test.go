@@ -27,3 +27,44 @@ func TestBurstOfDeltasKeepsTheHeartbeatPeriod(t *testing.T) {
 		t.Fatal("not silent after three missed beats")
 	}
 }
+
+// TestOutageIsNotAHeartbeatPeriod: the gap a NATS outage leaves between two
+// statuses must not become the period, or a watcher that dies after the
+// outage is noticed only after three outages' time.
+func TestOutageIsNotAHeartbeatPeriod(t *testing.T) {
+	p := &provider{ix: &Index{opts: Options{MissedHeartbeats: DefaultMissedHeartbeats}}}
+	t0 := time.Unix(1000, 0)
+	at := t0
+	for range 4 {
+		p.heard(at, true)
+		at = at.Add(time.Second)
+	}
+	at = at.Add(8 * time.Second) // nothing heard for 9 s: an outage
+	for range 3 {
+		p.heard(at, true)
+		at = at.Add(time.Second)
+	}
+	if got := p.beat(); got != time.Second {
+		t.Fatalf("beat = %v after an outage, want the 1s between statuses", got)
+	}
+	if !p.silent(3*time.Second + time.Millisecond) {
+		t.Fatal("not silent three missed beats after the outage")
+	}
+}
+
+// TestSlowerBeatsAreLearned: intervals longer than the estimate but short
+// of silence still count, so a watcher whose beats slow down (a loaded
+// host) is not declared dead by the old, shorter period.
+func TestSlowerBeatsAreLearned(t *testing.T) {
+	p := &provider{ix: &Index{opts: Options{MissedHeartbeats: DefaultMissedHeartbeats}}}
+	at := time.Unix(1000, 0)
+	for range 3 {
+		p.heard(at, true)
+		at = at.Add(time.Second)
+	}
+	at = at.Add(time.Second) // a 2 s interval: late, not silent
+	p.heard(at, true)
+	if got := p.beat(); got != 2*time.Second {
+		t.Fatalf("beat = %v, want the 2s interval learned", got)
+	}
+}

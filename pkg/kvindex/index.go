@@ -242,12 +242,19 @@ func (p *provider) beat() time.Duration {
 // messages time the period: the watcher sends one every heartbeat however
 // many deltas it publishes, while a burst of deltas would fill the window
 // with intervals far shorter than a beat and make a quiet moment after it
-// look like a dead watcher. p.mu is held.
+// look like a dead watcher. An interval the provider was already silent
+// for (NATS down, a partition) is an outage, not a period, and is not
+// recorded: kept, it made the period the outage's length, and a watcher
+// killed soon after went unnoticed for three times that (rolter-outage,
+// an 8 s NATS outage then an 8 s kvwatcher one: precise all the 8 s).
+// p.mu is held.
 func (p *provider) heard(now time.Time, status bool) {
 	if status {
 		if !p.beatAt.IsZero() {
-			p.beats[p.nbeats%beatWindow] = now.Sub(p.beatAt)
-			p.nbeats++
+			if d := now.Sub(p.beatAt); !p.silent(now.Sub(p.statusAt)) {
+				p.beats[p.nbeats%beatWindow] = d
+				p.nbeats++
+			}
 		}
 		p.beatAt = now
 	}

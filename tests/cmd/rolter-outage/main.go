@@ -11,9 +11,13 @@
 // The deployment: redis-server, nats-server, an etcd (a rolter-controlplane
 // with --embed-etcd, used only as the etcd server), a control plane on that
 // etcd, two vllmsim replicas publishing KV events, a kvwatcher and a proxy
-// following the control plane (both with --snapshot-cache). Route "m" is
-// precise_cache_aware over the replicas; route "c" is served through the
-// Redis response cache. Every port is on 127.0.0.1 from --base-port.
+// following the control plane (both with --snapshot-cache). Route "m" runs
+// --strategy (predicted_ttft, the default for routes with KV events, unless
+// told) over the replicas; route "c" is served through the Redis response
+// cache. The requests carry no token ids, as an SDK's do, so the proxy asks
+// a replica's /tokenize for them, unless --token-ids sends the
+// x-rolter-vllm-token-ids header. Every port is on 127.0.0.1 from
+// --base-port.
 package main
 
 import (
@@ -119,6 +123,16 @@ func metric(page, name, sub string) float64 {
 	return sum
 }
 
+// tokenizeFailed counts the requests whose token ids no replica's
+// /tokenize gave in time (they were routed on the approximate state).
+func tokenizeFailed(page string) float64 {
+	n := 0.0
+	for _, outcome := range []string{"timeout", "error", "none"} {
+		n += max(0, metric(page, "rolter_tokenize_total", `outcome="`+outcome+`"`))
+	}
+	return n
+}
+
 type result struct {
 	at       time.Time
 	route    string
@@ -133,7 +147,7 @@ type load struct {
 	results []result
 }
 
-func (l *load) run(ctx context.Context, proxy string, rate int) {
+func (l *load) run(ctx context.Context, proxy string, rate int, sendIDs bool) {
 	prompts := make([]string, 8)
 	tokens := make([]string, 8)
 	for i := range prompts {
@@ -178,7 +192,9 @@ func (l *load) run(ctx context.Context, proxy string, rate int) {
 			body := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":1}`, route, prompt)
 			req, _ := http.NewRequest(http.MethodPost, proxy+"/v1/completions", strings.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("X-Rolter-Vllm-Token-Ids", toks)
+			if sendIDs {
+				req.Header.Set("X-Rolter-Vllm-Token-Ids", toks)
+			}
 			res := result{at: time.Now(), route: route}
 			if resp, err := client.Do(req); err == nil {
 				_, _ = io.Copy(io.Discard, resp.Body)
@@ -239,14 +255,33 @@ func main() {
 	down := flag.Duration("down", 3*time.Second, "how long each component stays down")
 	within := flag.Duration("within", 60*time.Second, "give up on a recovery after this long")
 	only := flag.String("only", "", "comma-separated components to test (default: all)")
+	strategy := flag.String("strategy", "predicted_ttft", "route m's strategy: predicted_ttft or precise_cache_aware (the strategies that read KV events)")
+	sendIDs := flag.Bool("token-ids", false, "send the x-rolter-vllm-token-ids header (default: none, as an SDK; the proxy asks /tokenize)")
 	flag.Parse()
-	if err := run(*bin, *base, *rate, *down, *within, *only); err != nil {
+	scored, ok := preciseOutcome[*strategy]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "rolter-outage: --strategy %q does not read KV events\n", *strategy)
+		os.Exit(2)
+	}
+	o := options{strategy: *strategy, scored: scored, sendIDs: *sendIDs}
+	if err := run(*bin, *base, *rate, *down, *within, *only, o); err != nil {
 		fmt.Fprintln(os.Stderr, "rolter-outage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(bin string, base, rate int, down, within time.Duration, only string) error {
+// preciseOutcome is, per strategy that reads KV events, the
+// rolter_routing_decisions_total outcome of a pick the events decided.
+var preciseOutcome = map[string]string{"predicted_ttft": "precise", "precise_cache_aware": "scored"}
+
+// options are route m's strategy, its precise decisions' outcome label, and
+// whether the load sends token ids.
+type options struct {
+	strategy, scored string
+	sendIDs          bool
+}
+
+func run(bin string, base, rate int, down, within time.Duration, only string, o options) error {
 	bin, _ = filepath.Abs(bin)
 	work, err := os.MkdirTemp("", "rolter-outage-")
 	if err != nil {
@@ -276,7 +311,7 @@ func run(bin string, base, rate int, down, within time.Duration, only string) er
 			return err
 		}
 		if p.name == "controlplane" {
-			if _, err := waitFor("config applied", within, func() bool { return r.apply(cp, redisPort, 1) == nil }); err != nil {
+			if _, err := waitFor("config applied", within, func() bool { return r.apply(cp, redisPort, o.strategy, 1) == nil }); err != nil {
 				return err
 			}
 		}
@@ -294,7 +329,7 @@ func run(bin string, base, rate int, down, within time.Duration, only string) er
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &load{}
 	done := make(chan struct{})
-	go func() { defer close(done); l.run(ctx, proxy, rate) }()
+	go func() { defer close(done); l.run(ctx, proxy, rate, o.sendIDs) }()
 	defer func() { cancel(); <-done }()
 	if _, err := waitFor("the deployment healthy", within, healthy); err != nil {
 		return err
@@ -326,13 +361,13 @@ func run(bin string, base, rate int, down, within time.Duration, only string) er
 			_, kpage := get(kvw + "/metrics")
 			return metric(page, "rolter_controlplane_connected", "") == 1 && strings.Contains(kpage, "rolter_kvwatcher_providers 2")
 		}},
-		{"etcd", func() bool { version++; return r.apply(cp, redisPort, version) == nil }},
+		{"etcd", func() bool { version++; return r.apply(cp, redisPort, o.strategy, version) == nil }},
 		{"nats", func() bool { return fresh() == 2 }},
 		{"kvwatcher", func() bool { return fresh() == 2 && watcherEpoch() != epochBefore }},
 		{"replica-a", func() bool { return l.servedBy("vllm-a", restartedAt) }},
 		{"redis", func() bool { return cacheHits() > hitsAtRestart }},
 	}
-	fmt.Printf("\n%-13s %9s %9s %8s %13s %15s\n", "component", "down_for", "requests", "failed", "recovered_in", "scored_while_down")
+	fmt.Printf("\n%-13s %9s %9s %8s %13s %18s %15s\n", "component", "down_for", "requests", "failed", "recovered_in", "precise_while_down", "tokenize_failed")
 	for _, c := range checks {
 		if only != "" && !strings.Contains(","+only+",", ","+c.name+",") {
 			continue
@@ -341,13 +376,15 @@ func run(bin string, base, rate int, down, within time.Duration, only string) er
 			return err
 		}
 		_, page := get(proxy + "/metrics")
-		scoredBefore := metric(page, "rolter_routing_decisions_total", `outcome="scored"`)
+		scoredBefore := metric(page, "rolter_routing_decisions_total", `outcome="`+o.scored+`"`)
+		tokFailedBefore := tokenizeFailed(page)
 		epochBefore = watcherEpoch()
 		t0 := time.Now()
 		r.kill(c.name)
 		time.Sleep(down)
 		_, page = get(proxy + "/metrics")
-		scoredDuring := metric(page, "rolter_routing_decisions_total", `outcome="scored"`) - scoredBefore
+		scoredDuring := metric(page, "rolter_routing_decisions_total", `outcome="`+o.scored+`"`) - scoredBefore
+		tokFailed := tokenizeFailed(page) - tokFailedBefore
 		hitsAtRestart = cacheHits()
 		t1 := time.Now()
 		restartedAt = t1
@@ -359,13 +396,13 @@ func run(bin string, base, rate int, down, within time.Duration, only string) er
 			return err
 		}
 		total, failed := l.between(t0, t2)
-		fmt.Printf("%-13s %9s %9d %8d %13s %15.0f\n", c.name, down, total, failed, t2.Sub(t1).Round(10*time.Millisecond), scoredDuring)
+		fmt.Printf("%-13s %9s %9d %8d %13s %18.0f %15.0f\n", c.name, down, total, failed, t2.Sub(t1).Round(10*time.Millisecond), scoredDuring, tokFailed)
 	}
 	return nil
 }
 
 // apply applies the config (version n: a comment changes) through rolterctl.
-func (r *rig) apply(cp, redisPort string, n int) error {
+func (r *rig) apply(cp, redisPort, strategy string, n int) error {
 	a, b := r.port(6), r.port(8)
 	doc := fmt.Sprintf(`# version %d
 [server]
@@ -389,13 +426,13 @@ api_base = "http://%s"
 endpoint = "tcp://%s"
 [[routes]]
 model = "m"
-strategy = "precise_cache_aware"
+strategy = %q
 targets = [{ provider = "vllm-a", model = "sim-model" }, { provider = "vllm-b", model = "sim-model" }]
 [[routes]]
 model = "c"
 targets = [{ provider = "vllm-a", model = "sim-model" }, { provider = "vllm-b", model = "sim-model" }]
 cache = { ttl_secs = 600 }
-`, n, redisPort, a, r.port(7), b, r.port(9))
+`, n, redisPort, a, r.port(7), b, r.port(9), strategy)
 	path := filepath.Join(r.work, "rolter.toml")
 	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
 		return err
