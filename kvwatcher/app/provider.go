@@ -444,7 +444,7 @@ func (k *worker) synced() bool {
 
 func (k *worker) status() kvdelta.Status {
 	now := time.Now()
-	var s kvdelta.Status
+	s := kvdelta.Status{Heartbeat: k.w.opts.Heartbeat}
 	if kv := k.spec.KV; kv != nil {
 		s.KV, s.Synced, s.KVStale = true, k.synced(), kv.Stale
 		s.KVAge = age(now, k.lastEvent)

@@ -181,6 +181,11 @@ type Status struct {
 	LMAge time.Duration
 	// LMStale is the provider's lmcache stale_secs.
 	LMStale time.Duration
+
+	// Heartbeat is the watcher's heartbeat period: a status of the
+	// provider comes at least this often. 0 when the watcher does not
+	// say (an older one).
+	Heartbeat time.Duration
 }
 
 // Message is one NATS message (see the package documentation for which
@@ -289,10 +294,10 @@ func (m *Message) check() error {
 }
 
 func toProtoStatus(s *Status) *kvv1.Status {
-	if !s.KV && !s.LM {
+	if !s.KV && !s.LM && millis(s.Heartbeat) == 0 {
 		return nil
 	}
-	out := &kvv1.Status{}
+	out := &kvv1.Status{HeartbeatMs: millis(s.Heartbeat)}
 	if s.KV {
 		out.Kv = &kvv1.KVStatus{
 			Synced: s.Synced, AgeMs: ageMillis(s.KVAge), StaleMs: millis(s.KVStale),
@@ -342,10 +347,10 @@ func toProtoOp(op *Op) *kvv1.Op {
 // maxPayload bytes for provider (at least 1).
 func PartIDs(maxPayload int, provider string) int {
 	// Everything but the IDs, at its largest: version, type, epoch and seq
-	// ≤ 24 bytes; the provider ≤ 3 + len; the status ≤ 95 (two
-	// sub-messages of varints and a double); the snapshot part's header
-	// ≤ 24. Each ID is 8 bytes.
-	overhead := 24 + 3 + len(provider) + 95 + 24 + 14 // 14: slack
+	// ≤ 24 bytes; the provider ≤ 3 + len; the status ≤ 106 (two
+	// sub-messages of varints and a double, and the heartbeat); the
+	// snapshot part's header ≤ 24. Each ID is 8 bytes.
+	overhead := 24 + 3 + len(provider) + 106 + 24 + 14 // 14: slack
 	return max((maxPayload-overhead)/8, 1)
 }
 
@@ -425,6 +430,9 @@ func fromProtoStatus(s *Status, pb *kvv1.Status) error {
 		return nil
 	}
 	var err error
+	if s.Heartbeat, err = duration(pb.HeartbeatMs); err != nil {
+		return err
+	}
 	if kv := pb.Kv; kv != nil {
 		s.KV, s.Synced = true, kv.Synced
 		if kv.BlockSize > maxCount || kv.Blocks > maxCount {

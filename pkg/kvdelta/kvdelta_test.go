@@ -61,6 +61,10 @@ func samples() []struct {
 			Type: kvdelta.TypeSnapshot, Epoch: 5, Seq: 0, Provider: "vllm-a", Status: kv, Part: 0, Parts: 1,
 		}},
 		{"snapshot_request", kvdelta.Message{Type: kvdelta.TypeSnapshotRequest, Epoch: 5, Provider: "vllm-a"}},
+		{"status_heartbeat", kvdelta.Message{
+			Type: kvdelta.TypeStatus, Epoch: 7, Seq: 3, Provider: "p",
+			Status: kvdelta.Status{KV: true, Synced: true, KVAge: 0, KVStale: 30 * time.Second, Heartbeat: time.Second},
+		}},
 	}
 }
 
@@ -212,6 +216,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"error: huge stale", msg(kvv1.Type_TYPE_STATUS, func(m *kvv1.Message) {
 			m.Status = &kvv1.Status{Lmcache: &kvv1.LMCacheStatus{StaleMs: 1 << 62}}
 		}), kvdelta.ErrMalformed},
+		{"error: huge heartbeat", msg(kvv1.Type_TYPE_STATUS, func(m *kvv1.Message) {
+			m.Status = &kvv1.Status{Kv: &kvv1.KVStatus{}, HeartbeatMs: 1 << 62}
+		}), kvdelta.ErrMalformed},
 		{"error: huge block count", msg(kvv1.Type_TYPE_STATUS, func(m *kvv1.Message) {
 			m.Status = &kvv1.Status{Kv: &kvv1.KVStatus{Blocks: 1 << 40}}
 		}), kvdelta.ErrMalformed},
@@ -304,7 +311,7 @@ func TestPartIDsFits(t *testing.T) {
 	n := kvdelta.PartIDs(maxPayload, "provider")
 	m := kvdelta.Message{Type: kvdelta.TypeSnapshot, Epoch: ^uint64(0), Seq: ^uint64(0), Provider: "provider",
 		Status: kvdelta.Status{KV: true, KVAge: time.Hour, KVStale: time.Hour, BlockSize: 1 << 20, Blocks: 1 << 30,
-			LM: true, Occupancy: 0.5, LMAge: time.Hour, LMStale: time.Hour},
+			LM: true, Occupancy: 0.5, LMAge: time.Hour, LMStale: time.Hour, Heartbeat: time.Hour},
 		Part: maxParts - 1, Parts: maxParts, IDs: make([]uint64, n)}
 	b, err := kvdelta.Encode(&m)
 	if err != nil {

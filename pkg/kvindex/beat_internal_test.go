@@ -3,6 +3,8 @@ package kvindex
 import (
 	"testing"
 	"time"
+
+	"rolter.dev/pkg/kvdelta"
 )
 
 // TestBurstOfDeltasKeepsTheHeartbeatPeriod: a burst of deltas between two
@@ -66,5 +68,25 @@ func TestSlowerBeatsAreLearned(t *testing.T) {
 	p.heard(at, true)
 	if got := p.beat(); got != 2*time.Second {
 		t.Fatalf("beat = %v, want the 2s interval learned", got)
+	}
+}
+
+// TestAnnouncedHeartbeat: a watcher that says its period is silent after
+// three missed beats from its first status on, before any interval was
+// seen, and late beats still stretch the period beyond the announced one.
+func TestAnnouncedHeartbeat(t *testing.T) {
+	p := &provider{ix: &Index{opts: Options{MissedHeartbeats: DefaultMissedHeartbeats}}}
+	at := time.Unix(1000, 0)
+	p.status = kvdelta.Status{KV: true, Heartbeat: time.Second}
+	p.heard(at, true)
+	if !p.silent(3*time.Second + time.Millisecond) {
+		t.Fatal("not silent three announced beats after the first status")
+	}
+	for range 3 {
+		at = at.Add(2 * time.Second)
+		p.heard(at, true)
+	}
+	if got := p.beat(); got != 2*time.Second {
+		t.Fatalf("beat = %v, want the 2s the statuses came at", got)
 	}
 }

@@ -225,13 +225,18 @@ func (p *provider) silent(since time.Duration) bool {
 	return beat > 0 && since > time.Duration(p.ix.opts.MissedHeartbeats)*beat
 }
 
-// beat is the followed watcher's estimated heartbeat period (0: unknown).
-// p.mu is held.
+// beat is the followed watcher's heartbeat period (0: unknown): the longest
+// of the intervals seen between its statuses, at least the period it
+// announces. The announced period makes a watcher that dies before two
+// intervals were seen (a proxy just started, a watcher just followed)
+// silent after MissedHeartbeats of it rather than after stale_secs; the
+// intervals leave room for a loaded host's late beats, and are all an
+// older watcher, which announces none, gives. p.mu is held.
 func (p *provider) beat() time.Duration {
+	b := p.status.Heartbeat
 	if p.nbeats < 2 {
-		return 0
+		return b
 	}
-	var b time.Duration
 	for _, d := range p.beats[:min(p.nbeats, beatWindow)] {
 		b = max(b, d)
 	}

@@ -13,7 +13,7 @@ func kvDesc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	descFresh     = kvDesc("fresh", "1 when the provider's KV view is used for scoring (loaded, in sync, heard from recently), else 0.", "provider")
 	descAge       = kvDesc("age_seconds", "Seconds since the followed watcher's last delta or heartbeat for the provider; -1 before any.", "provider")
-	descHeartbeat = kvDesc("heartbeat_seconds", "The followed watcher's heartbeat period as observed (the longest of its recent intervals between status messages); 0 until known.", "provider")
+	descHeartbeat = kvDesc("heartbeat_seconds", "The followed watcher's heartbeat period: the longest of its recent intervals between status messages (an outage's gap excluded), at least the period it announces; 0 until known.", "provider")
 	descSilent    = kvDesc("watcher_silent", "1 when the followed watcher missed the heartbeats that make the view stale, else 0.", "provider")
 	descWatcher   = kvDesc("watcher_info", "1 for the watcher epoch the provider's view follows (one series per provider).", "provider", "epoch")
 	descEntries   = kvDesc("entries", "Block identities held for the provider, by kind (resident, speculative).", "provider", "kind")

@@ -23,6 +23,17 @@ type KVSource interface {
 	Speculate(target int, tokenIDs []uint32, ttl time.Duration)
 }
 
+// KVFreshSource is a KVSource that also tells which targets' state is
+// fresh, for strategies that score a target whose state is not (its
+// watcher dead or restarted, its engine silent since) by other means
+// rather than as holding nothing.
+type KVFreshSource interface {
+	KVSource
+	// KVScoresFresh is KVScores that also sets fresh[i] to whether target
+	// i's state is fresh; scores[i] is 0 where it is not.
+	KVScoresFresh(tokenIDs []uint32, scores []float64, fresh []bool) bool
+}
+
 // LMCacheSource gives lmcache_aware each target's LMCache headroom.
 type LMCacheSource interface {
 	// LMCacheScores sets scores[i] to 1 - occupancy for an available

@@ -451,14 +451,29 @@ func (t *predictedTTFT) tokens(ctx *Context) int {
 }
 
 // matched sets match[i] to the prefix tokens target i holds and reports
-// whether they came from the KV events.
+// whether they came from the KV events. A target whose events are not
+// fresh while others' are is matched on the approximate index: read as
+// holding nothing, it lost the prompts it held to the fresh targets and
+// drew no new ones from ties, so its engine, serving nothing new, sent no
+// event to become fresh again (rolter-outage: a restarted kvwatcher's
+// view of one replica stayed stale for 51 s).
 func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool {
 	clear(match)
 	if t.kv != nil && len(ctx.TokenIDs) > 0 {
 		sigp := signalBufs.Get().(*[MaxTargets]float64)
 		sig := sigp[:t.n]
 		clear(sig)
-		ok := t.kv.KVScores(ctx.TokenIDs, sig)
+		var fbuf [MaxTargets]bool
+		fresh := fbuf[:t.n]
+		var ok bool
+		if fs, each := t.kv.(KVFreshSource); each {
+			ok = fs.KVScoresFresh(ctx.TokenIDs, sig, fresh)
+		} else {
+			ok = t.kv.KVScores(ctx.TokenIDs, sig)
+			for i := range fresh {
+				fresh[i] = true
+			}
+		}
 		if ok {
 			for i := range match {
 				match[i] = min(max(sig[i], 0), 1) * float64(tokens)
@@ -466,6 +481,16 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 		}
 		signalBufs.Put(sigp)
 		if ok {
+			if slices.Contains(fresh, false) {
+				var abuf [MaxTargets]float64
+				approx := abuf[:t.n]
+				t.indexMatch(ctx, tokens, approx)
+				for i, f := range fresh {
+					if !f {
+						match[i] = approx[i]
+					}
+				}
+			}
 			return true
 		}
 	}

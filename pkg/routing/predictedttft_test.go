@@ -289,6 +289,58 @@ func TestPredictedTTFTPreciseOverApproximate(t *testing.T) {
 	}
 }
 
+// staleKV is a routing.KVFreshSource whose targets' state is fresh where
+// fresh says; a stale target scores 0.
+type staleKV struct {
+	scores []float64
+	fresh  []bool
+}
+
+func (f *staleKV) KVScores(ids []uint32, s []float64) bool {
+	return f.KVScoresFresh(ids, s, make([]bool, len(s)))
+}
+
+func (f *staleKV) KVScoresFresh(_ []uint32, s []float64, fresh []bool) bool {
+	any := false
+	for i := range s {
+		s[i], fresh[i] = 0, f.fresh[i]
+		if f.fresh[i] {
+			s[i], any = f.scores[i], true
+		}
+	}
+	return any
+}
+
+func (f *staleKV) Speculate(int, []uint32, time.Duration) {}
+
+// A target whose KV state is stale while another's is fresh is matched on
+// the approximate index, not read as holding nothing: the prompt sent to
+// stale target 0 goes back there rather than to fresh target 1, which
+// holds a tenth of it. Read as empty, target 0 lost every prompt it held
+// and, serving nothing new, its engine sent no event to become fresh
+// again.
+func TestPredictedTTFTStaleTargetMatchesApproximately(t *testing.T) {
+	sys := words(1, 4000)
+	ids := make([]uint32, 1100)
+	for _, stale := range []bool{true, false} {
+		kv := &staleKV{scores: []float64{0, 0.1}, fresh: []bool{!stale, true}}
+		clock := &ttftClock{now: time.Second}
+		b := newTTFT(t, 2, 1, clock, func(s *routing.Spec) { s.KV = kv })
+		served(b, 0, &routing.Context{Prompt: sys}, clock) // the approximate index: target 0
+		got := b.Pick(&routing.Context{Prompt: sys + words(3, 400), TokenIDs: ids}, []int{0, 0}, routing.All(2))
+		want := 1 // fresh, target 0 holds none of it
+		if stale {
+			want = 0
+		}
+		if got != want {
+			t.Fatalf("target 0 stale=%v: picked %d, want %d", stale, got, want)
+		}
+		if d := b.(routing.DecisionCounter).Decisions(); d[routing.DecisionPrecise] != 1 {
+			t.Fatalf("stale=%v: decisions %v, want one precise", stale, d)
+		}
+	}
+}
+
 // fixedEngine is a routing.EngineState; a negative count is stale, and
 // without running counts none is running.
 type fixedEngine struct {

@@ -23,7 +23,7 @@ type kvTarget struct {
 }
 
 var (
-	_ routing.KVSource      = (*kvSource)(nil)
+	_ routing.KVFreshSource = (*kvSource)(nil)
 	_ routing.LMCacheSource = (*kvSource)(nil)
 )
 
@@ -50,13 +50,22 @@ func identityModel(t config.CompiledTarget) string {
 // leading blocks resident on each target. Targets sharing a provider, model
 // and block size share one identity computation.
 func (s *kvSource) KVScores(tokenIDs []uint32, scores []float64) bool {
+	return s.KVScoresFresh(tokenIDs, scores, nil)
+}
+
+// KVScoresFresh implements routing.KVFreshSource (fresh may be nil).
+func (s *kvSource) KVScoresFresh(tokenIDs []uint32, scores []float64, freshAt []bool) bool {
 	fresh := false
 	var ids []uint64
 	var idsSeed uint64
 	idsBS := -1
 	for i, t := range s.targets {
 		scores[i] = 0
-		if !s.ix.Fresh(t.provider) {
+		f := s.ix.Fresh(t.provider)
+		if freshAt != nil {
+			freshAt[i] = f
+		}
+		if !f {
 			continue
 		}
 		fresh = true

@@ -277,7 +277,11 @@ type Status struct {
 	// kv is set when the provider has a KV-event stream.
 	Kv *KVStatus `protobuf:"bytes,1,opt,name=kv,proto3" json:"kv,omitempty"`
 	// lmcache is set when the provider's LMCache occupancy is polled.
-	Lmcache       *LMCacheStatus `protobuf:"bytes,2,opt,name=lmcache,proto3" json:"lmcache,omitempty"`
+	Lmcache *LMCacheStatus `protobuf:"bytes,2,opt,name=lmcache,proto3" json:"lmcache,omitempty"`
+	// heartbeat_ms is the watcher's heartbeat period: it sends a status of
+	// this provider at least this often. 0 from a watcher that does not say
+	// (the reader then learns it from the statuses' intervals).
+	HeartbeatMs   uint64 `protobuf:"varint,3,opt,name=heartbeat_ms,json=heartbeatMs,proto3" json:"heartbeat_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -324,6 +328,13 @@ func (x *Status) GetLmcache() *LMCacheStatus {
 		return x.Lmcache
 	}
 	return nil
+}
+
+func (x *Status) GetHeartbeatMs() uint64 {
+	if x != nil {
+		return x.HeartbeatMs
+	}
+	return 0
 }
 
 // KVStatus is the state of a provider's KV-event stream.
@@ -805,10 +816,11 @@ const file_rolter_kv_v1_kv_proto_rawDesc = "" +
 	"\bprovider\x18\x05 \x01(\tR\bprovider\x12,\n" +
 	"\x06status\x18\x06 \x01(\v2\x14.rolter.kv.v1.StatusR\x06status\x12\"\n" +
 	"\x03ops\x18\a \x03(\v2\x10.rolter.kv.v1.OpR\x03ops\x126\n" +
-	"\bsnapshot\x18\b \x01(\v2\x1a.rolter.kv.v1.SnapshotPartR\bsnapshot\"g\n" +
+	"\bsnapshot\x18\b \x01(\v2\x1a.rolter.kv.v1.SnapshotPartR\bsnapshot\"\x8a\x01\n" +
 	"\x06Status\x12&\n" +
 	"\x02kv\x18\x01 \x01(\v2\x16.rolter.kv.v1.KVStatusR\x02kv\x125\n" +
-	"\almcache\x18\x02 \x01(\v2\x1b.rolter.kv.v1.LMCacheStatusR\almcache\"\x9b\x01\n" +
+	"\almcache\x18\x02 \x01(\v2\x1b.rolter.kv.v1.LMCacheStatusR\almcache\x12!\n" +
+	"\fheartbeat_ms\x18\x03 \x01(\x04R\vheartbeatMs\"\x9b\x01\n" +
 	"\bKVStatus\x12\x16\n" +
 	"\x06synced\x18\x01 \x01(\bR\x06synced\x12\x1a\n" +
 	"\x06age_ms\x18\x02 \x01(\x04H\x00R\x05ageMs\x88\x01\x01\x12\x19\n" +
