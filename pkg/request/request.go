@@ -9,15 +9,35 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Errors returned by [Read] and [Parse]. The proxy maps them to its error
-// catalogue (413 request_too_large, 400 invalid_json).
+// catalogue (413 request_too_large, 400 invalid_json); a [FieldError] is its
+// 400 invalid_request.
 var (
 	ErrTooLarge    = errors.New("request: body too large")
 	ErrInvalidJSON = errors.New("request: invalid JSON")
 	ErrNotObject   = errors.New("request: body is not a JSON object")
 )
+
+// FieldError is returned by [Parse] for a JSON object whose model or stream
+// member an upstream could read otherwise than the gateway does, so that the
+// gateway would route, authorize or apply its stream policy to one request
+// and the upstream serve another:
+//
+//   - the member appears twice (decoders differ on which one wins), or under
+//     a key that differs from its name only in case ("MODEL", "Stream",
+//     "\u017ftream"), which Go's encoding/json, for one, matches to the
+//     same struct field;
+//   - stream is not a boolean (or null): lax decoders, vLLM's pydantic
+//     models among them, read "true" or 1 as true.
+type FieldError struct {
+	Field  string // "model" or "stream"
+	Reason string
+}
+
+func (e *FieldError) Error() string { return "request: " + e.Field + ": " + e.Reason }
 
 // Read reads at most limit bytes of r. A longer body is ErrTooLarge.
 func Read(r io.Reader, limit int64) ([]byte, error) {
@@ -42,13 +62,14 @@ type Body struct {
 	HasModel bool
 	// Stream is the top-level "stream" boolean (false when absent).
 	Stream bool
-	// modelStart and modelEnd delimit the last top-level model value of any
-	// type (with its quotes); modelStart is -1 when there is none.
+	// modelStart and modelEnd delimit the top-level model value of any type
+	// (with its quotes); modelStart is -1 when there is none.
 	modelStart, modelEnd int
 }
 
 // Parse validates body as a JSON object and reads its top-level model and
-// stream fields.
+// stream fields. A model or stream member that an upstream could read
+// otherwise is a [*FieldError].
 func Parse(raw []byte) (*Body, error) {
 	if !json.Valid(raw) {
 		return nil, ErrInvalidJSON
@@ -63,6 +84,7 @@ func Parse(raw []byte) (*Body, error) {
 	if s.consume('}') {
 		return b, nil
 	}
+	var seen [2]bool // model, stream
 	for {
 		s.space()
 		keyStart := s.pos
@@ -80,16 +102,30 @@ func Parse(raw []byte) (*Body, error) {
 			return nil, ErrInvalidJSON
 		}
 		val := raw[valStart:s.pos]
-		switch {
-		case keyIs(key, "model"):
-			var m string
-			b.modelStart, b.modelEnd = valStart, s.pos
-			b.Model, b.HasModel = "", false
-			if val[0] == '"' && json.Unmarshal(val, &m) == nil {
-				b.Model, b.HasModel = m, true
+		if f, exact := routedField(key); f >= 0 {
+			name := routedFields[f]
+			switch {
+			case !exact:
+				return nil, &FieldError{name, fmt.Sprintf("the key %s differs from %q only in case; spell it %q", key, name, name)}
+			case seen[f]:
+				return nil, &FieldError{name, "appears more than once"}
 			}
-		case keyIs(key, "stream"):
-			b.Stream = bytes.Equal(val, []byte("true"))
+			seen[f] = true
+			if f == 0 {
+				var m string
+				b.modelStart, b.modelEnd = valStart, s.pos
+				if val[0] == '"' && json.Unmarshal(val, &m) == nil {
+					b.Model, b.HasModel = m, true
+				}
+			} else {
+				switch string(val) {
+				case "true":
+					b.Stream = true
+				case "false", "null":
+				default:
+					return nil, &FieldError{name, "must be a boolean"}
+				}
+			}
 		}
 		s.space()
 		if s.consume(',') {
@@ -130,17 +166,43 @@ func (b *Body) WithModel(model string) []byte {
 	return append(out, b.Raw[b.modelEnd:]...)
 }
 
-// keyIs compares a raw JSON key (with quotes) to name. Keys with escapes
-// are decoded first, so "\u006dodel" is model, as encoding/json reads it.
-func keyIs(raw []byte, name string) bool {
-	if len(raw) == len(name)+2 && string(raw[1:len(raw)-1]) == name {
-		return true
+// routedFields are the members Parse reads, by index.
+var routedFields = [2]string{"model", "stream"}
+
+// routedField returns the index in routedFields of the name a raw JSON key
+// (with quotes) equals ignoring case, as encoding/json matches struct
+// fields (Unicode simple folding: "\u017ftream" is stream), or -1; exact
+// reports whether it is the name itself. Keys with escapes are decoded
+// first, so "\u006dodel" is exactly model, as encoding/json reads it.
+func routedField(raw []byte) (f int, exact bool) {
+	inner := raw[1 : len(raw)-1]
+	ascii := true
+	for _, c := range inner {
+		if c == '\\' || c >= 0x80 {
+			ascii = false
+			break
+		}
 	}
-	if bytes.IndexByte(raw, '\\') < 0 {
-		return false
+	if ascii {
+		// The common case: no decoding, and only a same-length key can
+		// equal a name ignoring ASCII case.
+		for i, name := range routedFields {
+			if len(inner) == len(name) && strings.EqualFold(string(inner), name) {
+				return i, string(inner) == name
+			}
+		}
+		return -1, false
 	}
 	var k string
-	return json.Unmarshal(raw, &k) == nil && k == name
+	if json.Unmarshal(raw, &k) != nil {
+		return -1, false
+	}
+	for i, name := range routedFields {
+		if strings.EqualFold(k, name) {
+			return i, k == name
+		}
+	}
+	return -1, false
 }
 
 // scanner walks a document already known to be valid JSON.

@@ -33,6 +33,9 @@ func TestParse(t *testing.T) {
 		{name: "error: trailing garbage", body: `{"model":"m"} x`, wantErr: request.ErrInvalidJSON},
 		{name: "error: array", body: `[1,2]`, wantErr: request.ErrNotObject},
 		{name: "error: empty", body: ``, wantErr: request.ErrInvalidJSON},
+		{name: "stream null", body: `{"model":"m","stream":null}`, model: "m", hasModel: true, rewritten: `{"model":"up","stream":null}`},
+		{name: "other keys may repeat", body: `{"model":"m","n":1,"n":2}`, model: "m", hasModel: true, rewritten: `{"model":"up","n":1,"n":2}`},
+		{name: "nested case variants are not read", body: `{"x":{"MODEL":"a","model":"b"},"model":"m"}`, model: "m", hasModel: true, rewritten: `{"x":{"MODEL":"a","model":"b"},"model":"up"}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -51,6 +54,40 @@ func TestParse(t *testing.T) {
 			}
 			if got := string(b.WithModel("up")); got != tc.rewritten {
 				t.Fatalf("WithModel = %s, want %s", got, tc.rewritten)
+			}
+		})
+	}
+}
+
+// TestParseRefusesWhatUpstreamsReadOtherwise: the fields the gateway routes
+// on must mean the same to every upstream. A second model or stream member
+// (an exact repeat, which some decoders take the first of, or a key that
+// differs only in case, which Go's encoding/json matches to the same field)
+// and a stream that is not a boolean (which lax decoders such as vLLM's
+// pydantic models read as true) are refused with a FieldError naming the
+// field.
+func TestParseRefusesWhatUpstreamsReadOtherwise(t *testing.T) {
+	tests := []struct{ name, body, field string }{
+		{"model twice", `{"model":"m","model":"n"}`, "model"},
+		{"model in upper case too", `{"model":"m","MODEL":"evil"}`, "model"},
+		{"model in another case first", `{"Model":"evil","model":"m"}`, "model"},
+		{"model escaped and cased", `{"model":"m","\u004dodel":"evil"}`, "model"},
+		{"only a case variant", `{"Model":"m"}`, "model"},
+		{"non-string model twice", `{"model":1,"MODEL":"m"}`, "model"},
+		{"stream twice", `{"model":"m","stream":false,"stream":true}`, "stream"},
+		{"stream in upper case", `{"model":"m","stream":false,"STREAM":true}`, "stream"},
+		{"stream with a long s", "{\"model\":\"m\",\"\u017ftream\":true}", "stream"},
+		{"stream as a string", `{"model":"m","stream":"true"}`, "stream"},
+		{"stream as a number", `{"model":"m","stream":1}`, "stream"},
+		{"stream as an object", `{"model":"m","stream":{}}`, "stream"},
+		{"stream as an array", `{"model":"m","stream":[true]}`, "stream"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := request.Parse([]byte(tc.body))
+			var fe *request.FieldError
+			if !errors.As(err, &fe) || fe.Field != tc.field {
+				t.Fatalf("err = %v, want a FieldError on %q", err, tc.field)
 			}
 		})
 	}
@@ -78,10 +115,13 @@ func TestRead(t *testing.T) {
 }
 
 // FuzzParse checks the scanner against encoding/json: whatever Parse
-// accepts, encoding/json reads the same model and stream, and the rewritten
+// accepts, encoding/json reads the same model and stream, into a map (exact
+// keys) as into a struct (keys matched ignoring case), and the rewritten
 // body stays valid JSON with the new model.
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{`{"model":"m","stream":true}`, `{"a":[{"b":"}"}],"model":"x"}`, `{}`, `[]`, `{"model":"\u00e9"}`, `{"model":null}`} {
+	for _, s := range []string{`{"model":"m","stream":true}`, `{"a":[{"b":"}"}],"model":"x"}`, `{}`, `[]`, `{"model":"\u00e9"}`, `{"model":null}`,
+		`{"model":"m","MODEL":"x"}`, `{"model":"a","model":"b"}`, `{"model":"m","stream":"true"}`, `{"model":"m","stream":1}`,
+		"{\"\u017ftream\":true,\"model\":\"m\"}", `{"Stream":null,"model":"m"}`, `{"model":"m","stream":null}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
@@ -93,11 +133,25 @@ func FuzzParse(f *testing.F) {
 		if err := json.Unmarshal(raw, &ref); err != nil {
 			t.Fatalf("Parse accepted what encoding/json rejects: %v", err)
 		}
-		// With duplicate keys encoding/json keeps the last, as Parse does.
 		var m string
 		wantHas := json.Unmarshal(ref["model"], &m) == nil && len(ref["model"]) > 0 && ref["model"][0] == '"'
 		if wantHas != b.HasModel || (wantHas && m != b.Model) {
 			t.Fatalf("model: got %q/%v, encoding/json %q/%v", b.Model, b.HasModel, m, wantHas)
+		}
+		if b.Stream != bytes.Equal(ref["stream"], []byte("true")) {
+			t.Fatalf("stream: got %v, encoding/json %s", b.Stream, ref["stream"])
+		}
+		// A struct matches keys ignoring case: Parse accepted no key an
+		// upstream decoding that way could read as another model or stream.
+		var st struct {
+			Model  json.RawMessage `json:"model"`
+			Stream json.RawMessage `json:"stream"`
+		}
+		if err := json.Unmarshal(raw, &st); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(st.Model, ref["model"]) || !bytes.Equal(st.Stream, ref["stream"]) {
+			t.Fatalf("a case-insensitive decoder reads model %s stream %s, Parse model %s stream %s", st.Model, st.Stream, ref["model"], ref["stream"])
 		}
 		out := b.WithModel("rewritten")
 		var after map[string]json.RawMessage

@@ -149,7 +149,11 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		return
 	}
 	body, err := request.Parse(raw)
+	var ferr *request.FieldError
 	switch {
+	case errors.As(err, &ferr):
+		fail(errInvalidRequest, ferr.Field+": "+ferr.Reason)
+		return
 	case errors.Is(err, request.ErrNotObject):
 		fail(errInvalidJSON, "request body must be a JSON object")
 		return

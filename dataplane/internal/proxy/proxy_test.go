@@ -177,6 +177,14 @@ targets = [{ provider = "claude" }]
 		{"error: anthropic dialect unknown model", "/v1/messages", full, `{"model":"ghost"}`, 404, "not_found_error"},
 		{"error: anthropic dialect forbidden", "/v1/messages", "sk-rolter-m2-00000000000", `{"model":"m"}`, 403, "permission_error"},
 		{"error: unknown endpoint", "/v1/nope", full, `{}`, 404, "not_found"},
+		// A model or stream an upstream could read otherwise than the
+		// gateway: the key's allow-list and the stream policy would apply
+		// to one request and the upstream serve another.
+		{"error: model key in another case", "/v1/chat/completions", "sk-rolter-m2-00000000000", `{"model":"m2","MODEL":"m"}`, 400, "invalid_request"},
+		{"error: model twice", "/v1/chat/completions", full, `{"model":"m","model":"m2"}`, 400, "invalid_request"},
+		{"error: stream not a boolean", "/v1/chat/completions", full, `{"model":"m","stream":"true"}`, 400, "invalid_request"},
+		{"error: stream key in another case", "/v1/completions", full, `{"model":"m","Stream":true}`, 400, "invalid_request"},
+		{"error: anthropic dialect stream not a boolean", "/v1/messages", full, `{"model":"m","stream":1}`, 400, "invalid_request_error"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
