@@ -183,7 +183,7 @@ type chatMessage struct {
 func (req *countTokensRequest) chatMessages() ([]chatMessage, error) {
 	var out []chatMessage
 	if len(req.System) > 0 && string(req.System) != "null" {
-		s, err := blocksText(req.System)
+		s, err := blocksText(req.System, false)
 		if err != nil {
 			return nil, fmt.Errorf("system: %w", err)
 		}
@@ -203,7 +203,7 @@ func (req *countTokensRequest) chatMessages() ([]chatMessage, error) {
 		if msg.Role != "user" && msg.Role != "assistant" {
 			return nil, fmt.Errorf("messages[%d].role: must be \"user\" or \"assistant\", got %q", i, msg.Role)
 		}
-		s, err := blocksText(msg.Content)
+		s, err := blocksText(msg.Content, false)
 		if err != nil {
 			return nil, fmt.Errorf("messages[%d].content: %w", i, err)
 		}
@@ -212,8 +212,11 @@ func (req *countTokensRequest) chatMessages() ([]chatMessage, error) {
 	return out, nil
 }
 
-// blocksText is the text of a string or of an array of content blocks.
-func blocksText(raw json.RawMessage) (string, error) {
+// blocksText is the text of a string or of an array of content blocks;
+// inResult tells that raw is a tool_result's content, which holds no tool
+// blocks (as in Anthropic's API): one level of nesting at most, so a
+// request is decoded in one pass however deep a hostile one nests.
+func blocksText(raw json.RawMessage, inResult bool) (string, error) {
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
 		return s, nil
@@ -233,6 +236,9 @@ func blocksText(raw json.RawMessage) (string, error) {
 		if i > 0 {
 			b.WriteByte('\n')
 		}
+		if inResult && (bl.Type == "tool_use" || bl.Type == "tool_result") {
+			return "", fmt.Errorf("a tool_result's content cannot hold a %q block", bl.Type)
+		}
 		switch bl.Type {
 		case "text":
 			b.WriteString(bl.Text)
@@ -242,7 +248,7 @@ func blocksText(raw json.RawMessage) (string, error) {
 			b.Write(bl.Input)
 		case "tool_result":
 			if len(bl.Content) > 0 {
-				t, err := blocksText(bl.Content)
+				t, err := blocksText(bl.Content, true)
 				if err != nil {
 					return "", err
 				}

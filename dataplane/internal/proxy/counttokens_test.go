@@ -104,10 +104,56 @@ func TestCountTokensForwardsToAnthropic(t *testing.T) {
 	}
 }
 
+// A tool_result holds text (and media), never tool blocks; one nested in
+// another is refused, so that a request is read in one pass however deep it
+// nests (a chain of 5,000 tool_results, 170 KB, used to cost seconds of CPU and
+// 600 MB, each level decoding all those below it again).
+func TestCountTokensRefusesNestedToolBlocks(t *testing.T) {
+	a := newUpstream(t, "a")
+	a.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		fmt.Fprint(w, `{"count":1,"max_model_len":4096,"tokens":[0]}`)
+		return true
+	}
+	_, srv := newTestProxy(t, openAuth+providers(a)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+	deep := `"x"`
+	for range 4000 {
+		deep = `[{"type":"tool_result","content":` + deep + `}]`
+	}
+	tests := []struct {
+		name, content string
+		status        int
+	}{
+		{"text in a tool_result", `[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]`, 200},
+		{"string in a tool_result", `[{"type":"tool_result","content":"r"}]`, 200},
+		{"tool_result in a tool_result", `[{"type":"tool_result","content":[{"type":"tool_result","content":"r"}]}]`, 400},
+		{"tool_use in a tool_result", `[{"type":"tool_result","content":[{"type":"tool_use","name":"f","input":{}}]}]`, 400},
+		{"4000 nested tool_results", deep, 400},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			hits := a.hits.Load()
+			resp, b := post(t, srv.URL+countTokensPath, "", `{"model":"m","messages":[{"role":"user","content":`+tc.content+`}]}`)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("%d %s, want %d", resp.StatusCode, b, tc.status)
+			}
+			if tc.status == 400 {
+				var e anthropicErrorBody
+				if json.Unmarshal(b, &e) != nil || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, "tool_result") {
+					t.Errorf("error body %s", b)
+				}
+				if a.hits.Load() != hits {
+					t.Error("a refused request reached the engine")
+				}
+			}
+		})
+	}
+}
+
 func FuzzCountTokensMessages(f *testing.F) {
 	f.Add([]byte(`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]}]}`))
 	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"image"}]}]}`))
 	f.Add([]byte(`{"messages":[{"role":"x","content":3}]}`))
+	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]}]}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var req countTokensRequest
 		if json.Unmarshal(b, &req) != nil {
