@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"encoding/hex"
 	"net/http"
 	"slices"
 	"sync"
@@ -19,6 +20,22 @@ const MaxBytes = 32 * 1024
 
 // SessionHeader is the request header whose value becomes the session key.
 const SessionHeader = "X-Session-Id"
+
+// MaxSessionKey is the longest x-session-id used as the session key as it
+// is. A longer one becomes "xxh3-128:" and its 128-bit digest in hex: the
+// balancers that remember sessions (pipeline keeps up to
+// routing.SessionCap) then hold a few dozen bytes per session, not up to the
+// server's 1 MiB header limit, and a session still has one key.
+const MaxSessionKey = 256
+
+// SessionKey returns the session key of an x-session-id value.
+func SessionKey(id string) string {
+	if len(id) <= MaxSessionKey {
+		return id
+	}
+	d := xxh3.HashString128(id).Bytes()
+	return "xxh3-128:" + hex.EncodeToString(d[:])
+}
 
 // Endpoint paths whose bodies carry a readable prompt. Any other path gives
 // the raw-body fallback.
@@ -62,7 +79,7 @@ type Affinity struct {
 // body is not retained. Build never panics, whatever body holds.
 func Build(path string, body []byte, h http.Header) routing.Context {
 	ctx := routing.Context{
-		SessionKey: h.Get(SessionHeader),
+		SessionKey: SessionKey(h.Get(SessionHeader)),
 		TokenIDs:   routing.ParseTokenIDs(h.Get(routing.TokenIDsHeader)),
 	}
 	if a, ok := Parse(path, body); ok {

@@ -249,6 +249,47 @@ func TestHeaders(t *testing.T) {
 	}
 }
 
+// A session key is remembered per session by the balancers (pipeline keeps
+// up to 100,000): a long x-session-id (the server takes headers up to 1 MiB)
+// is replaced by a fixed-size digest, so that a client cannot make a proxy
+// hold 100,000 MiB, while a session still keeps one key and two sessions
+// two keys.
+func TestSessionKeyIsBounded(t *testing.T) {
+	key := func(id string) string {
+		h := http.Header{}
+		h.Set("x-session-id", id)
+		return affinity.Build(chat, []byte(`{}`), h).SessionKey
+	}
+	atMax := strings.Repeat("s", affinity.MaxSessionKey)
+	long := strings.Repeat("s", 1<<20)
+	tests := []struct {
+		name, id string
+		same     bool // kept as it is
+	}{
+		{"short", "sess-1", true},
+		{"at the bound", atMax, true},
+		{"one past it", atMax + "x", false},
+		{"1 MiB", long, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := key(tc.id)
+			if len(got) > affinity.MaxSessionKey || got == "" {
+				t.Fatalf("session key of %d bytes", len(got))
+			}
+			if (got == tc.id) != tc.same {
+				t.Fatalf("session key %q for an id of %d bytes", got, len(tc.id))
+			}
+			if key(tc.id) != got {
+				t.Fatal("one session, two keys")
+			}
+		})
+	}
+	if key(long) == key(long[1:]+"t") || key(long) == key(atMax+"x") {
+		t.Fatal("two long sessions share a key")
+	}
+}
+
 func TestInvalidUTF8RawBody(t *testing.T) {
 	got := affinity.Build(chat, []byte("\xff{"), nil)
 	if got.Prompt != "" || got.HasDigest {
