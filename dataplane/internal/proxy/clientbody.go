@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"rolter.dev/pkg/config"
@@ -52,6 +53,11 @@ func watchBody(r *http.Request, snap *config.Snapshot, now time.Time) *clientBod
 // reading the connection in the background while the response streams and
 // an expired deadline there would cancel the request.
 func readBody(w http.ResponseWriter, r *http.Request, b *clientBody, limit int64) ([]byte, *apiError, string) {
+	if ce := contentCoding(r.Header); ce != "" { // refused on its header, unread
+		// RFC 9110 §15.5.16: say which codings would have been accepted.
+		w.Header().Set("Accept-Encoding", "identity")
+		return nil, &errContentEncoding, fmt.Sprintf("the request body has Content-Encoding %q, which is not supported; send it uncompressed", ce)
+	}
 	if r.ContentLength > limit { // refused on its declared length, unread
 		return nil, &errTooLarge, fmt.Sprintf("request body is larger than %d bytes", limit)
 	}
@@ -70,6 +76,24 @@ func readBody(w http.ResponseWriter, r *http.Request, b *clientBody, limit int64
 		return nil, &errInvalidRequest, "could not read the request body"
 	}
 	return raw, nil, ""
+}
+
+// contentCoding returns the request's Content-Encoding when it names a
+// coding (gzip, deflate, br…): bodies are read as they come, never decoded.
+// None, or identity only, is "".
+func contentCoding(h http.Header) string {
+	vs := h.Values("Content-Encoding")
+	for _, v := range vs {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				if all := strings.Join(vs, ", "); len(all) <= 100 {
+					return all
+				}
+				return c[:min(len(c), 100)] // echoed in the error: bounded
+			}
+		}
+	}
+	return ""
 }
 
 // refuse answers with an error. When the body was not read to its end (the

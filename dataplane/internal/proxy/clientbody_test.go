@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -131,6 +132,64 @@ func TestOversizedBodyWrittenBeforeReadingGets413(t *testing.T) {
 				}
 			} else if e, _ := body["error"].(map[string]any); e["code"] != "request_too_large" {
 				t.Errorf("not OpenAI's shape: %v", body)
+			}
+		})
+	}
+}
+
+// A body in a content coding (gzip, deflate, br…) is not decoded: the
+// answer says so with 415 and Accept-Encoding: identity (RFC 9110 §15.5.16),
+// instead of calling gzip bytes "not valid JSON" or forwarding a plain body
+// labelled with the client's coding. identity is no coding.
+func TestContentEncodingIsRefused(t *testing.T) {
+	a := newUpstream(t, "a")
+	_, srv := newTestProxy(t, openAuth+providers(a)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write([]byte(`{"model":"m","messages":[]}`))
+	_ = zw.Close()
+	tests := []struct {
+		name, path, encoding, body string
+		status                     int
+	}{
+		{"gzip body", "/v1/chat/completions", "gzip", gz.String(), 415},
+		{"gzip label on a plain body", "/v1/chat/completions", "gzip", `{"model":"m","messages":[]}`, 415},
+		{"deflate", "/v1/completions", "deflate", `{"model":"m"}`, 415},
+		{"two codings", "/v1/embeddings", "identity, gzip", `{"model":"m"}`, 415},
+		{"anthropic dialect", "/v1/messages", "br", `{"model":"m"}`, 415},
+		{"count_tokens", countTokensPath, "gzip", `{"model":"m"}`, 415},
+		{"identity", "/v1/chat/completions", "identity", `{"model":"m","messages":[]}`, 200},
+		{"identity in capitals", "/v1/chat/completions", "IDENTITY", `{"model":"m","messages":[]}`, 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			hits := a.hits.Load()
+			resp, b := post(t, srv.URL+tc.path, "", tc.body, "Content-Encoding", tc.encoding)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, b)
+			}
+			if tc.status == 200 {
+				if _, h := a.last(); h.Get("Content-Encoding") != "" {
+					t.Errorf("upstream got Content-Encoding %q", h.Get("Content-Encoding"))
+				}
+				return
+			}
+			if resp.Header.Get("Accept-Encoding") != "identity" || resp.Header.Get("X-Rolter-Error") != "unsupported_content_encoding" {
+				t.Errorf("headers %v", resp.Header)
+			}
+			if tc.path == "/v1/messages" || tc.path == countTokensPath {
+				var e anthropicErrorBody
+				if json.Unmarshal(b, &e) != nil || e.Type != "error" || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.encoding) {
+					t.Errorf("anthropic error shape: %s", b)
+				}
+			} else {
+				var e openAIErrorBody
+				if json.Unmarshal(b, &e) != nil || e.Error.Code != "unsupported_content_encoding" || !strings.Contains(e.Error.Message, tc.encoding) {
+					t.Errorf("openai error shape: %s", b)
+				}
+			}
+			if a.hits.Load() != hits {
+				t.Error("a refused request reached the upstream")
 			}
 		})
 	}

@@ -29,6 +29,7 @@ var (
 	errInvalidRequest   = apiError{http.StatusBadRequest, "invalid_request", "invalid_request_error", "invalid_request_error"}
 	errUnsupported      = apiError{http.StatusBadRequest, "unsupported_endpoint", "invalid_request_error", "invalid_request_error"}
 	errBodyTimeout      = apiError{http.StatusRequestTimeout, "request_timeout", "invalid_request_error", "invalid_request_error"}
+	errContentEncoding  = apiError{http.StatusUnsupportedMediaType, "unsupported_content_encoding", "invalid_request_error", "invalid_request_error"}
 	errTooLarge         = apiError{http.StatusRequestEntityTooLarge, "request_too_large", "invalid_request_error", "request_too_large"}
 	errMissingKey       = apiError{http.StatusUnauthorized, "missing_api_key", "authentication_error", "authentication_error"}
 	errInvalidKey       = apiError{http.StatusUnauthorized, "invalid_api_key", "authentication_error", "authentication_error"}

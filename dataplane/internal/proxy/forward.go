@@ -597,6 +597,8 @@ var hopHeaders = map[string]bool{
 var dropRequestHeaders = map[string]bool{
 	"Authorization": true, "X-Api-Key": true, "Cookie": true, "Host": true, "Content-Length": true,
 	"Accept-Encoding": true, "Anthropic-Version": true,
+	// The proxy sends the body it read, uncoded (a coded one is refused).
+	"Content-Encoding": true,
 }
 
 // send makes one upstream attempt. The returned cancel must be called when
