@@ -316,6 +316,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/v1/models":
 		w.Header().Set("X-Request-Id", requestID(r))
 		if r.Method != http.MethodGet {
+			w.Header().Set("Allow", http.MethodGet)
 			writeError(w, dialectOpenAI, errMethodNotAllowed, "use GET /v1/models")
 			return
 		}

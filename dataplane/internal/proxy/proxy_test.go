@@ -527,3 +527,54 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Every route answers a method it does not serve with 405, the Allow header
+// RFC 9110 §15.5.6 requires, and an error in the route's dialect, without
+// reaching an upstream.
+func TestWrongMethods(t *testing.T) {
+	a := newUpstream(t, "a")
+	_, srv := newTestProxy(t, openAuth+providers(a)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+	tests := []struct {
+		path, allow string
+		anthropic   bool
+	}{
+		{"/v1/models", http.MethodGet, false},
+		{"/v1/models/m", http.MethodGet, false},
+		{"/v1/chat/completions", http.MethodPost, false},
+		{"/v1/completions", http.MethodPost, false},
+		{"/v1/embeddings", http.MethodPost, false},
+		{"/v1/responses", http.MethodPost, false},
+		{"/v1/messages", http.MethodPost, true},
+		{countTokensPath, http.MethodPost, true},
+	}
+	for _, tc := range tests {
+		for _, method := range []string{http.MethodPut, http.MethodDelete, http.MethodPatch, http.MethodOptions, http.MethodHead, http.MethodGet, http.MethodPost} {
+			if method == tc.allow {
+				continue
+			}
+			t.Run(tc.path+" "+method, func(t *testing.T) {
+				req, _ := http.NewRequestWithContext(t.Context(), method, srv.URL+tc.path, strings.NewReader(`{"model":"m"}`))
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != tc.allow || resp.Header.Get("X-Rolter-Error") != "method_not_allowed" {
+					t.Fatalf("status %d, Allow %q, x-rolter-error %q", resp.StatusCode, resp.Header.Get("Allow"), resp.Header.Get("X-Rolter-Error"))
+				}
+				if method == http.MethodHead {
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				var oe openAIErrorBody
+				var ae anthropicErrorBody
+				if tc.anthropic && (json.Unmarshal(b, &ae) != nil || ae.Type != "error") || !tc.anthropic && (json.Unmarshal(b, &oe) != nil || oe.Error.Code != "method_not_allowed") {
+					t.Fatalf("error body %s", b)
+				}
+			})
+		}
+	}
+	if a.hits.Load() != 0 {
+		t.Fatalf("the upstream was called %d times", a.hits.Load())
+	}
+}
