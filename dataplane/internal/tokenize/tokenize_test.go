@@ -50,6 +50,53 @@ func TestBuild(t *testing.T) {
 	}
 }
 
+// FuzzBuild: Build reads a client's body, so any body gives a /tokenize
+// body, ids or nothing, never a panic; a /tokenize body is a JSON object
+// holding the engine's model and only fields copied unchanged from the
+// client's body.
+func FuzzBuild(f *testing.F) {
+	f.Add(uint8(0), []byte(`{"model":"public","messages":[{"role":"user","content":"hi"}],"tools":[],"add_generation_prompt":false}`))
+	f.Add(uint8(0), []byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}]}`))
+	f.Add(uint8(0), []byte(`{"messages":[{"content":"\ud800"}],"messages":[]}`))
+	f.Add(uint8(1), []byte(`{"prompt":"once","add_special_tokens":false}`))
+	f.Add(uint8(1), []byte(`{"prompt":[1,2,4294967296]}`))
+	f.Add(uint8(1), []byte(`{"prompt":[[1],[2]]}`))
+	f.Fuzz(func(t *testing.T, sel uint8, body []byte) {
+		path := tokenize.PathChatCompletions
+		if sel%2 == 1 {
+			path = tokenize.PathCompletions
+		}
+		tok, ids, ok := tokenize.Build(path, body, "engine-model")
+		if !ok {
+			if tok != nil || ids != nil {
+				t.Fatalf("not ok, yet %s %v", tok, ids)
+			}
+			return
+		}
+		if (tok == nil) == (ids == nil) {
+			t.Fatalf("ok with tok %s and ids %v", tok, ids)
+		}
+		if tok == nil {
+			return
+		}
+		var got, in map[string]json.RawMessage
+		if err := json.Unmarshal(tok, &got); err != nil {
+			t.Fatalf("tokenize body %s: %v", tok, err)
+		}
+		if err := json.Unmarshal(body, &in); err != nil {
+			t.Fatalf("accepted a body that is not a JSON object: %v", err)
+		}
+		if string(got["model"]) != `"engine-model"` {
+			t.Fatalf("model %s", got["model"])
+		}
+		for k, v := range got {
+			if k != "model" && string(in[k]) != string(v) {
+				t.Fatalf("%s: %s, the client sent %s", k, v, in[k])
+			}
+		}
+	})
+}
+
 func TestDecode(t *testing.T) {
 	ids, err := tokenize.Decode([]byte(`{"count":3,"max_model_len":32768,"tokens":[5,0,4294967295],"token_strs":null}`))
 	if err != nil || !slices.Equal(ids, []uint32{5, 0, 4294967295}) {
