@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -77,13 +78,20 @@ func (p *Proxy) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 		fail(*berr, msg)
 		return
 	}
-	var req countTokensRequest
-	if err := json.Unmarshal(raw, &req); err != nil {
-		fail(errInvalidJSON, "request body is not a valid count_tokens request: "+err.Error())
+	// The checks every endpoint makes (JSON object, one model string),
+	// then the fields counted here.
+	if _, perr, msg := parseRequest(raw); perr != nil {
+		fail(*perr, msg)
 		return
 	}
-	if req.Model == "" {
-		fail(errInvalidRequest, "the request must name a model (a string)")
+	var req countTokensRequest
+	if err := json.Unmarshal(raw, &req); err != nil {
+		msg := "request body is not a valid count_tokens request"
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) {
+			msg = fmt.Sprintf("%s: the field %s cannot be a JSON %s", msg, ute.Field, ute.Value)
+		}
+		fail(errInvalidRequest, msg)
 		return
 	}
 	rte := rt.routes[req.Model]

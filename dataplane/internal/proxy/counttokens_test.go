@@ -149,6 +149,35 @@ func TestCountTokensRefusesNestedToolBlocks(t *testing.T) {
 	}
 }
 
+// count_tokens reads its body as the other endpoints do: the same errors for
+// the same bad bodies, in Anthropic's shape, naming no Go type.
+func TestCountTokensBadBodies(t *testing.T) {
+	a := newUpstream(t, "a")
+	_, srv := newTestProxy(t, openAuth+providers(a)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+	for _, tc := range []struct{ name, body, code, msg string }{
+		{"not JSON", `{"model":`, "invalid_json", "not valid JSON"},
+		{"an array", `[{"model":"m"}]`, "invalid_json", "must be a JSON object"},
+		{"a string", `"m"`, "invalid_json", "must be a JSON object"},
+		{"no model", `{"messages":[]}`, "invalid_request", "must name a model"},
+		{"a number for model", `{"model":5,"messages":[]}`, "invalid_request", "must name a model"},
+		{"model in two cases", `{"model":"m","MODEL":"x","messages":[]}`, "invalid_request", "model"},
+		{"messages not an array", `{"model":"m","messages":{}}`, "invalid_request", "messages"},
+		{"a number for a tool's name", `{"model":"m","messages":[],"tools":[{"name":1}]}`, "invalid_request", "tools"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, b := post(t, srv.URL+countTokensPath, "", tc.body)
+			var e anthropicErrorBody
+			if resp.StatusCode != 400 || resp.Header.Get("X-Rolter-Error") != tc.code || json.Unmarshal(b, &e) != nil || e.Type != "error" ||
+				e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, tc.msg) || strings.Contains(e.Error.Message, "proxy.") {
+				t.Fatalf("%d %s %s", resp.StatusCode, resp.Header.Get("X-Rolter-Error"), b)
+			}
+		})
+	}
+	if a.hits.Load() != 0 {
+		t.Fatalf("the engine was called %d times", a.hits.Load())
+	}
+}
+
 func FuzzCountTokensMessages(f *testing.F) {
 	f.Add([]byte(`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]}]}`))
 	f.Add([]byte(`{"messages":[{"role":"user","content":[{"type":"image"}]}]}`))

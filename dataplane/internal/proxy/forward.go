@@ -148,24 +148,12 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		fail(*berr, msg)
 		return
 	}
-	body, err := request.Parse(raw)
-	var ferr *request.FieldError
-	switch {
-	case errors.As(err, &ferr):
-		fail(errInvalidRequest, ferr.Field+": "+ferr.Reason)
-		return
-	case errors.Is(err, request.ErrNotObject):
-		fail(errInvalidJSON, "request body must be a JSON object")
-		return
-	case err != nil:
-		fail(errInvalidJSON, "request body is not valid JSON")
+	body, perr, msg := parseRequest(raw)
+	if perr != nil {
+		fail(*perr, msg)
 		return
 	}
 	x.body = body
-	if !body.HasModel || body.Model == "" {
-		fail(errInvalidRequest, "the request must name a model (a string)")
-		return
-	}
 	rte := rt.routes[body.Model]
 	if rte == nil {
 		fail(errModelNotFound, fmt.Sprintf("model %q does not exist", body.Model))
@@ -259,6 +247,24 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		// stream reset). The deferred accounting above still runs.
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// parseRequest reads a request body and its model, or says what is wrong
+// with it.
+func parseRequest(raw []byte) (*request.Body, *apiError, string) {
+	body, err := request.Parse(raw)
+	var ferr *request.FieldError
+	switch {
+	case errors.As(err, &ferr):
+		return nil, &errInvalidRequest, ferr.Field + ": " + ferr.Reason
+	case errors.Is(err, request.ErrNotObject):
+		return nil, &errInvalidJSON, "request body must be a JSON object"
+	case err != nil:
+		return nil, &errInvalidJSON, "request body is not valid JSON"
+	case !body.HasModel || body.Model == "":
+		return nil, &errInvalidRequest, "the request must name a model (a string)"
+	}
+	return body, nil, ""
 }
 
 // pick chooses the target of the next attempt, or -1, and sets x.cur to
