@@ -380,15 +380,23 @@ func printableASCII(s string) bool {
 	return true
 }
 
-// credentials returns the virtual key the client presented, if any.
-func credentials(r *http.Request) string {
-	if a := r.Header.Get("Authorization"); a != "" {
-		if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-			return strings.TrimSpace(a[7:])
+// credentials returns the virtual key the client presented: the
+// Authorization header's Bearer token, else x-api-key (Anthropic's header;
+// also when Authorization carries other credentials, such as a forward
+// proxy's Basic ones). malformed reports an Authorization header that is
+// not `Bearer <key>` when there is no x-api-key either: a credential sent
+// the wrong way, which deserves another answer than a missing one.
+func credentials(r *http.Request) (secret string, malformed bool) {
+	a := r.Header.Get("Authorization")
+	if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+		if s := strings.TrimSpace(a[7:]); s != "" {
+			return s, false
 		}
-		return ""
 	}
-	return strings.TrimSpace(r.Header.Get("X-Api-Key"))
+	if k := strings.TrimSpace(r.Header.Get("X-Api-Key")); k != "" {
+		return k, false
+	}
+	return "", a != ""
 }
 
 // authenticate resolves the request's key. A nil key with a nil error means
@@ -403,9 +411,12 @@ func (p *Proxy) authenticate(rt *runtime, r *http.Request) (*config.Key, *apiErr
 	if rt.snap.KeyCount() == 0 && p.closedWarned.CompareAndSwap(false, true) {
 		p.log.Warn("no virtual keys configured and server.require_auth is true (the default): every request is refused; add [[virtual_keys]], or set server.require_auth = false to run open")
 	}
-	secret := credentials(r)
+	secret, malformed := credentials(r)
 	key, err := rt.snap.Authenticate(secret, time.Now())
 	switch {
+	case malformed:
+		p.metrics.AuthFailures.WithLabelValues("invalid").Inc()
+		return nil, &errInvalidKey, "malformed Authorization header: send a rolter virtual key as `Authorization: Bearer sk-rolter-…` or `x-api-key`"
 	case errors.Is(err, config.ErrKeyMissing):
 		p.metrics.AuthFailures.WithLabelValues("missing").Inc()
 		return nil, &errMissingKey, "missing api key: send a rolter virtual key as `Authorization: Bearer sk-rolter-…` or `x-api-key`"

@@ -578,3 +578,54 @@ func TestWrongMethods(t *testing.T) {
 		t.Fatalf("the upstream was called %d times", a.hits.Load())
 	}
 }
+
+// How each way of presenting a key is read: a Bearer token (any case of the
+// scheme) wins; x-api-key serves when Authorization carries no Bearer
+// token (a proxy's Basic credentials, an empty Bearer); an Authorization
+// header that is not `Bearer <key>` and no x-api-key is a malformed
+// credential (401 invalid_api_key saying how to send it), not a missing one.
+func TestCredentialForms(t *testing.T) {
+	a := newUpstream(t, "a")
+	_, srv := newTestProxy(t, providers(a)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n[[virtual_keys]]\nname = \"k\"\nkey = \"sk-rolter-good-000000000\"\n")
+	const good = "sk-rolter-good-000000000"
+	tests := []struct {
+		name          string
+		auth, apiKey  string
+		status        int
+		code, message string
+	}{
+		{"bearer", "Bearer " + good, "", 200, "", ""},
+		{"bearer in lower case, spaces around", "bearer   " + good + "  ", "", 200, "", ""},
+		{"x-api-key", "", good, 200, "", ""},
+		{"basic credentials and x-api-key", "Basic Zm9vOmJhcg==", good, 200, "", ""},
+		{"empty bearer and x-api-key", "Bearer ", good, 200, "", ""},
+		{"nothing", "", "", 401, "missing_api_key", "missing api key"},
+		{"a wrong bearer wins over a good x-api-key", "Bearer sk-rolter-bad-0000000000", good, 401, "invalid_api_key", "invalid api key"},
+		{"the key without a scheme", good, "", 401, "invalid_api_key", "Bearer"},
+		{"a tab after the scheme", "Bearer\t" + good, "", 401, "invalid_api_key", "Bearer"},
+		{"basic credentials only", "Basic Zm9vOmJhcg==", "", 401, "invalid_api_key", "Bearer"},
+		{"bearer alone", "Bearer", "", 401, "invalid_api_key", "Bearer"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var hdr []string
+			if tc.auth != "" {
+				hdr = append(hdr, "Authorization", tc.auth)
+			}
+			if tc.apiKey != "" {
+				hdr = append(hdr, "X-Api-Key", tc.apiKey)
+			}
+			resp, b := post(t, srv.URL+"/v1/chat/completions", "", `{"model":"m","messages":[]}`, hdr...)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, b)
+			}
+			if tc.status == 200 {
+				return
+			}
+			var e openAIErrorBody
+			if json.Unmarshal(b, &e) != nil || e.Error.Code != tc.code || !strings.Contains(e.Error.Message, tc.message) {
+				t.Fatalf("error %s, want %s mentioning %q", b, tc.code, tc.message)
+			}
+		})
+	}
+}
