@@ -194,3 +194,41 @@ func TestContentEncodingIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// Headers the Connection header names are hop-by-hop (RFC 9110 §7.6.1) and
+// stay on their hop in both directions; the client picks neither the
+// organization or project the provider's key bills nor a conditional or
+// partial answer.
+func TestForwardDropsHopAndClientChosenHeaders(t *testing.T) {
+	a := newUpstream(t, "a")
+	a.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Connection", "X-Up-Hop")
+		w.Header().Set("X-Up-Hop", "internal")
+		w.Header().Set("X-Up-End", "kept")
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"x","object":"chat.completion"}`)
+		return true
+	}
+	_, srv := newTestProxy(t, openAuth+providers(a)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+	resp, b := post(t, srv.URL+"/v1/chat/completions", "", `{"model":"m","messages":[]}`,
+		"Connection", "X-Client-Hop", "X-Client-Hop", "secret", "X-Client-End", "kept",
+		"OpenAI-Organization", "org-other", "OpenAI-Project", "proj-other", "Range", "bytes=0-9", "If-None-Match", `"x"`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	_, h := a.last()
+	for _, k := range []string{"X-Client-Hop", "Openai-Organization", "Openai-Project", "Range", "If-None-Match"} {
+		if v := h.Get(k); v != "" {
+			t.Errorf("upstream got %s: %q", k, v)
+		}
+	}
+	if h.Get("X-Client-End") != "kept" {
+		t.Errorf("an end-to-end header was dropped: %v", h)
+	}
+	if v := resp.Header.Get("X-Up-Hop"); v != "" {
+		t.Errorf("client got the upstream's hop header X-Up-Hop: %q", v)
+	}
+	if resp.Header.Get("X-Up-End") != "kept" {
+		t.Errorf("an end-to-end response header was dropped: %v", resp.Header)
+	}
+}

@@ -605,6 +605,31 @@ var dropRequestHeaders = map[string]bool{
 	"Accept-Encoding": true, "Anthropic-Version": true,
 	// The proxy sends the body it read, uncoded (a coded one is refused).
 	"Content-Encoding": true,
+	// The upstream is called with the provider's key: which organization
+	// or project it bills is the operator's choice, not the client's.
+	"Openai-Organization": true, "Openai-Project": true,
+	// Conditional and partial requests: an inference POST has no use for
+	// them, and an upstream honouring one could answer 206 or 304, which
+	// the response cache must never store for other clients.
+	"Range": true, "If-Range": true, "If-Match": true, "If-None-Match": true,
+	"If-Modified-Since": true, "If-Unmodified-Since": true,
+}
+
+// connectionHeaders returns the header names h's Connection header lists:
+// hop-by-hop too (RFC 9110 §7.6.1), so never forwarded. nil when none.
+func connectionHeaders(h http.Header) map[string]bool {
+	var named map[string]bool
+	for _, v := range h.Values("Connection") {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				if named == nil {
+					named = map[string]bool{}
+				}
+				named[http.CanonicalHeaderKey(name)] = true
+			}
+		}
+	}
+	return named
 }
 
 // send makes one upstream attempt. The returned cancel must be called when
@@ -627,8 +652,9 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 		cancel()
 		return nil, nil, fmt.Errorf("proxy: build upstream request: %w", err)
 	}
+	named := connectionHeaders(r.Header)
 	for k, vs := range r.Header {
-		if hopHeaders[k] || dropRequestHeaders[k] || strings.HasPrefix(k, "X-Rolter-") {
+		if hopHeaders[k] || named[k] || dropRequestHeaders[k] || strings.HasPrefix(k, "X-Rolter-") {
 			continue
 		}
 		req.Header[k] = vs
@@ -705,8 +731,9 @@ const (
 // that breaks off earlier leaves nothing behind for the next one.
 func startResponse(w http.ResponseWriter, x *exchange, t *target, resp *http.Response) {
 	h := w.Header()
+	named := connectionHeaders(resp.Header)
 	for k, vs := range resp.Header {
-		if hopHeaders[k] || k == "Content-Length" && resp.ContentLength < 0 {
+		if hopHeaders[k] || named[k] || k == "Content-Length" && resp.ContentLength < 0 {
 			continue
 		}
 		h[k] = vs
