@@ -247,16 +247,18 @@ func (p *provider) beat() time.Duration {
 // messages time the period: the watcher sends one every heartbeat however
 // many deltas it publishes, while a burst of deltas would fill the window
 // with intervals far shorter than a beat and make a quiet moment after it
-// look like a dead watcher. An interval the provider was already silent
-// for (NATS down, a partition) is an outage, not a period, and is not
-// recorded: kept, it made the period the outage's length, and a watcher
-// killed soon after went unnoticed for three times that (rolter-outage,
-// an 8 s NATS outage then an 8 s kvwatcher one: precise all the 8 s).
-// p.mu is held.
+// look like a dead watcher. An interval long enough to have made the
+// provider silent (NATS down, a partition) is an outage, not a period, and
+// is not recorded, even when a delta came between (deltas after a
+// reconnect often come first): kept, it made the period the outage's
+// length, and a watcher killed soon after went unnoticed for three times
+// that (rolter-outage, an 8 s NATS outage then an 8 s kvwatcher one:
+// precise all the 8 s). p.mu is held.
 func (p *provider) heard(now time.Time, status bool) {
 	if status {
 		if !p.beatAt.IsZero() {
-			if d := now.Sub(p.beatAt); !p.silent(now.Sub(p.statusAt)) {
+			d := now.Sub(p.beatAt)
+			if b := p.beat(); b == 0 || d <= time.Duration(p.ix.opts.MissedHeartbeats)*b {
 				p.beats[p.nbeats%beatWindow] = d
 				p.nbeats++
 			}
