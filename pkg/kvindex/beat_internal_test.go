@@ -41,7 +41,7 @@ func TestOutageIsNotAHeartbeatPeriod(t *testing.T) {
 		p.heard(at, true)
 		at = at.Add(time.Second)
 	}
-	at = at.Add(8 * time.Second) // nothing heard for 9 s: an outage
+	at = at.Add(8 * time.Second)              // nothing heard for 9 s: an outage
 	p.heard(at.Add(-time.Millisecond), false) // a delta first, then the status
 	for range 3 {
 		p.heard(at, true)
