@@ -9,6 +9,13 @@ import (
 // sweepEvery is how often Speculate drops expired speculative entries.
 const sweepEvery = time.Second
 
+// MaxSpeculative bounds a provider's speculative entries: 2^20 blocks, more
+// than any one engine's GPU cache holds (16 M tokens at 16 per block), so
+// speculation beyond it says nothing about where a prefix is. Without it
+// the entries were bounded only by their TTL, and clients sending long
+// token-id headers fast could grow them without limit.
+const MaxSpeculative = 1 << 20
+
 // Residency is one provider's resident block identities plus the
 // speculative entries a proxy added after routing requests there: the
 // state behind [Index.PrefixMatch] and [Index.Speculate], without the NATS
@@ -92,12 +99,8 @@ func (r *Residency) Speculate(ids []uint64, now int64, ttl time.Duration) {
 	if r.spec == nil {
 		r.spec = make(map[uint64]int64, len(ids))
 	}
-	exp := now + int64(ttl)
-	for _, id := range ids {
-		if _, ok := r.resident[id]; !ok {
-			r.spec[id] = exp
-		}
-	}
+	// The sweep keeps its pace when full too: sweeping a full map on
+	// every call would cost each request a pass over 2^20 entries.
 	if now-r.lastSweep > int64(sweepEvery) {
 		r.lastSweep = now
 		for id, e := range r.spec {
@@ -105,6 +108,16 @@ func (r *Residency) Speculate(ids []uint64, now int64, ttl time.Duration) {
 				delete(r.spec, id)
 			}
 		}
+	}
+	exp := now + int64(ttl)
+	for _, id := range ids {
+		if _, ok := r.resident[id]; ok {
+			continue
+		}
+		if _, ok := r.spec[id]; !ok && len(r.spec) >= MaxSpeculative {
+			return // full until the next sweep: a request's leading blocks came first
+		}
+		r.spec[id] = exp
 	}
 }
 

@@ -73,3 +73,29 @@ func TestResidency(t *testing.T) {
 		t.Fatalf("a zero TTL speculated: %d entries", spec)
 	}
 }
+
+// Speculative entries stop at MaxSpeculative until the next sweep drops the
+// expired ones: a flood of long token-id headers cannot grow them further.
+func TestSpeculationIsBounded(t *testing.T) {
+	var r kvindex.Residency
+	const sec = int64(time.Second)
+	ids := make([]uint64, kvindex.MaxSpeculative/4+1)
+	next := uint64(1)
+	fill := func(now int64) {
+		for i := range ids {
+			ids[i] = next
+			next++
+		}
+		r.Speculate(ids, now, 5*time.Second)
+	}
+	for range 8 {
+		fill(10 * sec)
+	}
+	if _, spec := r.Len(); spec != kvindex.MaxSpeculative {
+		t.Fatalf("%d speculative entries after 8 floods of %d, want the bound %d", spec, len(ids), kvindex.MaxSpeculative)
+	}
+	fill(20 * sec) // all expired: the sweep makes room
+	if _, spec := r.Len(); spec != len(ids) {
+		t.Fatalf("%d speculative entries after the sweep, want the %d new ones", spec, len(ids))
+	}
+}
