@@ -464,15 +464,13 @@ func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool 
 		sig := sigp[:t.n]
 		clear(sig)
 		var fbuf [MaxTargets]bool
-		fresh := fbuf[:t.n]
+		var fresh []bool // nil: a source that cannot tell, every target fresh
 		var ok bool
 		if fs, each := t.kv.(KVFreshSource); each {
+			fresh = fbuf[:t.n]
 			ok = fs.KVScoresFresh(ctx.TokenIDs, sig, fresh)
 		} else {
 			ok = t.kv.KVScores(ctx.TokenIDs, sig)
-			for i := range fresh {
-				fresh[i] = true
-			}
 		}
 		if ok {
 			for i := range match {
