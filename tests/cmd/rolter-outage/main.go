@@ -258,12 +258,11 @@ func main() {
 	strategy := flag.String("strategy", "predicted_ttft", "route m's strategy: predicted_ttft or precise_cache_aware (the strategies that read KV events)")
 	sendIDs := flag.Bool("token-ids", false, "send the x-rolter-vllm-token-ids header (default: none, as an SDK; the proxy asks /tokenize)")
 	flag.Parse()
-	scored, ok := preciseOutcome[*strategy]
-	if !ok {
+	if _, ok := preciseOutcome[*strategy]; !ok {
 		fmt.Fprintf(os.Stderr, "rolter-outage: --strategy %q does not read KV events\n", *strategy)
 		os.Exit(2)
 	}
-	o := options{strategy: *strategy, scored: scored, sendIDs: *sendIDs}
+	o := options{strategy: *strategy, sendIDs: *sendIDs}
 	if err := run(*bin, *base, *rate, *down, *within, *only, o); err != nil {
 		fmt.Fprintln(os.Stderr, "rolter-outage:", err)
 		os.Exit(1)
@@ -274,11 +273,11 @@ func main() {
 // rolter_routing_decisions_total outcome of a pick the events decided.
 var preciseOutcome = map[string]string{"predicted_ttft": "precise", "precise_cache_aware": "scored"}
 
-// options are route m's strategy, its precise decisions' outcome label, and
-// whether the load sends token ids.
+// options are route m's strategy (a key of preciseOutcome) and whether the
+// load sends token ids.
 type options struct {
-	strategy, scored string
-	sendIDs          bool
+	strategy string
+	sendIDs  bool
 }
 
 func run(bin string, base, rate int, down, within time.Duration, only string, o options) error {
@@ -378,6 +377,7 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		{"replica-a", func() bool { return l.servedBy("vllm-a", restartedAt) }},
 		{"redis", func() bool { return cacheHits() > hitsAtRestart }},
 	}
+	precise := `outcome="` + preciseOutcome[o.strategy] + `"`
 	fmt.Printf("\n%-13s %9s %9s %8s %13s %18s %15s\n", "component", "down_for", "requests", "failed", "recovered_in", "precise_while_down", "tokenize_failed")
 	for _, c := range checks {
 		if only != "" && !strings.Contains(","+only+",", ","+c.name+",") {
@@ -387,14 +387,14 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 			return err
 		}
 		_, page := get(proxy + "/metrics")
-		scoredBefore := metric(page, "rolter_routing_decisions_total", `outcome="`+o.scored+`"`)
+		scoredBefore := metric(page, "rolter_routing_decisions_total", precise)
 		tokFailedBefore := tokenizeFailed(page)
 		epochBefore, freshBefore = watcherEpoch(), fresh()
 		t0 := time.Now()
 		r.kill(c.name)
 		time.Sleep(down)
 		_, page = get(proxy + "/metrics")
-		scoredDuring := metric(page, "rolter_routing_decisions_total", `outcome="`+o.scored+`"`) - scoredBefore
+		scoredDuring := metric(page, "rolter_routing_decisions_total", precise) - scoredBefore
 		tokFailed := tokenizeFailed(page) - tokFailedBefore
 		hitsAtRestart = cacheHits()
 		t1 := time.Now()
