@@ -186,6 +186,11 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}
+	// No ReadTimeout or WriteTimeout: they bound a whole request or
+	// response, and would cut long streams. The proxy bounds each body read
+	// (server.body_read_timeout_secs) and each write to the client
+	// (server.client_write_timeout_ms) instead; IdleTimeout closes
+	// keep-alive connections nobody uses.
 	srv := &http.Server{
 		Handler:           p,
 		ReadHeaderTimeout: 10 * time.Second,

@@ -46,6 +46,12 @@ type Server struct {
 	// that writes its whole body before reading gets the answer instead of
 	// a connection reset. 0 closes at once.
 	MaxDiscardBytes int64 `toml:"max_discard_bytes"`
+	// ClientWriteTimeoutMS bounds each write of a response to the client
+	// (a stream's event, a copy buffer of a body): a client that takes
+	// none of it for this long is cut off, its upstream request cancelled.
+	// A stall timeout, not a total one: every write gets the whole time,
+	// and time spent waiting for the upstream does not count.
+	ClientWriteTimeoutMS int `toml:"client_write_timeout_ms"`
 	// KeyPepper is the secret mixed into virtual-key digests. The
 	// ROLTER_KEY_PEPPER environment variable takes precedence. When neither
 	// is set, a random per-process pepper is used (fine for file mode, where

@@ -58,7 +58,8 @@ const (
 	MaxKVCapacityTokens = 1 << 36
 )
 
-// server.body_read_timeout_secs and server.max_discard_bytes.
+// server.body_read_timeout_secs, server.max_discard_bytes and
+// server.client_write_timeout_ms.
 const (
 	// DefaultBodyReadTimeoutSecs gives a client 30 s to send its body: a
 	// full 32 MiB body then needs about 1.1 MB/s.
@@ -66,6 +67,13 @@ const (
 	// DefaultMaxDiscardBytes is twice DefaultMaxBodyBytes: a client over
 	// the limit is usually not far over it.
 	DefaultMaxDiscardBytes = 64 << 20
+	// DefaultClientWriteTimeoutMS gives a client 30 s to take each write
+	// (at most 32 KiB): any client that is reading, however slowly over a
+	// poor link, takes one in far less; only one that stopped reading
+	// does not.
+	DefaultClientWriteTimeoutMS = 30_000
+	// MaxClientWriteTimeoutMS bounds it (one hour).
+	MaxClientWriteTimeoutMS = 3_600_000
 )
 
 // Default returns a Config holding every section default. [Parse] decodes
@@ -74,12 +82,13 @@ const (
 func Default() Config {
 	return Config{
 		Server: Server{
-			Listen:              DefaultListen,
-			MaxBodyBytes:        DefaultMaxBodyBytes,
-			BodyReadTimeoutSecs: DefaultBodyReadTimeoutSecs,
-			MaxDiscardBytes:     DefaultMaxDiscardBytes,
-			RequireAuth:         true,
-			MetricsPath:         DefaultMetricsPath,
+			Listen:               DefaultListen,
+			MaxBodyBytes:         DefaultMaxBodyBytes,
+			BodyReadTimeoutSecs:  DefaultBodyReadTimeoutSecs,
+			MaxDiscardBytes:      DefaultMaxDiscardBytes,
+			ClientWriteTimeoutMS: DefaultClientWriteTimeoutMS,
+			RequireAuth:          true,
+			MetricsPath:          DefaultMetricsPath,
 		},
 		Retry:    Retry{MaxRetries: 2, BaseBackoffMS: 100, MaxBackoffMS: 2000},
 		Cooldown: Cooldown{BaseSecs: 5, MaxSecs: 300},

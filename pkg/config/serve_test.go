@@ -100,3 +100,43 @@ func TestBodyLimitsAreValidated(t *testing.T) {
 		}
 	}
 }
+
+// server.client_write_timeout_ms defaults to 30 s and must be a positive
+// number of milliseconds, at most an hour; a bad value is refused with its
+// path and value, a duration string with its path.
+func TestClientWriteTimeoutIsValidated(t *testing.T) {
+	tests := []struct {
+		name string
+		line string // under [server]; "" leaves the key out
+		want int    // the value in use; 0 when refused
+		err  string // what the error says, besides the path
+	}{
+		{name: "absent: the default", want: config.DefaultClientWriteTimeoutMS},
+		{name: "a short one", line: "client_write_timeout_ms = 200", want: 200},
+		{name: "the maximum", line: "client_write_timeout_ms = 3600000", want: config.MaxClientWriteTimeoutMS},
+		{name: "error: zero", line: "client_write_timeout_ms = 0", err: "must be in [1, 3600000], got 0"},
+		{name: "error: negative", line: "client_write_timeout_ms = -5", err: "got -5"},
+		{name: "error: over an hour", line: "client_write_timeout_ms = 3600001", err: "got 3600001"},
+		{name: "error: a duration string", line: `client_write_timeout_ms = "30s"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.Parse([]byte("[server]\n" + tc.line + "\n" + minimal))
+			if err == nil {
+				err = cfg.Validate()
+			}
+			if tc.want != 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := cfg.Server.ClientWriteTimeoutMS; got != tc.want {
+					t.Fatalf("client_write_timeout_ms = %d, want %d", got, tc.want)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "server.client_write_timeout_ms") || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("got %v, want an error at server.client_write_timeout_ms saying %q", err, tc.err)
+			}
+		})
+	}
+}

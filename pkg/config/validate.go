@@ -87,6 +87,7 @@ func (c *Config) validateSections(v *validator) {
 	if s.MaxDiscardBytes < 0 {
 		v.add("server.max_discard_bytes", "must be >= 0, got %d", s.MaxDiscardBytes)
 	}
+	v.between("server.client_write_timeout_ms", s.ClientWriteTimeoutMS, 1, MaxClientWriteTimeoutMS)
 	if !strings.HasPrefix(s.MetricsPath, "/") {
 		v.add("server.metrics_path", "must start with /, got %q", s.MetricsPath)
 	}

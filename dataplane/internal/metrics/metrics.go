@@ -20,8 +20,8 @@ type Metrics struct {
 	EngineLoad        *prometheus.GaugeVec   // provider
 	EngineLoadFails   *prometheus.CounterVec // provider
 	InFlight          prometheus.Gauge
-	AuthFailures      *prometheus.CounterVec // reason
-	ClientDisconnects prometheus.Counter
+	AuthFailures      *prometheus.CounterVec   // reason
+	ClientDisconnects *prometheus.CounterVec   // reason
 	Latency           *prometheus.HistogramVec // model, variant
 	TTFT              *prometheus.HistogramVec // model, variant
 	CacheLookup       *prometheus.HistogramVec // result
@@ -65,9 +65,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rolter_inflight_requests", Help: "Client requests being served.",
 		}),
-		ClientDisconnects: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "rolter_client_disconnects_total", Help: "Requests whose client went away before the response ended.",
-		}),
+		ClientDisconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rolter_client_disconnects_total", Help: "Requests whose client went away before the response ended, by reason: closed (the client closed the connection or the stream), write_timeout (it stopped reading: a write took longer than server.client_write_timeout_ms, and the proxy cut it off).",
+		}, []string{"reason"}),
 		Latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "rolter_request_latency_seconds", Help: "Time from request to the end of the response, by public model and route variant.", Buckets: latencyBuckets,
 		}, []string{"model", "variant"}),
@@ -97,5 +97,10 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.ProviderHealthy, m.EngineLoad, m.InFlight, m.ClientDisconnects, m.Latency, m.TTFT, m.CacheLookup, m.TokenizeSeconds,
 		m.ConfigVersion, m.ConfigInfo, m.ConfigReloads, m.ConfigFailures)
+	// Both reasons are exported from the start, so that a rate or an
+	// alert on either has a series before the first one happens.
+	for _, reason := range []string{"closed", "write_timeout"} {
+		m.ClientDisconnects.WithLabelValues(reason)
+	}
 	return m
 }

@@ -172,7 +172,7 @@ func (p *Proxy) serveHit(w http.ResponseWriter, r *http.Request, x *exchange, l 
 	}
 	w.WriteHeader(l.Entry.Status)
 	if err := l.Entry.WriteBody(r.Context(), w); err != nil {
-		p.clientGone(x)
+		p.clientGone(x, err)
 	}
 }
 
@@ -213,7 +213,7 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 			rec.done = true
 		}
 		if r.Context().Err() != nil {
-			p.clientGone(x)
+			p.clientGone(x, nil)
 			return relayStopped, nil
 		}
 		return relayUnsent, err
@@ -232,13 +232,13 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 		}
 		w.WriteHeader(resp.StatusCode)
 		if _, err := w.Write(buf.Bytes()); err != nil {
-			p.clientGone(x)
+			p.clientGone(x, err)
 			return relayStopped, nil
 		}
 		rerr, werr := copyBody(w, resp.Body)
 		switch {
 		case werr != nil || rerr != nil && r.Context().Err() != nil:
-			p.clientGone(x)
+			p.clientGone(x, werr)
 			return relayStopped, nil
 		case rerr != nil:
 			return relayCut, rerr

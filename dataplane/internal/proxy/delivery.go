@@ -93,7 +93,7 @@ func (p *Proxy) deliver(w http.ResponseWriter, r *http.Request, x *exchange, sta
 		x.status = status
 		w.WriteHeader(status)
 		if _, err := w.Write(d.Body); err != nil {
-			p.clientGone(x)
+			p.clientGone(x, err)
 		}
 	}
 }

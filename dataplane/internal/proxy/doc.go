@@ -16,9 +16,12 @@
 // untried target after a jittered backoff; a body that breaks off is such a
 // failure too. A response that breaks off after it has started cannot be
 // retried: it ends with an error event (streams) and an aborted connection,
-// never like a complete one. If no target is eligible the
-// attempt fails open past cooldown, health and breaker, never past the key's
-// provider allow-list.
+// never like a complete one. If no target is eligible the attempt fails
+// open past cooldown, health and breaker, never past the key's provider
+// allow-list. Every write to the client is bounded by
+// server.client_write_timeout_ms (clientwrite.go): a client that stops
+// reading is cut off and its upstream request cancelled, as for a client
+// that disconnects.
 //
 // # Concurrency
 //

@@ -395,7 +395,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			d := backoff.Delay(attempt, time.Duration(snap.Retry.BaseBackoffMS)*time.Millisecond,
 				time.Duration(snap.Retry.MaxBackoffMS)*time.Millisecond, rand.Float64())
 			if !sleep(r.Context(), d) {
-				p.clientGone(x)
+				p.clientGone(x, nil)
 				return
 			}
 		}
@@ -442,7 +442,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			upSpan.End()
 			release()
 			if r.Context().Err() != nil {
-				p.clientGone(x)
+				p.clientGone(x, nil)
 				return
 			}
 			timedOut, bodyFailed = errors.Is(err, errHeaderTimeout), false
@@ -572,10 +572,25 @@ func (p *Proxy) targetFailed(x *exchange, t *target, reason string, retryAfter t
 	}
 }
 
-func (p *Proxy) clientGone(x *exchange) {
-	p.metrics.ClientDisconnects.Inc()
+// clientGone ends a request whose client went away, or stopped reading
+// (err wraps errClientWriteTimeout): the caller stops relaying and
+// forward's usual end of an attempt cancels the upstream request and
+// releases the target. err is the failed write's, nil when the request's
+// context ended.
+func (p *Proxy) clientGone(x *exchange, err error) {
+	reason := "closed"
+	if errors.Is(err, errClientWriteTimeout) {
+		reason = "write_timeout"
+		x.errCode = codeClientWriteTimeout
+	}
+	p.metrics.ClientDisconnects.WithLabelValues(reason).Inc()
 	x.status = 499 // client closed request (nginx's convention), for logs and metrics only
 }
+
+// codeClientWriteTimeout is the error code logged (and in the usage row
+// and span) for a client cut off by server.client_write_timeout_ms. It
+// never reaches the client, which is no longer reading.
+const codeClientWriteTimeout = "client_write_timeout"
 
 func sleep(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
@@ -812,13 +827,13 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 				last = [2]byte{last[1], buf[0]}
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				p.clientGone(x)
+				p.clientGone(x, werr)
 				end(werr)
 				return relayStopped, nil
 			}
 			if stream {
 				if err := rc.Flush(); err != nil {
-					p.clientGone(x)
+					p.clientGone(x, err)
 					end(err)
 					return relayStopped, nil
 				}
@@ -835,7 +850,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 		}
 		end(rerr)
 		if r.Context().Err() != nil {
-			p.clientGone(x)
+			p.clientGone(x, nil)
 			return relayStopped, nil
 		}
 		if !started {

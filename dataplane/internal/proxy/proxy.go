@@ -72,6 +72,7 @@ type Proxy struct {
 	openWarned     atomic.Bool
 	closedWarned   atomic.Bool
 	connectTimeout atomic.Int64 // nanoseconds, from the current snapshot
+	writeTimeout   atomic.Int64 // nanoseconds, server.client_write_timeout_ms of the current snapshot
 	cacheTotals    cacheTotals
 	deliveryStats  delivery.Stats
 }
@@ -102,6 +103,7 @@ func New(opts Options) *Proxy {
 		reg:      opts.Registry,
 	}
 	p.connectTimeout.Store(int64(10 * time.Second))
+	p.writeTimeout.Store(int64(config.DefaultClientWriteTimeoutMS * time.Millisecond))
 	transport := opts.Transport
 	if transport == nil {
 		transport = p.newTransport()
@@ -165,6 +167,7 @@ func (p *Proxy) Apply(snap *config.Snapshot) error {
 		return err
 	}
 	p.connectTimeout.Store(int64(time.Duration(snap.Timeouts.ConnectSecs) * time.Second))
+	p.writeTimeout.Store(int64(time.Duration(snap.Server.ClientWriteTimeoutMS) * time.Millisecond))
 	if p.kv != nil {
 		var names []string
 		for _, pr := range snap.Providers {
@@ -292,6 +295,12 @@ func notAnthropic(kind string) bool { return kind != config.KindAnthropic }
 
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Every write to the client is bounded (server.client_write_timeout_ms,
+	// read once per request): a client that stops reading holds nothing
+	// for longer.
+	sw := newStallWriter(w, r, time.Duration(p.writeTimeout.Load()))
+	defer sw.finish()
+	w = sw
 	switch r.URL.Path {
 	case "/healthz":
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -1,0 +1,319 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// The tests here play clients that stop reading a response, or read it
+// slowly, against a proxy whose server.client_write_timeout_ms is 200 ms.
+// Nothing is timed: the stalled client is cut off whenever the proxy gets
+// to it, and the slow readers take as long as they take.
+
+const writeTimeoutServer = "[server]\nrequire_auth = false\nclient_write_timeout_ms = 200\n"
+
+// Socket buffer sizes. A tiny one makes a client that stops reading block
+// the proxy's writes after a few KiB instead of after the megabytes the
+// kernel would buffer by itself. A client that reads is given a small one
+// too, but not below the loopback MSS (64 KiB): a window smaller than a
+// segment makes TCP wait for its persist timer (200 ms and more) before it
+// sends again, and a reading client would look stalled.
+const (
+	tinyBuffer  = 4 << 10
+	smallBuffer = 256 << 10
+)
+
+// sendBuffers gives the proxy's accepted connections a send buffer of
+// size bytes.
+type sendBuffers struct {
+	net.Listener
+	size int
+}
+
+func (l sendBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(l.size)
+	}
+	return c, err
+}
+
+// serveSmallBuffers serves p with send buffers of size bytes, over
+// HTTP/1.1 or, with h2, HTTP/2 (TLS), and returns its URL and a client
+// whose connections have receive buffers of that size.
+func serveSmallBuffers(t *testing.T, p *Proxy, h2 bool, size int) (string, *http.Client) {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(p)
+	srv.Listener = sendBuffers{srv.Listener, size}
+	if h2 {
+		srv.EnableHTTP2 = true
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	tr := srv.Client().Transport.(*http.Transport).Clone()
+	var d net.Dialer
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			receiveBuffer(c, size)
+		}
+		return c, err
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return srv.URL, &http.Client{Transport: tr}
+}
+
+// receiveBuffer sets a client connection's receive buffer: what the client
+// does not read fills it.
+func receiveBuffer(c net.Conn, size int) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(size)
+	}
+}
+
+// endlessUpstream answers every request with a response that never ends
+// (SSE events, or a JSON body), written as fast as the proxy takes it.
+// When the request's context ends, which only the proxy can cause, it
+// closes cancelled.
+func endlessUpstream(t *testing.T, stream bool, cancelled chan<- struct{}) *upstream {
+	up := newUpstream(t, "endless")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		chunk := strings.Repeat("x", 1<<10)
+		if stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+			chunk = `data: {"choices":[{"delta":{"content":"` + chunk + `"}}]}` + "\n\n"
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"c","choices":[{"message":{"content":"`)
+		}
+		rc := http.NewResponseController(w)
+		for r.Context().Err() == nil {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				break
+			}
+			if err := rc.Flush(); err != nil {
+				break
+			}
+		}
+		<-r.Context().Done()
+		close(cancelled)
+		return true
+	}
+	return up
+}
+
+// TestClientThatStopsReadingIsCutOff: a client that sends a request and
+// then never reads (over a raw connection with a small receive window) is
+// cut off once a write to it has waited server.client_write_timeout_ms:
+// the upstream request is cancelled (the upstream sees its context end),
+// the request leaves every in-flight count, is counted as a write timeout
+// (a 499, never a success, in the metrics and the usage row), nothing is
+// cached, and the client's connection is closed without the end of a
+// complete response. For a stream, for a JSON body relayed as it comes,
+// and for one first buffered for the response cache.
+func TestClientThatStopsReadingIsCutOff(t *testing.T) {
+	tests := []struct {
+		name          string
+		stream, cache bool
+	}{
+		{"stream", true, true},
+		{"json, relayed as it comes", false, false},
+		{"json, buffered for the cache (then too large to store)", false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cancelled := make(chan struct{})
+			up := endlessUpstream(t, tc.stream, cancelled)
+			usagePath := filepath.Join(t.TempDir(), "usage.jsonl")
+			doc := writeTimeoutServer + fmt.Sprintf("[accounting]\nsink = \"file\"\npath = %q\n", usagePath)
+			if tc.cache {
+				doc += "[cache]\nenabled = true\n"
+			}
+			doc += providers(up) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
+			if tc.cache {
+				doc += "[routes.cache]\nttl_secs = 600\n"
+			}
+			p := New(Options{})
+			applyDoc(t, p, doc)
+			url, _ := serveSmallBuffers(t, p, false, tinyBuffer)
+
+			c := rawConn(t, url)
+			receiveBuffer(c, tinyBuffer)
+			body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, tc.stream)
+			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			// From here on the client reads nothing.
+			select {
+			case <-cancelled:
+			case <-time.After(20 * time.Second): // a failsafe, not a measure
+				t.Fatal("the upstream request was never cancelled: the proxy is still writing to a client that does not read")
+			}
+			rt := p.rt.Load()
+			waitFor(t, func() bool {
+				return testutil.ToFloat64(p.metrics.InFlight) == 0 && rt.routes["m"].pools[0].targets[0].state.InFlight() == 0
+			})
+			if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues("write_timeout")); n != 1 {
+				t.Fatalf("rolter_client_disconnects_total{reason=write_timeout} = %v, want 1", n)
+			}
+			if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues("closed")); n != 0 {
+				t.Fatalf("rolter_client_disconnects_total{reason=closed} = %v, want 0", n)
+			}
+			if ok, cut := testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "200", "")),
+				testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "499", "")); ok != 0 || cut != 1 {
+				t.Fatalf("rolter_requests_total code=200: %v, code=499: %v; want 0 and 1", ok, cut)
+			}
+			if r := usageRows(t, usagePath, 1)[0]; r.Status != 499 || r.Error != codeClientWriteTimeout {
+				t.Fatalf("usage row %+v, want status 499 and error %s", r, codeClientWriteTimeout)
+			}
+			if tc.cache {
+				if s := rt.cache.cache.Stats(); s.Stores != 0 {
+					t.Fatalf("cache stats %+v: the cut response was stored", s)
+				}
+			}
+
+			// The proxy closed the connection, and what the client finds in
+			// it does not end like a complete response.
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			got, err := io.ReadAll(c)
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("the client's connection is still open after %d bytes", len(got))
+			}
+			if !bytes.HasPrefix(got, []byte("HTTP/1.1 200 OK\r\n")) || !bytes.Contains(got, []byte("Transfer-Encoding: chunked\r\n")) {
+				t.Fatalf("the response began %.200q", got)
+			}
+			if bytes.HasSuffix(got, []byte("\r\n0\r\n\r\n")) {
+				t.Fatal("the cut response ends with the chunked terminator, like a complete one")
+			}
+		})
+	}
+}
+
+// slowReader is a client that reads slower than the proxy writes, and
+// keeps reading: at most 16 KiB at a time, each after a pause far shorter
+// than the proxy's timeout.
+type slowReader struct{ r io.Reader }
+
+func (s slowReader) Read(b []byte) (int, error) {
+	time.Sleep(time.Millisecond)
+	return s.r.Read(b[:min(len(b), 16<<10)])
+}
+
+// TestSlowReaderGetsTheWholeStream: the timeout bounds each write, not the
+// response. A stream that waits longer than the timeout for its upstream's
+// next event (over HTTP/2 the deadline is a timer, which would reset the
+// stream unless it is cleared between writes), then sends 2 MiB, several
+// times what the socket buffers hold, while the client reads it slowly (so
+// the proxy's writes block, each for less than the timeout), reaches the
+// client whole, over HTTP/1.1 and HTTP/2, and counts as a 200.
+func TestSlowReaderGetsTheWholeStream(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(protoName(h2), func(t *testing.T) {
+			events := []string{"data: {\"n\":0}\n\n"}
+			for i := 1; i <= 2048; i++ {
+				events = append(events, fmt.Sprintf("data: {\"n\":%d,\"pad\":%q}\n\n", i, strings.Repeat("x", 1<<10)))
+			}
+			events = append(events, "data: [DONE]\n\n")
+			up := newUpstream(t, "a")
+			up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+				w.Header().Set("Content-Type", "text/event-stream")
+				rc := http.NewResponseController(w)
+				for i, ev := range events {
+					if i == 1 {
+						// No event for twice the proxy's timeout: the time the
+						// upstream takes is not the client's.
+						select {
+						case <-time.After(400 * time.Millisecond):
+						case <-r.Context().Done():
+							return true
+						}
+					}
+					_, _ = io.WriteString(w, ev)
+					_ = rc.Flush()
+				}
+				return true
+			}
+			p := New(Options{})
+			applyDoc(t, p, writeTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+			url, client := serveSmallBuffers(t, p, h2, smallBuffer)
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got, err := io.ReadAll(slowReader{resp.Body})
+			if err != nil {
+				t.Fatalf("after %d bytes: %v", len(got), err)
+			}
+			if want := strings.Join(events, ""); string(got) != want {
+				t.Fatalf("got %d bytes, want the whole stream (%d bytes)", len(got), len(want))
+			}
+			waitFor(t, func() bool { return testutil.ToFloat64(p.metrics.InFlight) == 0 })
+			if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "200", "")); n != 1 {
+				t.Fatalf("rolter_requests_total{code=200} = %v, want 1", n)
+			}
+			for _, reason := range []string{"write_timeout", "closed"} {
+				if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues(reason)); n != 0 {
+					t.Fatalf("rolter_client_disconnects_total{reason=%s} = %v, want 0", reason, n)
+				}
+			}
+		})
+	}
+}
+
+// TestKeepAliveConnectionOutlivesTheWriteDeadline: the deadline a response
+// sets for the server's last writes after the handler does not outlive it
+// on an HTTP/1.1 connection (net/http clears it once the response is
+// finished): the next request on the connection, however long it sat idle
+// in between, is answered, including the "100 Continue" the server writes
+// before any handler write when a request has "Expect: 100-continue" (as
+// curl sends with large bodies).
+func TestKeepAliveConnectionOutlivesTheWriteDeadline(t *testing.T) {
+	up := newUpstream(t, "a")
+	p := New(Options{})
+	applyDoc(t, p, writeTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+	c := rawConn(t, newServer(t, p))
+	br := bufio.NewReader(c)
+	const body = `{"model":"m"}`
+	for i := range 2 {
+		head := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", len(body))
+		if i == 0 {
+			fmt.Fprintf(c, "%s\r\n%s", head, body)
+		} else {
+			time.Sleep(400 * time.Millisecond) // idle past the last response's deadline
+			fmt.Fprintf(c, "%sExpect: 100-continue\r\n\r\n", head)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != http.StatusContinue {
+				t.Fatalf("request 2 on the connection: %v %v, want 100 Continue", resp, err)
+			}
+			io.WriteString(c, body)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on the connection: %v", i+1, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !strings.Contains(string(b), `"served_by":"a"`) {
+			t.Fatalf("request %d on the connection: %d %q %v", i+1, resp.StatusCode, b, err)
+		}
+	}
+	if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues("write_timeout")); n != 0 {
+		t.Fatalf("rolter_client_disconnects_total{reason=write_timeout} = %v, want 0", n)
+	}
+}
