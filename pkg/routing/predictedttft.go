@@ -28,15 +28,18 @@ type EngineState interface {
 
 // TTFTObserver is implemented by balancers that learn from first tokens
 // (predicted_ttft). For every attempt the balancer observed (Observe), the
-// proxy calls exactly one of them, with the same target and the same
-// *Context it passed to Observe: FirstToken when the first token arrives,
-// Abandon when the attempt ends without one (error, retry, client gone).
+// proxy calls, with the same target and the same *Context it passed to
+// Observe, FirstToken at most once, when the first token arrives, and then
+// exactly one of Learner.Learn, when the attempt completed, or Abandon,
+// when it ended any other way (an error, a retry, a client gone, a stream
+// cut after its first token).
 type TTFTObserver interface {
 	// FirstToken reports the attempt's time to first token, measured from
 	// dispatch, and the engine's prompt token count (usage.prompt_tokens),
 	// or 0 when not known.
 	FirstToken(target int, ctx *Context, ttft time.Duration, promptTokens int)
-	// Abandon reports that the attempt ended without a first token.
+	// Abandon reports that the attempt ended without completing, before
+	// or after its first token.
 	Abandon(target int, ctx *Context)
 }
 
@@ -1738,11 +1741,17 @@ func (t *predictedTTFT) learnRatios(e pendingPrefill, promptTokens int) {
 	t.ratioMu.Unlock()
 }
 
-// Abandon implements [TTFTObserver].
+// Abandon implements [TTFTObserver]: the attempt leaves the pending
+// prefill if it was still there, and this balancer's in-flight count
+// either way. Counted down only while pending, an attempt cut after its
+// first token (a client gone, a broken stream) stayed in flight for good,
+// and the fleet scale (Σ loads / Σ own in-flight) drifted towards 1.
 func (t *predictedTTFT) Abandon(target int, ctx *Context) {
-	if _, ok := t.take(target, ctx); ok {
-		t.inflight[target].Add(-1)
+	if target < 0 || target >= t.n {
+		return
 	}
+	t.take(target, ctx)
+	t.inflight[target].Add(-1)
 }
 
 // Learn implements [Learner]: the attempt completed, so it leaves this

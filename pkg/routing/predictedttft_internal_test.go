@@ -161,6 +161,17 @@ func TestPredictedTTFTFleetScale(t *testing.T) {
 	if p.inflight[0].Load() != 0 || p.inflight[1].Load() != 0 {
 		t.Fatalf("in flight after completion and abandon: %d %d", p.inflight[0].Load(), p.inflight[1].Load())
 	}
+	// Cut after its first token (a client gone, a broken stream): no
+	// completion, and it leaves the count all the same.
+	b.Observe(1, c)
+	p.FirstToken(1, c, time.Millisecond, 0)
+	p.Abandon(1, c)
+	if got := p.inflight[1].Load(); got != 0 {
+		t.Fatalf("in flight after an attempt cut past its first token: %d", got)
+	}
+	if got := p.fleetScale([]int{1, 1}); got != 1 {
+		t.Fatalf("scale %v after the cut attempt, want 1", got)
+	}
 }
 
 // simLaw is the routing simulator's truth: 5 ms per request, 5 per request

@@ -61,11 +61,12 @@ type exchange struct {
 	ttft     time.Duration
 	abort    bool // the response started and then broke off: abort the connection
 	// observed is the target of the attempt the balancer observed and has
-	// not yet been told the first token or the end of (-1: none), with the
-	// attempt's dispatch time, for routing.TTFTObserver. It is in the
-	// current pool (x.pool()).
-	observed int
-	sent     time.Time
+	// not yet been told the end of (-1: none), with the attempt's dispatch
+	// time and whether its first token was reported, for
+	// routing.TTFTObserver. It is in the current pool (x.pool()).
+	observed  int
+	sent      time.Time
+	firstSeen bool
 }
 
 // poolState is one pool's share of an exchange.
@@ -347,17 +348,24 @@ func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
 // first token (from dispatch), once; an error answer's first byte is no
 // first token (attemptEnded abandons it).
 func (p *Proxy) firstToken(x *exchange, status int) {
-	if x.observed < 0 || x.route == nil || status >= 300 {
+	if x.observed < 0 || x.firstSeen || x.route == nil || status >= 300 {
 		return
 	}
 	if o, ok := x.pool().balancer.(routing.TTFTObserver); ok {
 		o.FirstToken(x.observed, &x.rctx, time.Since(x.sent), len(x.rctx.TokenIDs))
 	}
-	x.observed = -1
+	x.firstSeen = true
 }
 
+// learned records that the balancer was told the observed attempt
+// completed (routing.Learner), which ends it there.
+func (x *exchange) learned() { x.observed, x.firstSeen = -1, false }
+
 // attemptEnded tells a TTFTObserver balancer that the observed attempt
-// ended without a first token, if it did.
+// ended without completing, before or after its first token, if it did:
+// every observed attempt ends in exactly one Learn or Abandon, so the
+// balancer's in-flight count of the target comes back down (a stream cut
+// after its first token, a client that left, a withheld answer).
 func (p *Proxy) attemptEnded(x *exchange) {
 	if x.observed < 0 || x.route == nil {
 		return
@@ -365,7 +373,7 @@ func (p *Proxy) attemptEnded(x *exchange) {
 	if o, ok := x.pool().balancer.(routing.TTFTObserver); ok {
 		o.Abandon(x.observed, &x.rctx)
 	}
-	x.observed = -1
+	x.observed, x.firstSeen = -1, false
 }
 
 // retryable reports whether a status may succeed on another target.
@@ -514,6 +522,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		if l, ok := pl.balancer.(routing.Learner); ok && end == relayDone && resp.StatusCode < 300 {
 			l.Learn(idx, &x.rctx, queueDepth, time.Since(sent))
+			x.learned()
 		}
 		return
 	}

@@ -1,0 +1,140 @@
+package proxy
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"rolter.dev/pkg/routing"
+)
+
+// recordingBalancer wraps a predicted_ttft balancer and counts, per
+// attempt, the calls that end it there.
+type recordingBalancer struct {
+	routing.Balancer
+	mu       sync.Mutex
+	observed int
+	first    int
+	ends     map[*routing.Context]int // Learn or Abandon calls per attempt
+}
+
+func (b *recordingBalancer) Observe(target int, ctx *routing.Context) {
+	b.mu.Lock()
+	b.observed++
+	b.mu.Unlock()
+	b.Balancer.Observe(target, ctx)
+}
+
+func (b *recordingBalancer) FirstToken(target int, ctx *routing.Context, ttft time.Duration, promptTokens int) {
+	b.mu.Lock()
+	b.first++
+	b.mu.Unlock()
+	b.Balancer.(routing.TTFTObserver).FirstToken(target, ctx, ttft, promptTokens)
+}
+
+func (b *recordingBalancer) Abandon(target int, ctx *routing.Context) {
+	b.end(ctx)
+	b.Balancer.(routing.TTFTObserver).Abandon(target, ctx)
+}
+
+func (b *recordingBalancer) Learn(target int, ctx *routing.Context, queueDepth int, latency time.Duration) {
+	b.end(ctx)
+	b.Balancer.(routing.Learner).Learn(target, ctx, queueDepth, latency)
+}
+
+func (b *recordingBalancer) end(ctx *routing.Context) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.ends[ctx]++
+}
+
+// TestEveryObservedAttemptEnds: whatever way an attempt ends (completed,
+// refused before its first token, cut by the upstream after it), the
+// balancer hears exactly one Learn or Abandon for it. An attempt cut after
+// its first token used to hear nothing more, and predicted_ttft counted it
+// in flight for good (its fleet scale drifted).
+func TestEveryObservedAttemptEnds(t *testing.T) {
+	d := dialects[0]
+	for _, tc := range []struct {
+		name      string
+		handler   func(die chan struct{}) func(w http.ResponseWriter, r *http.Request) bool
+		wantFirst int
+	}{
+		{"completed", func(chan struct{}) func(http.ResponseWriter, *http.Request) bool {
+			return func(w http.ResponseWriter, _ *http.Request) bool {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, d.firstSSE+d.terminal)
+				return true
+			}
+		}, 1},
+		{"refused", func(chan struct{}) func(http.ResponseWriter, *http.Request) bool {
+			return func(w http.ResponseWriter, _ *http.Request) bool {
+				w.WriteHeader(http.StatusBadRequest)
+				_, _ = io.WriteString(w, `{"error":{"message":"no"}}`)
+				return true
+			}
+		}, 0},
+		{"cut after the first token", func(die chan struct{}) func(http.ResponseWriter, *http.Request) bool {
+			return func(w http.ResponseWriter, r *http.Request) bool {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, d.firstSSE)
+				w.(http.Flusher).Flush()
+				select {
+				case <-die:
+				case <-r.Context().Done():
+				}
+				panic(http.ErrAbortHandler)
+			}
+		}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			die := make(chan struct{})
+			up := newUpstream(t, "u")
+			up.handler = tc.handler(die)
+			p := New(Options{Logger: slog.New(slog.DiscardHandler)})
+			applyDoc(t, p, openAuth+providers(up)+"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"p0\" }]\n")
+			pl := p.rt.Load().routes["m"].pools[0]
+			rec := &recordingBalancer{Balancer: pl.balancer, ends: map[*routing.Context]int{}}
+			pl.balancer = rec
+			url, client := serveProxy(t, p, false)
+
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+d.path, strings.NewReader(d.body(true)))
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode == http.StatusOK {
+				buf := make([]byte, len(d.firstSSE))
+				_, _ = io.ReadFull(resp.Body, buf)
+			}
+			close(die)
+			_, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			waitFor(t, func() bool {
+				rec.mu.Lock()
+				defer rec.mu.Unlock()
+				return len(rec.ends) > 0 && testutil.ToFloat64(p.metrics.InFlight) == 0
+			})
+
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if rec.observed != 1 || rec.first != tc.wantFirst {
+				t.Fatalf("observed %d attempts, %d first tokens; want 1, %d", rec.observed, rec.first, tc.wantFirst)
+			}
+			if len(rec.ends) != 1 {
+				t.Fatalf("ends heard for %d attempts, want 1", len(rec.ends))
+			}
+			for _, n := range rec.ends {
+				if n != 1 {
+					t.Fatalf("the attempt's end was reported %d times, want once", n)
+				}
+			}
+		})
+	}
+}
