@@ -242,6 +242,11 @@ func TestTokenizeFailureDegrades(t *testing.T) {
 // (docs/routing.md has the command and the figures):
 // ROLTER_MEASURE_PREFILL=1. It fails if predicted_ttft computes as much as
 // least_load at any concurrency, or more than cache_aware over the three.
+// The SDK's requests do not stream, so the proxy's first byte is the whole
+// answer; ROLTER_MEASURE_MAX_TOKENS (default 2) and ROLTER_MEASURE_ITL
+// (vllmsim's time per output token, default its own) make answers long
+// enough that what predicted_ttft learns as time to first token is mostly
+// decoding.
 func TestPrefillTokensByStrategy(t *testing.T) {
 	if os.Getenv("ROLTER_MEASURE_PREFILL") == "" {
 		t.Skip("a measurement: set ROLTER_MEASURE_PREFILL=1")
@@ -250,6 +255,21 @@ func TestPrefillTokensByStrategy(t *testing.T) {
 	// Prefill at 20,000 tokens/s: a group's ~1,000-token prefix costs 50 ms
 	// uncached.
 	opts := vllmsim.Options{CapacityBlocks: 512, PrefillTokensPerSecond: 20_000, TTFT: time.Millisecond}
+	maxTokens := int64(2)
+	if v := os.Getenv("ROLTER_MEASURE_MAX_TOKENS"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			t.Fatalf("ROLTER_MEASURE_MAX_TOKENS=%q: want a positive integer", v)
+		}
+		maxTokens = n
+	}
+	if v := os.Getenv("ROLTER_MEASURE_ITL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			t.Fatalf("ROLTER_MEASURE_ITL=%q: want a duration", v)
+		}
+		opts.ITL = d
+	}
 	sums := map[string]float64{}
 	for _, clients := range []int{4, 8, 16} {
 		computed := map[string]float64{}
@@ -261,7 +281,7 @@ func TestPrefillTokensByStrategy(t *testing.T) {
 			for q := range perGroup {
 				for g := range groups {
 					system := longSystem(fmt.Sprintf("group%d-", g), 300)
-					jobs = append(jobs, func() { f.chat(t, system, fmt.Sprintf("question %d of group %d", q, g)) })
+					jobs = append(jobs, func() { f.chatFor(t.Context(), t, system, fmt.Sprintf("question %d of group %d", q, g), maxTokens) })
 				}
 			}
 			next := make(chan func())
