@@ -266,14 +266,24 @@ func (c *Cache) semanticLookup(ctx context.Context, req Request, l *Lookup) {
 	c.st.semMisses.Add(1)
 }
 
+// Storable reports whether a response of this status may be stored and
+// replayed to another request: only 200 OK. Every other status tells of
+// this one exchange, not of the answer to the request: a 201 or 202 of a
+// resource or job the upstream created, a 204 with no answer at all, a 206
+// of part of one, a redirect (the proxy does not follow them), an error.
+// The proxy decides with it whether to record a response, and a stored
+// entry of another status (written by an older rolter sharing the backend)
+// does not decode, so it is never replayed.
+func Storable(status int) bool { return status == 200 }
+
 // Store stores the response to a missed lookup: the exact entry and, when
 // the lookup embedded the request, the semantic entry. It is a no-op
-// returning ErrNotStorable for a hit, a nil lookup, a status of 400 or more,
-// a TTL <= 0 or a second call; ErrTooLarge (counted) over MaxEntryBytes. A
+// returning ErrNotStorable for a hit, a nil lookup, a status that is not
+// [Storable] (anything but 200), a TTL <= 0 or a second call; ErrTooLarge (counted) over MaxEntryBytes. A
 // backend failure is counted and returned. e must be the upstream's own
 // response, before any delivery policy, and must not be modified afterwards.
 func (c *Cache) Store(ctx context.Context, l *Lookup, e *Entry) error {
-	if l == nil || l.Hit() || l.ttl <= 0 || e == nil || e.Status < 100 || e.Status >= 400 {
+	if l == nil || l.Hit() || l.ttl <= 0 || e == nil || !Storable(e.Status) {
 		return ErrNotStorable
 	}
 	if c.maxEntry > 0 && e.Size() > c.maxEntry {
@@ -418,7 +428,8 @@ type Stats struct {
 	TooLarge uint64
 	// Incomplete counts streams not stored because they did not complete.
 	Incomplete uint64
-	// DecodeErrors counts stored blobs that did not decode (misses).
+	// DecodeErrors counts stored blobs that did not decode (misses),
+	// among them entries of a status that is not [Storable].
 	DecodeErrors uint64
 	// BackendErrors counts failed backend operations (misses or skipped
 	// stores); BackendSkips counts operations not attempted while the

@@ -162,13 +162,19 @@ func TestExact(t *testing.T) {
 				t.Fatal("the same scope missed")
 			}
 		}},
-		{"not stored: status 400 and above, ttl zero, a second store, a hit", func(t *testing.T, c *respcache.Cache, _ respcache.Backend) {
+		{"not stored: any status but 200, ttl zero, a second store, a hit", func(t *testing.T, c *respcache.Cache, _ respcache.Backend) {
 			l := lookup(t, c, req(body, false, nil))
-			for _, status := range []int{400, 429, 500} {
+			// A replay repeats only an answer: not a created resource or
+			// an accepted job (201, 202), no answer (204), part of one
+			// (206), a redirect or a not-modified (3xx), nor an error.
+			for _, status := range []int{0, 100, 201, 202, 203, 204, 206, 301, 302, 304, 307, 400, 429, 500} {
 				e := jsonEntry("err")
 				e.Status = status
 				if err := c.Store(t.Context(), l, e); !errors.Is(err, respcache.ErrNotStorable) {
 					t.Fatalf("Store of status %d: %v", status, err)
+				}
+				if respcache.Storable(status) {
+					t.Fatalf("Storable(%d)", status)
 				}
 			}
 			r0 := req(body, false, nil)
@@ -202,6 +208,37 @@ func TestExact(t *testing.T) {
 			r.Path = "/v1/responses"
 			if _, err := c.Lookup(t.Context(), r); !errors.Is(err, respcache.ErrNotCacheable) {
 				t.Fatalf("Lookup of /v1/responses: %v", err)
+			}
+		}},
+		{"not stored: a stream of a status but 200", func(t *testing.T, c *respcache.Cache, _ respcache.Backend) {
+			sb := chatBody(`,"stream":true`, question)
+			for _, status := range []int{201, 202, 206} {
+				l := lookup(t, c, req(sb, true, nil))
+				rec := c.NewRecorder()
+				rec.Write([]byte(stream))
+				rec.End(nil)
+				if err := c.StoreStream(t.Context(), l, status, sseType, rec); !errors.Is(err, respcache.ErrNotStorable) {
+					t.Fatalf("StoreStream of status %d: %v", status, err)
+				}
+			}
+			if lookup(t, c, req(sb, true, nil)).Hit() {
+				t.Fatal("a stream of another status than 200 was stored")
+			}
+			wantStats(t, c, respcache.Stats{Misses: 4})
+		}},
+		{"an entry of a status but 200 under the key is a counted miss", func(t *testing.T, c *respcache.Cache, b respcache.Backend) {
+			// The stored form (see entry.go) of a body "x" with status 201
+			// (0xc9 0x01), as a rolter that stored any status below 400
+			// wrote it; the same entry with status 200 (0xc8 0x01) hits.
+			key, _ := respcache.ExactKey(c.Namespace(), chatPath, "", []byte(body))
+			mustSet(t, b, key, []byte("rc\x01\x00\xc9\x01\x00\x01x"), time.Minute)
+			if l := lookup(t, c, req(body, false, nil)); l.Hit() {
+				t.Fatalf("an entry of status 201 was replayed: %+v", l.Entry)
+			}
+			wantStats(t, c, respcache.Stats{Misses: 1, DecodeErrors: 1})
+			mustSet(t, b, key, []byte("rc\x01\x00\xc8\x01\x00\x01x"), time.Minute)
+			if l := lookup(t, c, req(body, false, nil)); !l.Hit() || l.Entry.Status != 200 || string(l.Entry.Body) != "x" {
+				t.Fatalf("the same entry with status 200 did not hit: %+v", l)
 			}
 		}},
 		{"junk under the key is a counted miss", func(t *testing.T, c *respcache.Cache, b respcache.Backend) {

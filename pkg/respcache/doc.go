@@ -27,8 +27,8 @@
 // response, before any delivery policy ran, or for a stream
 // [Cache.StoreStream] with the sse.Recorder it teed the live stream through
 // ([Cache.NewRecorder]): the client gets every event as it arrives, and the
-// stream is stored only if it completed normally. Responses with a status of
-// 400 or more, and bodies over MaxEntryBytes, are never stored. A hit's
+// stream is stored only if it completed normally. Only 200 answers are
+// stored ([Storable]); bodies over MaxEntryBytes never are. A hit's
 // [Entry.WriteBody] replays a stored stream as well-formed SSE, one flushed
 // event at a time.
 //

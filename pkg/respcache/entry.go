@@ -15,7 +15,8 @@ import (
 // Entry is a stored response: the upstream's own status, content type and
 // bytes, before any delivery policy ran.
 type Entry struct {
-	// Status is the upstream's HTTP status (always below 400).
+	// Status is the upstream's HTTP status: always 200 in a stored entry
+	// (see [Storable]).
 	Status int
 	// ContentType is the upstream's Content-Type.
 	ContentType string
@@ -65,7 +66,7 @@ func IsEventStream(contentType string) bool {
 // The stored form of an entry, version 1, all integers unsigned varints:
 //
 //	'r' 'c' version flags
-//	status
+//	status (200: an entry of another status does not decode)
 //	len(content type) content type
 //	[flagEmbedding] dims, dims × float32 little-endian
 //	[flagEvents]    count, count × (len event)
@@ -135,7 +136,7 @@ func decodeEntry(b []byte) (*Entry, []float32, error) {
 	d.b = b[4:]
 	e := &Entry{}
 	status := d.uvarint()
-	if status < 100 || status > 599 {
+	if status > 599 || !Storable(int(status)) {
 		return nil, nil, errDecode
 	}
 	e.Status = int(status)

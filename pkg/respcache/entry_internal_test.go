@@ -14,10 +14,10 @@ func TestEntryRoundTrip(t *testing.T) {
 		emb  []float32
 	}{
 		{"json body", &Entry{Status: 200, ContentType: "application/json", Body: []byte(`{"a":1}`)}, nil},
-		{"empty body", &Entry{Status: 204, ContentType: "", Body: []byte{}}, nil},
+		{"empty body", &Entry{Status: 200, ContentType: "", Body: []byte{}}, nil},
 		{"events", &Entry{Status: 200, ContentType: "text/event-stream", Events: [][]byte{[]byte("data: a"), {}, []byte("data: [DONE]")}}, nil},
 		{"no events", &Entry{Status: 200, ContentType: "text/event-stream", Events: [][]byte{}}, nil},
-		{"semantic", &Entry{Status: 201, ContentType: "application/json", Body: bytes.Repeat([]byte{0xff}, 300)}, []float32{0.5, -1, 3e-8}},
+		{"semantic", &Entry{Status: 200, ContentType: "application/json", Body: bytes.Repeat([]byte{0xff}, 300)}, []float32{0.5, -1, 3e-8}},
 		{"semantic events", &Entry{Status: 200, ContentType: "text/event-stream", Events: [][]byte{[]byte("x")}}, []float32{1}},
 	}
 	for _, tc := range tests {
@@ -56,6 +56,16 @@ func TestEntryDecodeRejects(t *testing.T) {
 		{"error: unknown flag", mod(3, 0x80)},
 		{"error: status 99", encodeEntry(&Entry{Status: 99}, nil)},
 		{"error: status 600", encodeEntry(&Entry{Status: 600}, nil)},
+		// Only a 200 is replayed (Storable): an entry of another status,
+		// as an older rolter stored, is not an answer to repeat.
+		{"error: status 201", encodeEntry(&Entry{Status: 201, ContentType: "a/b", Body: []byte("x")}, nil)},
+		{"error: status 202", encodeEntry(&Entry{Status: 202, ContentType: "a/b", Body: []byte("x")}, nil)},
+		{"error: status 204", encodeEntry(&Entry{Status: 204, Body: []byte{}}, nil)},
+		{"error: status 206", encodeEntry(&Entry{Status: 206, ContentType: "a/b", Body: []byte("x")}, nil)},
+		{"error: status 301", encodeEntry(&Entry{Status: 301, ContentType: "a/b", Body: []byte("x")}, nil)},
+		{"error: status 304", encodeEntry(&Entry{Status: 304, Body: []byte{}}, nil)},
+		{"error: status 201 semantic stream", encodeEntry(&Entry{Status: 201, ContentType: "text/event-stream", Events: [][]byte{[]byte("x")}}, []float32{1})},
+		{"error: status 200 plus 2^32", encodeEntry(&Entry{Status: 200 + 1<<32, ContentType: "a/b", Body: []byte("x")}, nil)},
 		{"error: JSON of the reference", []byte(`{"status":200,"content_type":"a","body":[1]}`)},
 		{"error: zero-length embedding", []byte{'r', 'c', 1, flagEmbedding, 200, 1, 0, 0, 0}},
 		{"error: huge event count", []byte{'r', 'c', 1, flagEvents, 200, 1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}},

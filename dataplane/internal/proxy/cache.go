@@ -285,8 +285,12 @@ const maxBufferedBody = 64 << 20
 
 var errTooLargeToStore = errors.New("proxy: response larger than cache.max_entry_bytes")
 
+// newRecorder returns the recorder of a response the cache may store, or
+// nil: only a 200 is stored (respcache.Storable), as only a 200 says
+// nothing of this one exchange that a replay to another request would
+// repeat untruthfully.
 func (p *Proxy) newRecorder(x *exchange, l *respcache.Lookup, resp *http.Response) *recorder {
-	if l == nil || resp.StatusCode >= 400 || x.variant != x.assigned {
+	if l == nil || !respcache.Storable(resp.StatusCode) || x.variant != x.assigned {
 		// A variant's answer is stored only under its own name: one that
 		// fell over to another variant is not stored at all.
 		return nil

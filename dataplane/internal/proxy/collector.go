@@ -39,7 +39,7 @@ var (
 	cacheStores      = cacheDesc("cache_stores_total", "Responses stored in the exact cache.")
 	cacheTooLarge    = cacheDesc("cache_too_large_total", "Responses served but not stored because they exceeded cache.max_entry_bytes.")
 	cacheIncomplete  = cacheDesc("cache_incomplete_total", "Streamed responses not stored because they did not complete (upstream error, client gone).")
-	cacheDecodeErrs  = cacheDesc("cache_decode_errors_total", "Stored entries that did not decode (served as misses).")
+	cacheDecodeErrs  = cacheDesc("cache_decode_errors_total", "Stored entries that did not decode, or of a status other than 200 (served as misses).")
 	cacheBackendErrs = cacheDesc("cache_backend_errors_total", "Failed cache backend operations (served as misses).")
 	cacheBackendSkip = cacheDesc("cache_backend_skips_total", "Cache operations skipped while the backend was failing.")
 	semHits          = cacheDesc("semantic_cache_hits_total", "Requests answered from the semantic cache.")
