@@ -17,7 +17,8 @@ type BreakerState int32
 
 // Breaker states: closed → open (after FailureThreshold consecutive
 // failures) → half-open (after OpenFor, one probe at a time) → closed on a
-// probe's success, or open again on its failure.
+// probe's success, or open again on its failure. A probe abandoned with no
+// verdict leaves it half-open, ready for the next probe.
 const (
 	Closed BreakerState = iota
 	Open
@@ -69,6 +70,16 @@ func (b *breaker) success() bool {
 	b.probing.Store(false)
 	prev := BreakerState(b.state.Swap(int32(Closed)))
 	return prev != Closed
+}
+
+// abandon ends an attempt that told nothing of the target: no failure is
+// counted and the breaker is not closed, but a half-open probe is
+// released, so that the next request probes (else the breaker would stay
+// half-open with a probe that never reports, refusing every request).
+func (b *breaker) abandon() {
+	if BreakerState(b.state.Load()) == HalfOpen {
+		b.probing.Store(false)
+	}
 }
 
 func (b *breaker) failure(now time.Time, cfg BreakerConfig) bool {

@@ -55,6 +55,17 @@ func TestBreakerTransitions(t *testing.T) {
 		{"probe failure reopens", func() bool { return tg.BreakerFailure(t0.Add(11*time.Second), cfg) }, true, reliability.Open, 15 * time.Second, false},
 		{"second probe", func() bool { tg.BreakerAttempt(t0.Add(21*time.Second), cfg); return false }, false, reliability.HalfOpen, 21 * time.Second, false},
 		{"probe success closes", func() bool { return tg.BreakerSuccess(cfg) }, true, reliability.Closed, 21 * time.Second, true},
+		// An abandoned attempt (its client went away) is no verdict: it
+		// neither counts towards opening nor resets the count.
+		{"failure 1 again", func() bool { return tg.BreakerFailure(t0.Add(22*time.Second), cfg) }, false, reliability.Closed, 22 * time.Second, true},
+		{"failure 2 again", func() bool { return tg.BreakerFailure(t0.Add(22*time.Second), cfg) }, false, reliability.Closed, 22 * time.Second, true},
+		{"abandon while closed changes nothing", func() bool { tg.BreakerAbandon(cfg); return false }, false, reliability.Closed, 22 * time.Second, true},
+		{"failure 3 still opens", func() bool { return tg.BreakerFailure(t0.Add(23*time.Second), cfg) }, true, reliability.Open, 23 * time.Second, false},
+		{"abandon while open changes nothing", func() bool { tg.BreakerAbandon(cfg); return false }, false, reliability.Open, 24 * time.Second, false},
+		{"a probe after open_secs", func() bool { tg.BreakerAttempt(t0.Add(33*time.Second), cfg); return false }, false, reliability.HalfOpen, 33 * time.Second, false},
+		{"the probe abandoned: still half-open, the next request probes", func() bool { tg.BreakerAbandon(cfg); return false }, false, reliability.HalfOpen, 33 * time.Second, true},
+		{"the next probe", func() bool { tg.BreakerAttempt(t0.Add(34*time.Second), cfg); return false }, false, reliability.HalfOpen, 34 * time.Second, false},
+		{"its success closes", func() bool { return tg.BreakerSuccess(cfg) }, true, reliability.Closed, 34 * time.Second, true},
 	}
 	for _, s := range steps {
 		if got := s.do(); got != s.wantRet {

@@ -82,6 +82,17 @@ func (t *Target) BreakerSuccess(cfg BreakerConfig) (closed bool) {
 	return t.breaker.success()
 }
 
+// BreakerAbandon records an attempt that ended with no verdict on the
+// target, because its client went away before the answer reached it
+// whole: it is neither a failure (it does not count towards opening the
+// breaker) nor a success (it does not close it, nor reset the failure
+// count). A half-open probe is released, so the next request probes.
+func (t *Target) BreakerAbandon(cfg BreakerConfig) {
+	if cfg.Enabled {
+		t.breaker.abandon()
+	}
+}
+
 // BreakerFailure records a failure. It reports whether this opened the
 // breaker.
 func (t *Target) BreakerFailure(now time.Time, cfg BreakerConfig) (opened bool) {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"rolter.dev/pkg/reliability"
 )
 
 // The tests here play clients that stop reading a response, or read it
@@ -179,6 +181,7 @@ func TestClientThatStopsReadingIsCutOff(t *testing.T) {
 			if r := usageRows(t, usagePath, 1)[0]; r.Status != 499 || r.Error != codeClientWriteTimeout {
 				t.Fatalf("usage row %+v, want status 499 and error %s", r, codeClientWriteTimeout)
 			}
+			wantOutcomes(t, p, map[string]float64{"client_gone": 1})
 			if tc.cache {
 				if s := rt.cache.cache.Stats(); s.Stores != 0 {
 					t.Fatalf("cache stats %+v: the cut response was stored", s)
@@ -317,3 +320,138 @@ func TestKeepAliveConnectionOutlivesTheWriteDeadline(t *testing.T) {
 		t.Fatalf("rolter_client_disconnects_total{reason=write_timeout} = %v, want 0", n)
 	}
 }
+
+// wantOutcomes checks rolter_target_requests_total of route m's target p0
+// by outcome: want's counts, and 0 for the outcomes it does not name.
+func wantOutcomes(t *testing.T, p *Proxy, want map[string]float64) {
+	t.Helper()
+	for _, outcome := range []string{"ok", "error", "client_gone"} {
+		if n := testutil.ToFloat64(p.metrics.TargetRequests.WithLabelValues("m", "p0", outcome)); n != want[outcome] {
+			t.Errorf("rolter_target_requests_total{outcome=%q} = %v, want %v", outcome, n, want[outcome])
+		}
+	}
+}
+
+// TestClientGoneIsNoVerdictOnTheTarget: an attempt whose client goes away
+// before its answer reached it whole (before the upstream's headers, in
+// the middle of a stream, while a body is buffered for the cache) is
+// counted as outcome client_gone, never ok, and is neither a success nor a
+// failure of the target's breaker: a half-open breaker whose probe it was
+// stays half-open (not closed by an answer nobody saw whole) and lets the
+// next request probe (not wedged waiting for a verdict that never comes).
+func TestClientGoneIsNoVerdictOnTheTarget(t *testing.T) {
+	tests := []struct {
+		name   string
+		stream bool
+		cache  bool
+		part   string // what the upstream sends before it waits; "" = not even its headers
+	}{
+		{"before the upstream's headers", true, false, ""},
+		{"mid-stream", true, false, "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n"},
+		{"while a body is buffered for the cache", false, true, `{"id":"c","choices":[`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			arrived, cancelled := make(chan struct{}), make(chan struct{})
+			up := newUpstream(t, "up")
+			up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+				if tc.part != "" {
+					if tc.stream {
+						w.Header().Set("Content-Type", "text/event-stream")
+					} else {
+						w.Header().Set("Content-Type", "application/json")
+					}
+					_, _ = io.WriteString(w, tc.part)
+					w.(http.Flusher).Flush()
+				}
+				close(arrived)
+				<-r.Context().Done() // only the proxy ends it
+				close(cancelled)
+				return true
+			}
+			doc := openAuth + "[breaker]\nenabled = true\nfailure_threshold = 1\nopen_secs = 30\n"
+			if tc.cache {
+				doc += "[cache]\nenabled = true\n"
+			}
+			doc += providers(up) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
+			if tc.cache {
+				doc += "[routes.cache]\nttl_secs = 600\n"
+			}
+			// headers is closed when the proxy has the upstream's headers.
+			headers := make(chan struct{})
+			base := http.DefaultTransport.(*http.Transport).Clone()
+			t.Cleanup(base.CloseIdleConnections)
+			tr := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				resp, err := base.RoundTrip(r)
+				if err == nil {
+					close(headers)
+				}
+				return resp, err
+			})
+			p := New(Options{Transport: tr})
+			applyDoc(t, p, doc)
+			url := newServer(t, p)
+			rt := p.rt.Load()
+			state := rt.routes["m"].pools[0].targets[0].state
+			// The breaker opened an hour ago: this request is its half-open probe.
+			if !state.BreakerFailure(time.Now().Add(-time.Hour), rt.breaker) {
+				t.Fatal("the breaker did not open")
+			}
+
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, tc.stream)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+			done := make(chan error, 1)
+			go func() {
+				resp, err := http.DefaultClient.Do(req)
+				if err == nil {
+					if tc.stream && tc.part != "" {
+						// The stream started: the client has its first event.
+						line, rerr := bufio.NewReader(resp.Body).ReadString('\n')
+						if rerr != nil || !strings.HasPrefix(line, "data: ") {
+							err = fmt.Errorf("first line %q, %w", line, rerr)
+						}
+					}
+					cancel() // the client goes away mid-stream
+					resp.Body.Close()
+				}
+				done <- err
+			}()
+			switch {
+			case tc.part == "":
+				<-arrived
+				cancel() // the client goes away before the upstream's headers
+			case !tc.stream:
+				<-headers
+				cancel() // the client goes away while the proxy reads the body
+			}
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				t.Fatal(err)
+			}
+			<-cancelled // the upstream request was cancelled
+			waitFor(t, func() bool { return testutil.ToFloat64(p.metrics.InFlight) == 0 })
+
+			if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues("closed")); n != 1 {
+				t.Fatalf("rolter_client_disconnects_total{reason=closed} = %v, want 1", n)
+			}
+			wantOutcomes(t, p, map[string]float64{"client_gone": 1})
+			if n := testutil.ToFloat64(p.metrics.BreakerClosed.WithLabelValues("p0")); n != 0 {
+				t.Errorf("rolter_breaker_closed_total = %v: a client that left closed the breaker", n)
+			}
+			if n := testutil.ToFloat64(p.metrics.BreakerOpened.WithLabelValues("p0")); n != 0 {
+				t.Errorf("rolter_breaker_opened_total = %v: a client that left opened the breaker", n)
+			}
+			if st := state.BreakerState(); st != reliability.HalfOpen {
+				t.Errorf("breaker %v after its probe's client left, want half_open", st)
+			}
+			if !state.BreakerAllows(time.Now(), rt.breaker) {
+				t.Error("the breaker admits no new probe: the abandoned probe still holds it")
+			}
+		})
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -60,6 +60,9 @@ type exchange struct {
 	provider string
 	ttft     time.Duration
 	abort    bool // the response started and then broke off: abort the connection
+	// gone: the client went away (closed, or cut off for not reading)
+	// before its answer reached it whole; see clientGone.
+	gone bool
 	// observed is the target of the attempt the balancer observed and has
 	// not yet been told the end of (-1: none), with the attempt's dispatch
 	// time and whether its first token was reported, for
@@ -450,7 +453,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			upSpan.End()
 			release()
 			if r.Context().Err() != nil {
+				// The client left before the upstream's headers came.
 				p.clientGone(x, nil)
+				p.attemptAbandoned(x, t)
 				return
 			}
 			timedOut, bodyFailed = errors.Is(err, errHeaderTimeout), false
@@ -510,7 +515,12 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			x.status, x.errCode, x.usage, x.abort = errUpstream.status, errUpstream.code, usage.Usage{}, true
 			return
 		}
-		if !failed {
+		switch {
+		case failed:
+			// Counted as the target's failure above, whoever ended the relay.
+		case x.gone:
+			p.attemptAbandoned(x, t)
+		default:
 			if t.state.BreakerSuccess(x.rt.breaker) {
 				p.metrics.BreakerClosed.WithLabelValues(t.cfg.Provider.Name).Inc()
 			}
@@ -581,12 +591,23 @@ func (p *Proxy) targetFailed(x *exchange, t *target, reason string, retryAfter t
 	}
 }
 
+// attemptAbandoned ends an attempt whose client went away before the
+// answer reached it whole (x.gone): the attempt is counted with outcome
+// client_gone, and it is no verdict on the target, so its breaker neither
+// counts a failure nor closes (a half-open probe is released for the next
+// request to probe).
+func (p *Proxy) attemptAbandoned(x *exchange, t *target) {
+	t.state.BreakerAbandon(x.rt.breaker)
+	p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, "client_gone").Inc()
+}
+
 // clientGone ends a request whose client went away, or stopped reading
 // (err wraps errClientWriteTimeout): the caller stops relaying and
 // forward's usual end of an attempt cancels the upstream request and
 // releases the target. err is the failed write's, nil when the request's
 // context ended.
 func (p *Proxy) clientGone(x *exchange, err error) {
+	x.gone = true
 	reason := "closed"
 	if errors.Is(err, errClientWriteTimeout) {
 		reason = "write_timeout"
