@@ -293,6 +293,18 @@ var endpoints = map[string]*endpoint{
 
 func notAnthropic(kind string) bool { return kind != config.KindAnthropic }
 
+// pathDialect is the dialect of the 404 for a path no route serves: a
+// path under /v1/messages/ (a Messages API resource the gateway does not
+// serve, such as batches, or a mistyped count_tokens) comes from an
+// Anthropic client, which reads only the Anthropic error shape; any other
+// gets the OpenAI one.
+func pathDialect(path string) dialect {
+	if strings.HasPrefix(path, "/v1/messages/") {
+		return dialectAnthropic
+	}
+	return dialectOpenAI
+}
+
 // ServeHTTP implements http.Handler.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Every write to the client is bounded (server.client_write_timeout_ms,
@@ -359,7 +371,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-Id", requestID(r))
 	ep, ok := endpoints[r.URL.Path]
 	if !ok {
-		writeError(w, dialectOpenAI, errNotFound, "no such endpoint: "+r.URL.Path)
+		writeError(w, pathDialect(r.URL.Path), errNotFound, "no such endpoint: "+r.URL.Path)
 		return
 	}
 	if r.Method != http.MethodPost {

@@ -177,6 +177,16 @@ targets = [{ provider = "claude" }]
 		{"error: anthropic dialect unknown model", "/v1/messages", full, `{"model":"ghost"}`, 404, "not_found_error"},
 		{"error: anthropic dialect forbidden", "/v1/messages", "sk-rolter-m2-00000000000", `{"model":"m"}`, 403, "permission_error"},
 		{"error: unknown endpoint", "/v1/nope", full, `{}`, 404, "not_found"},
+		{"error: unknown path under an openai endpoint", "/v1/chat/completions/x", full, `{}`, 404, "not_found"},
+		{"error: unknown path next to the anthropic prefix", "/v1/messagesx", full, `{}`, 404, "not_found"},
+		// Under /v1/messages/ the client speaks Anthropic: its SDK reads
+		// only that shape.
+		{"error: anthropic dialect unknown path", "/v1/messages/foo", full, `{}`, 404, "not_found_error"},
+		{"error: anthropic dialect batches", "/v1/messages/batches", full, `{}`, 404, "not_found_error"},
+		{"error: anthropic dialect below count_tokens", "/v1/messages/count_tokens/x", full, `{}`, 404, "not_found_error"},
+		{"error: anthropic dialect without a key, unknown path", "/v1/messages/foo", "", `{}`, 404, "not_found_error"},
+		// count_tokens is served, not a 404.
+		{"error: count_tokens malformed json", "/v1/messages/count_tokens", full, `{`, 400, "invalid_request_error"},
 		// A model or stream an upstream could read otherwise than the
 		// gateway: the key's allow-list and the stream policy would apply
 		// to one request and the upstream serve another.
@@ -198,7 +208,7 @@ targets = [{ provider = "claude" }]
 			if resp.Header.Get("X-Request-Id") == "" {
 				t.Error("no x-request-id")
 			}
-			if tc.path == "/v1/messages" {
+			if strings.HasPrefix(tc.path, "/v1/messages/") || tc.path == "/v1/messages" {
 				var e anthropicErrorBody
 				if err := json.Unmarshal(body, &e); err != nil || e.Type != "error" || e.Error.Type != tc.code || e.Error.Message == "" {
 					t.Fatalf("anthropic error shape: %s", body)
