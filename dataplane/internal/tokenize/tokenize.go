@@ -28,7 +28,9 @@
 // index on any failure. Answers are cached by the 128-bit xxh3 digest of
 // the /tokenize body, which holds the target model and exactly what is
 // tokenized, so equal bodies get equal ids; the cache holds at most
-// [CacheTokens] token ids, least recently used first out.
+// [CacheTokens] token ids, least recently used first out. An answer with
+// no token ids is an error ([ErrNoTokens]) and is never cached: each entry
+// holds at least one id, so no entry escapes the bound.
 package tokenize
 
 import (
@@ -144,6 +146,12 @@ func encode(model string, fields map[string]json.RawMessage, names []string) []b
 // TokenizeResponse.
 var ErrResponse = errors.New("tokenize: malformed response")
 
+// ErrNoTokens is returned by [Client.Tokenize] for an answer with no token
+// ids. [Build] only asks for a prompt to render (a non-empty conversation,
+// or a prompt string), so none is suspect, and it would give routing
+// nothing to match: it is an error, and is not cached.
+var ErrNoTokens = errors.New("tokenize: the answer has no token ids")
+
 // Decode reads vLLM's TokenizeResponse {"count","max_model_len","tokens",
 // "token_strs"}: the token ids, which must be unsigned 32-bit integers and
 // as many as count says.
@@ -196,7 +204,8 @@ func (c *Client) Cached(tok []byte) ([]uint32, bool) {
 
 // Tokenize POSTs tok to base's /tokenize (base is the provider's api_base,
 // with or without its /v1) with the provider's key, decodes the answer and
-// caches it. The returned ids are shared: callers must not modify them.
+// caches it. An answer with no token ids is ErrNoTokens, not cached. The
+// returned ids are shared: callers must not modify them.
 func (c *Client) Tokenize(ctx context.Context, base, apiKey string, tok []byte) ([]uint32, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, Endpoint(base), bytes.NewReader(tok))
 	if err != nil {
@@ -225,12 +234,17 @@ func (c *Client) Tokenize(ctx context.Context, base, apiKey string, tok []byte) 
 	if err != nil {
 		return nil, err
 	}
+	if len(ids) == 0 {
+		return nil, ErrNoTokens
+	}
 	c.store(xxh3.Hash128(tok), ids)
 	return ids, nil
 }
 
+// store caches ids under k. The bound counts token ids, so an entry of none
+// would be stored for free, without limit: it is never stored.
 func (c *Client) store(k xxh3.Uint128, ids []uint32) {
-	if len(ids) > c.limit {
+	if len(ids) == 0 || len(ids) > c.limit {
 		return
 	}
 	c.mu.Lock()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -238,5 +240,42 @@ func TestClient(t *testing.T) {
 	}
 	if _, ok := small.Cached(huge); ok {
 		t.Fatal("an answer larger than the whole cache was kept")
+	}
+}
+
+// TestClientEmptyAnswer: an answer with no token ids ({"count":0,
+// "tokens":[]}, as the test engine gives a blank prompt) is ErrNoTokens,
+// never ids, and is not cached: a flood of such answers, each for another
+// body, leaves the cache as it was instead of growing it past its bound
+// (the bound counts token ids, which these have none of).
+func TestClientEmptyAnswer(t *testing.T) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.WriteString(w, `{"count":0,"max_model_len":100,"tokens":[],"token_strs":null}`)
+	}))
+	defer srv.Close()
+	c := tokenize.NewLimited(srv.Client(), 64)
+	const flood = 1000
+	var bad error
+	for i := range flood {
+		body := []byte(fmt.Sprintf(`{"model":"m","prompt":" ","n":%d}`, i))
+		ids, err := c.Tokenize(t.Context(), srv.URL, "", body)
+		if _, ok := c.Cached(body); (ok || ids != nil || !errors.Is(err, tokenize.ErrNoTokens)) && bad == nil {
+			bad = fmt.Errorf("answer %d: ids %v, error %v, cached %v; want ErrNoTokens, no ids, not cached", i, ids, err, ok)
+		}
+	}
+	if n, toks := c.Len(); n != 0 || toks != 0 {
+		t.Errorf("the cache holds %d answers (%d token ids) after %d empty ones, want none", n, toks, flood)
+	}
+	if bad != nil {
+		t.Fatal(bad)
+	}
+	// The same body again asks the engine again.
+	if _, err := c.Tokenize(t.Context(), srv.URL, "", []byte(`{"model":"m","prompt":" ","n":0}`)); !errors.Is(err, tokenize.ErrNoTokens) {
+		t.Fatal(err)
+	}
+	if n := calls.Load(); n != flood+1 {
+		t.Fatalf("the engine was asked %d times, want %d", n, flood+1)
 	}
 }

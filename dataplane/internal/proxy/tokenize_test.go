@@ -1,0 +1,58 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"rolter.dev/pkg/kvindex"
+	"rolter.dev/pkg/natstest"
+)
+
+// TestEmptyTokenizeAnswerIsNoIDs: a replica whose /tokenize answers no
+// token ids for a conversation gives the request no ids: it is routed on
+// the approximate state and served, counted as a tokenize error (never
+// engine), and the answer is not cached, so the same request asks again
+// (counted error again, never cached).
+func TestEmptyTokenizeAnswerIsNoIDs(t *testing.T) {
+	var tokenizeCalls atomic.Int32
+	up := newUpstream(t, "v")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/tokenize" {
+			return false
+		}
+		tokenizeCalls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"count":0,"max_model_len":100,"tokens":[],"token_strs":null}`)
+		return true
+	}
+	ix, err := kvindex.New(natstest.Connect(t, natstest.Start(t)), nil, kvindex.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ix.Close)
+	p := New(Options{KVIndex: ix})
+	t.Cleanup(func() { _ = p.Close() })
+	applyDoc(t, p, openAuth+fmt.Sprintf("\n[[providers]]\nname = \"v\"\nkind = \"openai_compatible\"\napi_base = %q\n"+
+		"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\ntokenize_timeout_ms = 10000\n\n"+
+		"[[routes]]\nmodel = \"m\"\nstrategy = \"precise_cache_aware\"\ntargets = [{ provider = \"v\" }]\n", up.URL))
+	url := newServer(t, p)
+	for i := range 2 {
+		resp, body := post(t, url+"/v1/chat/completions", "", `{"model":"m","messages":[{"role":"user","content":"hello there"}]}`)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
+		}
+	}
+	if n := tokenizeCalls.Load(); n != 2 {
+		t.Fatalf("/tokenize asked %d times, want 2 (an empty answer is not cached)", n)
+	}
+	for outcome, want := range map[string]float64{"error": 2, "engine": 0, "cached": 0} {
+		if n := testutil.ToFloat64(p.metrics.Tokenize.WithLabelValues("m", outcome)); n != want {
+			t.Errorf("rolter_tokenize_total{outcome=%q} = %v, want %v", outcome, n, want)
+		}
+	}
+}
