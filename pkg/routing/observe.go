@@ -64,3 +64,30 @@ const (
 	// eligible target, so load alone decided.
 	DecisionUnpredicted = "unpredicted"
 )
+
+// LawReporter is implemented by balancers that learn a latency law from
+// the first tokens they are told of (predicted_ttft). Law returns its
+// current state, for metrics: an operator can see whether the law is
+// fitted, and whether what it learned is plausible for the engines (a
+// prefill rate, a fixed cost per request). It does not allocate.
+type LawReporter interface {
+	Law() LawState
+}
+
+// LawState is a learned time-to-first-token law: TTFT (ms) = BaseMS +
+// AheadMS × the requests queued ahead + QueuedMSPer1K × their uncached
+// prompt tokens / 1,000 + OwnMSPer1K × this request's uncached prompt
+// tokens / 1,000. Until Fitted the balancer routes on a unit law whose
+// weights are not milliseconds, and the weights here are zero.
+type LawState struct {
+	Fitted bool
+	// Samples is the number of first tokens the fit in use was made on
+	// (0 until fitted); FirstTokens counts every first token reported,
+	// those that teach the law nothing included (see predicted_ttft's
+	// FirstToken).
+	Samples, FirstTokens                       int
+	BaseMS, AheadMS, QueuedMSPer1K, OwnMSPer1K float64
+	// BytesPerToken is the learned ratio of prompt bytes to the engine's
+	// prompt tokens (the default until an engine reported a count).
+	BytesPerToken float64
+}

@@ -1954,6 +1954,16 @@ func (t *predictedTTFT) Decisions() map[string]uint64 {
 	return map[string]uint64{DecisionPrecise: t.decisions[0].Load(), DecisionApproximate: t.decisions[1].Load()}
 }
 
+// Law implements [LawReporter].
+func (t *predictedTTFT) Law() LawState {
+	s := LawState{FirstTokens: int(t.firstN.Load()), BytesPerToken: loadFloat(&t.bytesPerToken)}
+	if m := t.fleet.Load(); m != nil {
+		s.Fitted, s.Samples = true, m.samples
+		s.BaseMS, s.AheadMS, s.QueuedMSPer1K, s.OwnMSPer1K = m.w[lawBase], m.w[lawAhead], m.w[lawQueued], m.w[lawOwn]
+	}
+	return s
+}
+
 // RecordLocal implements [SharedAffinity]: the hashes the prompt's sends
 // and completions at target left to publish since the last call for it (the
 // index already holds them), or its whole fingerprint when they were not

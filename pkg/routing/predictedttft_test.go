@@ -2,6 +2,7 @@ package routing_test
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -839,4 +840,36 @@ func capacities(n, v int) []int {
 		out[i] = v
 	}
 	return out
+}
+
+// Law reports the unit law as not fitted, then the fitted law's weights
+// once first tokens determine the engine's prefill rate: here 5 ms per
+// request and 50 ms per 1,000 uncached tokens, each request alone.
+func TestPredictedTTFTReportsItsLaw(t *testing.T) {
+	clock := &ttftClock{now: time.Second}
+	b := newTTFT(t, 2, 1, clock, nil)
+	lr := b.(routing.LawReporter)
+	if l := lr.Law(); l.Fitted || l.Samples != 0 || l.FirstTokens != 0 || l.OwnMSPer1K != 0 {
+		t.Fatalf("before any first token: %+v", l)
+	}
+	for i := range 40 {
+		tokens := 200 + 100*(i%17)
+		ctx := &routing.Context{Prompt: words(uint64(100+i), 3*tokens)}
+		b.Observe(i%2, ctx)
+		clock.tick()
+		ttft := 5*time.Millisecond + time.Duration(tokens)*50*time.Microsecond
+		b.(routing.TTFTObserver).FirstToken(i%2, ctx, ttft, tokens)
+		b.(routing.Learner).Learn(i%2, ctx, 0, ttft)
+		clock.tick()
+	}
+	l := lr.Law()
+	if !l.Fitted || l.Samples < routing.PredictorMinSamples || l.FirstTokens != 40 {
+		t.Fatalf("after 40 first tokens: %+v", l)
+	}
+	if math.Abs(l.OwnMSPer1K-50) > 1 || math.Abs(l.BaseMS-5) > 1 {
+		t.Fatalf("law %+v, want about 5 ms per request and 50 per 1,000 own tokens", l)
+	}
+	if math.Abs(l.BytesPerToken-3) > 0.01 {
+		t.Fatalf("bytes per token %v, want 3 (learned; the default is 4)", l.BytesPerToken)
+	}
 }

@@ -23,6 +23,17 @@ var (
 		"Bytes of prompt text held in a target's share of the route's prefix tree.", []string{"model", "provider"}, nil)
 	treeEvictionsDesc = prometheus.NewDesc("rolter_prefix_tree_evictions_total",
 		"Prompts evicted from a target's prefix tree to stay under max_trie_nodes.", []string{"model", "provider"}, nil)
+	lawFittedDesc = prometheus.NewDesc("rolter_predicted_ttft_law_fitted",
+		"1 once predicted_ttft routes on its fitted latency law, 0 while on the unit law.", []string{"model", "variant"}, nil)
+	lawTermDesc = prometheus.NewDesc("rolter_predicted_ttft_law_ms",
+		"predicted_ttft's fitted law, TTFT ms = base + per_request_ahead x requests ahead + per_1k_queued_tokens x queued tokens/1000 + per_1k_own_tokens x own uncached tokens/1000 (exported once fitted).",
+		[]string{"model", "variant", "term"}, nil)
+	lawSamplesDesc = prometheus.NewDesc("rolter_predicted_ttft_law_samples",
+		"First tokens the fitted law in use was made on.", []string{"model", "variant"}, nil)
+	lawFirstTokensDesc = prometheus.NewDesc("rolter_predicted_ttft_first_tokens_total",
+		"First tokens reported to predicted_ttft, those that teach its law nothing included.", []string{"model", "variant"}, nil)
+	lawBytesPerTokenDesc = prometheus.NewDesc("rolter_predicted_ttft_bytes_per_token",
+		"Prompt bytes per engine prompt token, as predicted_ttft learned it (its default until an engine reported a count).", []string{"model", "variant"}, nil)
 )
 
 var cacheDescs = map[string]*prometheus.Desc{}
@@ -65,6 +76,11 @@ func (c *inflightCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- decisionsDesc
 	ch <- treeNodesDesc
 	ch <- treeEvictionsDesc
+	ch <- lawFittedDesc
+	ch <- lawTermDesc
+	ch <- lawSamplesDesc
+	ch <- lawFirstTokensDesc
+	ch <- lawBytesPerTokenDesc
 }
 
 func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
@@ -109,6 +125,9 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 					ch <- prometheus.MustNewConstMetric(decisionsDesc, prometheus.CounterValue, float64(n), rc.Model, pl.strategy, outcome, pl.variant)
 				}
 			}
+			if lr, ok := pl.balancer.(routing.LawReporter); ok {
+				collectLaw(ch, lr.Law(), rc.Model, pl.variant)
+			}
 			if ts, ok := pl.balancer.(routing.TrieStats); ok {
 				for i, st := range ts.TrieStats() {
 					if i < len(pl.targets) {
@@ -133,4 +152,22 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
+
+// collectLaw exports one pool's predicted_ttft law (routing.LawReporter).
+func collectLaw(ch chan<- prometheus.Metric, l routing.LawState, model, variant string) {
+	fitted := 0.0
+	if l.Fitted {
+		fitted = 1
+		for term, v := range map[string]float64{
+			"base": l.BaseMS, "per_request_ahead": l.AheadMS,
+			"per_1k_queued_tokens": l.QueuedMSPer1K, "per_1k_own_tokens": l.OwnMSPer1K,
+		} {
+			ch <- prometheus.MustNewConstMetric(lawTermDesc, prometheus.GaugeValue, v, model, variant, term)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(lawFittedDesc, prometheus.GaugeValue, fitted, model, variant)
+	ch <- prometheus.MustNewConstMetric(lawSamplesDesc, prometheus.GaugeValue, float64(l.Samples), model, variant)
+	ch <- prometheus.MustNewConstMetric(lawFirstTokensDesc, prometheus.CounterValue, float64(l.FirstTokens), model, variant)
+	ch <- prometheus.MustNewConstMetric(lawBytesPerTokenDesc, prometheus.GaugeValue, l.BytesPerToken, model, variant)
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"rolter.dev/pkg/routing"
@@ -136,5 +137,65 @@ func TestEveryObservedAttemptEnds(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLawMetrics: a predicted_ttft route exports its law: not fitted and
+// no first token at first, then the first tokens it was told of. (Whether
+// and what it fits is routing's TestPredictedTTFTReportsItsLaw.)
+func TestLawMetrics(t *testing.T) {
+	d := dialects[0]
+	up := newUpstream(t, "u")
+	up.handler = func(w http.ResponseWriter, _ *http.Request) bool {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, d.firstSSE+d.terminal)
+		return true
+	}
+	reg := prometheus.NewRegistry()
+	p := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Gatherer: reg})
+	applyDoc(t, p, openAuth+providers(up)+"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"p0\" }]\n")
+	value := func(name string) (float64, bool) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["model"] == "m" && labels["variant"] == "" {
+					if c := m.GetCounter(); c != nil {
+						return c.GetValue(), true
+					}
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+		return 0, false
+	}
+	if v, ok := value("rolter_predicted_ttft_law_fitted"); !ok || v != 0 {
+		t.Fatalf("law fitted = %v (exported %v), want 0", v, ok)
+	}
+	if _, ok := value("rolter_predicted_ttft_law_ms"); ok {
+		t.Fatal("an unfitted law's weights exported")
+	}
+	url, client := serveProxy(t, p, false)
+	for range 3 {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+d.path, strings.NewReader(d.body(true)))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	waitFor(t, func() bool { v, _ := value("rolter_predicted_ttft_first_tokens_total"); return v == 3 })
+	if v, ok := value("rolter_predicted_ttft_bytes_per_token"); !ok || v <= 0 {
+		t.Fatalf("bytes per token %v (exported %v)", v, ok)
 	}
 }
