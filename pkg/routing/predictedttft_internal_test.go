@@ -539,3 +539,43 @@ func TestPredictedTTFTWasteReadsWhereAPrefixLives(t *testing.T) {
 		}
 	}
 }
+
+// A first token whose request a peer's unreported work may have been ahead
+// of teaches the law nothing: the peer's next report showed its queue at
+// the target grown since the report before the dispatch. One whose peer
+// reported no growth, or whose growth was reported before its dispatch,
+// teaches it.
+func TestPredictedTTFTUnseenPeerWorkTeachesNothing(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	ttl := time.Minute
+	empty := QueueState{LeaveAge: -1}
+	one := QueueState{Requests: 1, Tokens: 500, HeadTokens: 500, LeaveAge: -1}
+	learned := func() int { b.fitMu.Lock(); defer b.fitMu.Unlock(); return b.pooled.n }
+
+	// Target 0: the peer reports an empty queue, then one request sent
+	// after ours was.
+	b.FoldPeerQueue("peer", 0, empty, ttl)
+	a := &Context{Prompt: strings.Repeat("a", 400)}
+	now += time.Millisecond
+	b.Observe(0, a)
+	now += 4 * time.Millisecond
+	b.FoldPeerQueue("peer", 0, one, ttl)
+	b.FirstToken(0, a, 20*time.Millisecond, 100)
+	if got := learned(); got != 0 {
+		t.Fatalf("a first token with a peer's request unseen at dispatch taught the law (%d samples)", got)
+	}
+
+	// Target 1: the peer's request was reported before ours was sent, and
+	// nothing more came: the features saw it.
+	b.FoldPeerQueue("peer", 1, one, ttl)
+	c := &Context{Prompt: strings.Repeat("c", 400)}
+	now += time.Millisecond
+	b.Observe(1, c)
+	now += 4 * time.Millisecond
+	b.FoldPeerQueue("peer", 1, one, ttl)
+	b.FirstToken(1, c, 20*time.Millisecond, 100)
+	if got := learned(); got != 1 {
+		t.Fatalf("a first token whose peer work was all reported: %d samples, want 1", got)
+	}
+}
