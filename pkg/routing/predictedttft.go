@@ -1381,8 +1381,9 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 // report (pq, received at now; prev the one before it) shows may have had
 // that peer's work ahead of them that no report had shown at their
 // dispatch: the peer's pending there grew since its previous report (or,
-// when that one expired, since one report gap ago, a peer reporting no
-// empty queue), and they were sent in between. Their features miss that
+// when that one has expired, from nothing one report gap ago: a peer does
+// not go on reporting an empty queue), and they were sent in between.
+// Their features miss that
 // work, and they teach the law nothing (FirstToken): through 4 sharing
 // proxies in rolter-sim, the law learned from every first token was 156-212
 // ms per request on the Mooncake trace where the engines' truth is 5 (the
