@@ -9,3 +9,7 @@ func NewLimited(hc *http.Client, limit int) *Client {
 	c.limit = limit
 	return c
 }
+
+// EntryOverhead is entryOverhead: what the bound charges an answer besides
+// its ids.
+const EntryOverhead = entryOverhead

@@ -53,9 +53,16 @@ const (
 	PathCompletions     = "/v1/completions"
 )
 
-// CacheTokens bounds the cache: 4 Mi token ids, 16 MiB, a few hundred
-// long prompts or thousands of short ones.
+// CacheTokens bounds the cache in units of a token id (4 bytes): 4 Mi, 16
+// MiB, a few hundred long prompts or thousands of short ones. Each answer
+// is charged its ids' array and entryOverhead for its bookkeeping, so that
+// a flood of short answers is bounded in memory too.
 const CacheTokens = 4 << 20
+
+// entryOverhead is what an answer's bookkeeping costs besides its ids, in
+// token ids (4 bytes): its list element, entry, map slot and slice header,
+// about 130 bytes on 64-bit platforms.
+const entryOverhead = 32
 
 // MaxResponse bounds a /tokenize answer: 8 bytes a token for vLLM's
 // largest context windows, with room to spare.
@@ -172,12 +179,13 @@ func Decode(b []byte) ([]uint32, error) {
 // Client calls /tokenize and caches the answers. Safe for concurrent use.
 type Client struct {
 	http  *http.Client
-	limit int // the cache's bound in token ids: CacheTokens
+	limit int // the cache's bound, in token ids: CacheTokens
 
 	mu     sync.Mutex
 	lru    list.List // of *entry, most recent first
 	byKey  map[xxh3.Uint128]*list.Element
-	tokens int
+	tokens int // the cached token ids
+	charge int // what the bound counts: see CacheTokens
 }
 
 type entry struct {
@@ -237,14 +245,17 @@ func (c *Client) Tokenize(ctx context.Context, base, apiKey string, tok []byte) 
 	if len(ids) == 0 {
 		return nil, ErrNoTokens
 	}
+	if cap(ids) > len(ids) {
+		ids = append(make([]uint32, 0, len(ids)), ids...) // the decoder's spare capacity is not kept
+	}
 	c.store(xxh3.Hash128(tok), ids)
 	return ids, nil
 }
 
-// store caches ids under k. The bound counts token ids, so an entry of none
-// would be stored for free, without limit: it is never stored.
+// store caches ids under k, charged cost(ids) against the bound. An answer
+// with no ids is never stored (Tokenize refuses it first).
 func (c *Client) store(k xxh3.Uint128, ids []uint32) {
-	if len(ids) == 0 || len(ids) > c.limit {
+	if len(ids) == 0 || cost(ids) > c.limit {
 		return
 	}
 	c.mu.Lock()
@@ -254,14 +265,21 @@ func (c *Client) store(k xxh3.Uint128, ids []uint32) {
 	}
 	c.byKey[k] = c.lru.PushFront(&entry{key: k, ids: ids})
 	c.tokens += len(ids)
-	for c.tokens > c.limit {
+	c.charge += cost(ids)
+	for c.charge > c.limit {
 		last := c.lru.Back()
 		e := last.Value.(*entry)
 		c.lru.Remove(last)
 		delete(c.byKey, e.key)
 		c.tokens -= len(e.ids)
+		c.charge -= cost(e.ids)
 	}
 }
+
+// cost is what an answer holds in memory, in token ids: the ids' array (its
+// capacity: a decoded slice may have grown past its length) and the
+// bookkeeping.
+func cost(ids []uint32) int { return cap(ids) + entryOverhead }
 
 // Len returns the cached answers and their token ids.
 func (c *Client) Len() (entries, tokens int) {

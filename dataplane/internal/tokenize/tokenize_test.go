@@ -215,9 +215,10 @@ func TestClient(t *testing.T) {
 		t.Fatalf("slow engine: %v, want a deadline error", err)
 	}
 	delay.Store(0)
-	// Bounded (here at 64 token ids): answers of 20–25 tokens, the oldest
-	// go first; an answer larger than the bound is not kept.
-	small := tokenize.NewLimited(srv.Client(), 64)
+	// Bounded (here at 64 token ids and two answers' bookkeeping): answers
+	// of 20–25 tokens, the oldest go first; an answer larger than the bound
+	// is not kept.
+	small := tokenize.NewLimited(srv.Client(), 64+2*tokenize.EntryOverhead)
 	if _, err := small.Tokenize(ctx, srv.URL, "k", body); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func TestClient(t *testing.T) {
 	if _, ok := small.Cached(body); ok {
 		t.Fatal("the oldest answer survived")
 	}
-	huge := []byte(`{"model":"m","prompt":"` + strings.Repeat("w ", 65) + `"}`)
+	huge := []byte(`{"model":"m","prompt":"` + strings.Repeat("w ", 65+2*tokenize.EntryOverhead) + `"}`)
 	if _, err := small.Tokenize(ctx, srv.URL, "k", huge); err != nil {
 		t.Fatal(err)
 	}
@@ -277,5 +278,26 @@ func TestClientEmptyAnswer(t *testing.T) {
 	}
 	if n := calls.Load(); n != flood+1 {
 		t.Fatalf("the engine was asked %d times, want %d", n, flood+1)
+	}
+}
+
+// TestClientShortAnswersBounded: the bound charges each answer its
+// bookkeeping as well as its ids, so a flood of one-token answers holds at
+// most limit / (1 + EntryOverhead) of them, not limit.
+func TestClientShortAnswersBounded(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"count":1,"max_model_len":100,"tokens":[7],"token_strs":null}`)
+	}))
+	defer srv.Close()
+	const limit = 1000
+	c := tokenize.NewLimited(srv.Client(), limit)
+	for i := range 2 * limit {
+		body := []byte(fmt.Sprintf(`{"model":"m","prompt":"x","n":%d}`, i))
+		if _, err := c.Tokenize(t.Context(), srv.URL, "", body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := c.Len(); n != limit/(1+tokenize.EntryOverhead) {
+		t.Fatalf("the cache holds %d one-token answers under a bound of %d, want %d", n, limit, limit/(1+tokenize.EntryOverhead))
 	}
 }
