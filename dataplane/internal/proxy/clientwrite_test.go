@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"rolter.dev/pkg/reliability"
+	"rolter.dev/pkg/usage"
 )
 
 // The tests here play clients that stop reading a response, or read it
@@ -119,15 +120,134 @@ func endlessUpstream(t *testing.T, stream bool, cancelled chan<- struct{}) *upst
 	return up
 }
 
+// stalledClient is a client that sent a request and reads none of the
+// response: over HTTP/1.1 a raw connection with a tiny receive buffer;
+// over HTTP/2 Go's client with a stream window of 64 KiB (HTTP/2's
+// initial one; Go's own default is 4 MiB), which, as nothing is read,
+// never sends a WINDOW_UPDATE, so the proxy can send no more than the
+// window on the stream.
+type stalledClient struct {
+	conn net.Conn       // HTTP/1.1
+	resp *http.Response // HTTP/2
+}
+
+// stall sends body to the chat completions endpoint of the proxy at url
+// (client is the one serveSmallBuffers returned for it), as a client that
+// then reads nothing. Over HTTP/2 it returns once the response's headers
+// arrived.
+func stall(t *testing.T, url string, client *http.Client, h2 bool, body string) *stalledClient {
+	t.Helper()
+	if !h2 {
+		c := rawConn(t, url)
+		receiveBuffer(c, tinyBuffer)
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		return &stalledClient{conn: c}
+	}
+	tr := client.Transport.(*http.Transport).Clone()
+	tr.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: 64 << 10}
+	t.Cleanup(tr.CloseIdleConnections)
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.ProtoMajor != 2 || resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %d, want an HTTP/2 200", resp.Proto, resp.StatusCode)
+	}
+	return &stalledClient{resp: resp}
+}
+
+// wantCut reads, once the proxy has given up on the client, what reached
+// it, and fails unless that cannot pass for a complete response: over
+// HTTP/1.1 the proxy closed the connection, after a chunked 200 that lacks
+// its terminator; over HTTP/2 it reset the stream. It returns the body
+// bytes that arrived (HTTP/2) or everything the connection carried
+// (HTTP/1.1).
+func (c *stalledClient) wantCut(t *testing.T) []byte {
+	t.Helper()
+	if c.conn != nil {
+		_ = c.conn.SetReadDeadline(time.Now().Add(20 * time.Second)) // a failsafe, not a measure
+		got, err := io.ReadAll(c.conn)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("the client's connection is still open after %d bytes", len(got))
+		}
+		if !bytes.HasPrefix(got, []byte("HTTP/1.1 200 OK\r\n")) || !bytes.Contains(got, []byte("Transfer-Encoding: chunked\r\n")) {
+			t.Fatalf("the response began %.200q", got)
+		}
+		if bytes.HasSuffix(got, []byte("\r\n0\r\n\r\n")) {
+			t.Fatal("the cut response ends with the chunked terminator, like a complete one")
+		}
+		return got
+	}
+	type result struct {
+		b   []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		b, err := io.ReadAll(c.resp.Body)
+		done <- result{b, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err == nil {
+			t.Fatalf("the body ended cleanly after %d bytes: a cut response passes for a complete one", len(r.b))
+		}
+		if !strings.Contains(r.err.Error(), "INTERNAL_ERROR") {
+			t.Fatalf("HTTP/2 read error %v after %d bytes, want a stream reset", r.err, len(r.b))
+		}
+		return r.b
+	case <-time.After(20 * time.Second): // a failsafe, not a measure
+		t.Fatal("the client's stream is still open")
+	}
+	return nil
+}
+
+// wantCutOff checks the counts once a proxy's last request was cut off
+// for not reading, after served requests answered 200: the request left
+// every in-flight count (the proxy's, and route m's target's), is counted
+// as a write timeout and never as a closed connection, and is a 499 with
+// error client_write_timeout, never a 200, in the metrics and in its
+// usage row (the last of the file at usagePath), which it returns. It
+// waits for that row: the request has ended.
+func wantCutOff(t *testing.T, p *Proxy, usagePath string, served int) usage.Record {
+	t.Helper()
+	rows := usageRows(t, usagePath, served+1) // the request has ended
+	waitFor(t, func() bool {
+		return testutil.ToFloat64(p.metrics.InFlight) == 0 && p.rt.Load().routes["m"].pools[0].targets[0].state.InFlight() == 0
+	})
+	if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues("write_timeout")); n != 1 {
+		t.Fatalf("rolter_client_disconnects_total{reason=write_timeout} = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues("closed")); n != 0 {
+		t.Fatalf("rolter_client_disconnects_total{reason=closed} = %v, want 0", n)
+	}
+	if ok, cut := testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "200", "")),
+		testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "499", "")); ok != float64(served) || cut != 1 {
+		t.Fatalf("rolter_requests_total code=200: %v, code=499: %v; want %d and 1", ok, cut, served)
+	}
+	r := rows[len(rows)-1]
+	if len(rows) != served+1 || r.Status != 499 || r.Error != codeClientWriteTimeout {
+		t.Fatalf("usage rows %+v, want %d, the last with status 499 and error %s", rows, served+1, codeClientWriteTimeout)
+	}
+	return r
+}
+
 // TestClientThatStopsReadingIsCutOff: a client that sends a request and
-// then never reads (over a raw connection with a small receive window) is
-// cut off once a write to it has waited server.client_write_timeout_ms:
-// the upstream request is cancelled (the upstream sees its context end),
-// the request leaves every in-flight count, is counted as a write timeout
-// (a 499, never a success, in the metrics and the usage row), nothing is
-// cached, and the client's connection is closed without the end of a
-// complete response. For a stream, for a JSON body relayed as it comes,
-// and for one first buffered for the response cache.
+// then never reads (see stalledClient) is cut off once a write to it has
+// waited server.client_write_timeout_ms: the upstream request is cancelled
+// (the upstream sees its context end), the request leaves every in-flight
+// count, is counted as a write timeout (a 499, never a success, in the
+// metrics and the usage row; the attempt client_gone), nothing is cached,
+// and the response ends so that it cannot pass for a complete one
+// (HTTP/1.1: the connection closed without the chunked terminator;
+// HTTP/2: the stream reset). For a stream, for a JSON body relayed as it
+// comes, and for one first buffered for the response cache; over HTTP/1.1
+// and HTTP/2 (where the stream's flow-control window fills, not a socket
+// buffer).
 func TestClientThatStopsReadingIsCutOff(t *testing.T) {
 	tests := []struct {
 		name          string
@@ -138,71 +258,122 @@ func TestClientThatStopsReadingIsCutOff(t *testing.T) {
 		{"json, buffered for the cache (then too large to store)", false, true},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			cancelled := make(chan struct{})
-			up := endlessUpstream(t, tc.stream, cancelled)
-			usagePath := filepath.Join(t.TempDir(), "usage.jsonl")
-			doc := writeTimeoutServer + fmt.Sprintf("[accounting]\nsink = \"file\"\npath = %q\n", usagePath)
-			if tc.cache {
-				doc += "[cache]\nenabled = true\n"
-			}
-			doc += providers(up) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
-			if tc.cache {
-				doc += "[routes.cache]\nttl_secs = 600\n"
-			}
-			p := New(Options{})
-			applyDoc(t, p, doc)
-			url, _ := serveSmallBuffers(t, p, false, tinyBuffer)
-
-			c := rawConn(t, url)
-			receiveBuffer(c, tinyBuffer)
-			body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, tc.stream)
-			fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-			// From here on the client reads nothing.
-			select {
-			case <-cancelled:
-			case <-time.After(20 * time.Second): // a failsafe, not a measure
-				t.Fatal("the upstream request was never cancelled: the proxy is still writing to a client that does not read")
-			}
-			rt := p.rt.Load()
-			waitFor(t, func() bool {
-				return testutil.ToFloat64(p.metrics.InFlight) == 0 && rt.routes["m"].pools[0].targets[0].state.InFlight() == 0
-			})
-			if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues("write_timeout")); n != 1 {
-				t.Fatalf("rolter_client_disconnects_total{reason=write_timeout} = %v, want 1", n)
-			}
-			if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues("closed")); n != 0 {
-				t.Fatalf("rolter_client_disconnects_total{reason=closed} = %v, want 0", n)
-			}
-			if ok, cut := testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "200", "")),
-				testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "499", "")); ok != 0 || cut != 1 {
-				t.Fatalf("rolter_requests_total code=200: %v, code=499: %v; want 0 and 1", ok, cut)
-			}
-			if r := usageRows(t, usagePath, 1)[0]; r.Status != 499 || r.Error != codeClientWriteTimeout {
-				t.Fatalf("usage row %+v, want status 499 and error %s", r, codeClientWriteTimeout)
-			}
-			wantOutcomes(t, p, map[string]float64{"client_gone": 1})
-			if tc.cache {
-				if s := rt.cache.cache.Stats(); s.Stores != 0 {
-					t.Fatalf("cache stats %+v: the cut response was stored", s)
+		for _, h2 := range []bool{false, true} {
+			t.Run(tc.name+"/"+protoName(h2), func(t *testing.T) {
+				cancelled := make(chan struct{})
+				up := endlessUpstream(t, tc.stream, cancelled)
+				usagePath := filepath.Join(t.TempDir(), "usage.jsonl")
+				doc := writeTimeoutServer + fmt.Sprintf("[accounting]\nsink = \"file\"\npath = %q\n", usagePath)
+				if tc.cache {
+					doc += "[cache]\nenabled = true\n"
 				}
-			}
+				doc += providers(up) + "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
+				if tc.cache {
+					doc += "[routes.cache]\nttl_secs = 600\n"
+				}
+				p := New(Options{})
+				applyDoc(t, p, doc)
+				url, client := serveSmallBuffers(t, p, h2, tinyBuffer)
 
-			// The proxy closed the connection, and what the client finds in
-			// it does not end like a complete response.
-			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
-			got, err := io.ReadAll(c)
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				t.Fatalf("the client's connection is still open after %d bytes", len(got))
-			}
-			if !bytes.HasPrefix(got, []byte("HTTP/1.1 200 OK\r\n")) || !bytes.Contains(got, []byte("Transfer-Encoding: chunked\r\n")) {
-				t.Fatalf("the response began %.200q", got)
-			}
-			if bytes.HasSuffix(got, []byte("\r\n0\r\n\r\n")) {
-				t.Fatal("the cut response ends with the chunked terminator, like a complete one")
-			}
-		})
+				c := stall(t, url, client, h2, fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, tc.stream))
+				select {
+				case <-cancelled:
+				case <-time.After(20 * time.Second): // a failsafe, not a measure
+					t.Fatal("the upstream request was never cancelled: the proxy is still writing to a client that does not read")
+				}
+				wantCutOff(t, p, usagePath, 0)
+				wantOutcomes(t, p, map[string]float64{"client_gone": 1})
+				if tc.cache {
+					if s := p.rt.Load().cache.cache.Stats(); s.Stores != 0 {
+						t.Fatalf("cache stats %+v: the cut response was stored", s)
+					}
+				}
+				c.wantCut(t)
+			})
+		}
+	}
+}
+
+// largeUpstream answers every request with a 200 of about size bytes: a
+// JSON body, or SSE events of 1 KiB ending with [DONE]. It returns the
+// body too.
+func largeUpstream(t *testing.T, stream bool, size int) (*upstream, string) {
+	var body string
+	if stream {
+		ev := `data: {"choices":[{"delta":{"content":"` + strings.Repeat("x", 1<<10) + `"}}]}` + "\n\n"
+		body = strings.Repeat(ev, size/len(ev)+1) + "data: [DONE]\n\n"
+	} else {
+		body = `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("x", size) + `"}}]}`
+	}
+	up := newUpstream(t, "large")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		if stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+		}
+		_, _ = io.WriteString(w, body)
+		return true
+	}
+	return up, body
+}
+
+// cacheLarge is the end of a config with route m on provider p0 whose
+// answers are cached (in process), up to 32 MiB each.
+const cacheLarge = "[cache]\nenabled = true\nmax_entry_bytes = 33554432\n" +
+	"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n[routes.cache]\nttl_secs = 600\n"
+
+// fillCache sends body to the proxy at url once, reads its answer whole
+// (through a server with the kernel's own socket buffers: no write waits
+// long) and checks that it came from the upstream and was stored.
+func fillCache(t *testing.T, p *Proxy, url, body, want string) {
+	t.Helper()
+	resp, got := post(t, url+"/v1/chat/completions", "", body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Rolter-Cache") != "MISS" || string(got) != want {
+		t.Fatalf("the first request: %d, x-rolter-cache %q, %d bytes of %d", resp.StatusCode, resp.Header.Get("X-Rolter-Cache"), len(got), len(want))
+	}
+	waitFor(t, func() bool { return p.rt.Load().cache.cache.Stats().Stores == 1 })
+}
+
+// TestReplayToAClientThatStopsReadingIsCutOff: a response replayed from
+// the cache to a client that never reads (see stalledClient) is cut off
+// like a relayed one: a cached body of 4 MiB, far more than the socket
+// buffers or the HTTP/2 stream window take, fills them, the write waits
+// server.client_write_timeout_ms and fails, and the request is counted as
+// a write timeout, a 499 (not the entry's 200) in the metrics and its
+// usage row, leaves the proxy's in-flight count, and ends so that it
+// cannot pass for a complete response. Neither the upstream nor its
+// target counts are touched by the replay. For a JSON body (written
+// whole) and a stream (replayed event by event), over HTTP/1.1 and HTTP/2.
+func TestReplayToAClientThatStopsReadingIsCutOff(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		for _, h2 := range []bool{false, true} {
+			t.Run(fmt.Sprintf("stream=%v/%s", stream, protoName(h2)), func(t *testing.T) {
+				up, answer := largeUpstream(t, stream, 4<<20)
+				usagePath := filepath.Join(t.TempDir(), "usage.jsonl")
+				p := New(Options{})
+				applyDoc(t, p, writeTimeoutServer+fmt.Sprintf("[accounting]\nsink = \"file\"\npath = %q\n", usagePath)+providers(up)+cacheLarge)
+				body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, stream)
+				fillCache(t, p, newServer(t, p), body, answer)
+
+				url, client := serveSmallBuffers(t, p, h2, tinyBuffer)
+				c := stall(t, url, client, h2, body)
+				r := wantCutOff(t, p, usagePath, 1)
+				if r.CacheHit != "exact" {
+					t.Fatalf("usage row %+v, want an exact cache hit", r)
+				}
+				if s := p.rt.Load().cache.cache.Stats(); s.Hits != 1 || s.Stores != 1 {
+					t.Fatalf("cache stats %+v, want the one entry and one hit", s)
+				}
+				if n := up.hits.Load(); n != 1 {
+					t.Fatalf("the upstream was called %d times, want once (the replay is the cache's)", n)
+				}
+				wantOutcomes(t, p, map[string]float64{"ok": 1})
+				if got := c.wantCut(t); len(got) >= len(answer) {
+					t.Fatalf("the client got %d bytes of the %d-byte entry", len(got), len(answer))
+				}
+			})
+		}
 	}
 }
 
