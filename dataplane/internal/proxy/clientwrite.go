@@ -14,16 +14,17 @@ import (
 var errClientWriteTimeout = errors.New("proxy: the client took none of the response for server.client_write_timeout_ms")
 
 // stallWriter bounds every write to the client (status line and headers
-// when they go out, body, flush): before each it sets the write deadline
-// (HTTP/1.1: the connection's; HTTP/2: the stream's) to now plus the
-// timeout, and clears it once the write returned. A client that stops
-// reading therefore fails the write that fills its window, within the
-// timeout, instead of holding the handler, its upstream request and the
-// replica's slot for as long as it keeps the connection open; its error
-// wraps [errClientWriteTimeout]. It is a stall timeout, not a total one:
-// each write gets the whole timeout, and the time a stream waits for its
-// upstream's next event has none set (an HTTP/2 stream deadline is a timer
-// that would reset the stream even with no write in progress).
+// when they go out, body, at most maxStallWrite bytes of it at a time,
+// flush): before each it sets the write deadline (HTTP/1.1: the
+// connection's; HTTP/2: the stream's) to now plus the timeout, and clears
+// it once the write returned. A client that stops reading therefore fails
+// the write that fills its window, within the timeout, instead of holding
+// the handler, its upstream request and the replica's slot for as long as
+// it keeps the connection open; its error wraps [errClientWriteTimeout].
+// It is a stall timeout, not a total one: each write gets the whole
+// timeout, and the time a stream waits for its upstream's next event has
+// none set (an HTTP/2 stream deadline is a timer that would reset the
+// stream even with no write in progress).
 //
 // The server writes the end of the response (HTTP/1.1: what is still
 // buffered and the chunked terminator; HTTP/2: the last DATA frame) after
@@ -73,10 +74,24 @@ func (w *stallWriter) disarm(err error) error {
 	return err
 }
 
+// maxStallWrite is the most one deadline covers. A larger write (a body
+// the proxy holds whole: buffered for the cache or the delivery policy, or
+// replayed from the cache) goes out in pieces of this size, each with its
+// own deadline, so that a client that keeps reading is asked for as much
+// per timeout as by a relayed body (copyBufs' 32 KiB), not for the whole
+// body within one timeout.
+const maxStallWrite = 32 << 10
+
 func (w *stallWriter) Write(b []byte) (int, error) {
-	w.arm()
-	n, err := w.ResponseWriter.Write(b)
-	return n, w.disarm(err)
+	n := 0
+	for {
+		w.arm()
+		m, err := w.ResponseWriter.Write(b[n:min(len(b), n+maxStallWrite)])
+		n += m
+		if err = w.disarm(err); err != nil || n >= len(b) {
+			return n, err
+		}
+	}
 }
 
 // WriteHeader bounds an informational (1xx) response, which the server

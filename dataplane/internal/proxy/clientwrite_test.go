@@ -450,6 +450,48 @@ func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 	}
 }
 
+// TestSlowReaderGetsTheWholeBody: a JSON body the proxy holds whole
+// before it writes it (buffered to be stored in the cache, then replayed
+// from it) is written to the client a bounded piece at a time, each with
+// its own timeout, like a relayed one: a 16 MiB body, which the slow
+// client takes far longer than the timeout to read (at most 16 KiB per
+// read, a millisecond apart), reaches it whole, stored and then
+// replayed, over HTTP/1.1 and HTTP/2, and both are 200s.
+func TestSlowReaderGetsTheWholeBody(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(protoName(h2), func(t *testing.T) {
+			up, answer := largeUpstream(t, false, 16<<20)
+			p := New(Options{})
+			applyDoc(t, p, writeTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+cacheLarge)
+			url, client := serveSmallBuffers(t, p, h2, smallBuffer)
+			for i, want := range []string{"MISS", "HIT"} {
+				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := io.ReadAll(slowReader{resp.Body})
+				resp.Body.Close()
+				if err != nil {
+					t.Fatalf("request %d (%s): after %d bytes: %v", i+1, want, len(got), err)
+				}
+				if c := resp.Header.Get("X-Rolter-Cache"); c != want || string(got) != answer {
+					t.Fatalf("request %d: x-rolter-cache %q, %d bytes; want %s and the whole body (%d bytes)", i+1, c, len(got), want, len(answer))
+				}
+				waitFor(t, func() bool { return testutil.ToFloat64(p.metrics.InFlight) == 0 })
+			}
+			if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "200", "")); n != 2 {
+				t.Fatalf("rolter_requests_total{code=200} = %v, want 2", n)
+			}
+			for _, reason := range []string{"write_timeout", "closed"} {
+				if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues(reason)); n != 0 {
+					t.Fatalf("rolter_client_disconnects_total{reason=%s} = %v, want 0", reason, n)
+				}
+			}
+		})
+	}
+}
+
 // TestKeepAliveConnectionOutlivesTheWriteDeadline: the deadline a response
 // sets for the server's last writes after the handler does not outlive it
 // on an HTTP/1.1 connection (net/http clears it once the response is
