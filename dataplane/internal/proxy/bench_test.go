@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -58,6 +59,64 @@ func BenchmarkCacheHitPath(b *testing.B) {
 			for b.Loop() {
 				send()
 			}
+		})
+	}
+}
+
+// BenchmarkStreamRelay measures a streamed answer of 50 SSE events relayed
+// through the whole proxy, over HTTP/1.1 and over HTTP/2 (one TLS
+// connection multiplexing the parallel clients' streams), from an instant
+// upstream: the proxy's per-event cost, the client write deadline's
+// included.
+func BenchmarkStreamRelay(b *testing.B) {
+	event := "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok\"}}]}\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		for range 50 {
+			_, _ = io.WriteString(w, event)
+			f.Flush()
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer up.Close()
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`
+	for _, h2 := range []bool{false, true} {
+		b.Run(protoName(h2), func(b *testing.B) {
+			doc := fmt.Sprintf(openAuth+"[accounting]\nsink = \"none\"\n[[providers]]\nname = \"up\"\nkind = \"openai_compatible\"\napi_base = %q\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"up\" }]\n", up.URL)
+			cfg, err := config.Parse([]byte(doc))
+			if err != nil {
+				b.Fatal(err)
+			}
+			snap, err := config.Compile(cfg, config.CompileOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			p := New(Options{Logger: slog.New(slog.DiscardHandler)})
+			if err := p.Apply(snap); err != nil {
+				b.Fatal(err)
+			}
+			srv := httptest.NewUnstartedServer(p)
+			if h2 {
+				srv.EnableHTTP2 = true
+				srv.StartTLS()
+			} else {
+				srv.Start()
+			}
+			defer srv.Close()
+			client := srv.Client()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					resp, err := client.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
 		})
 	}
 }
