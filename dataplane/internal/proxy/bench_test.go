@@ -8,8 +8,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-
-	"rolter.dev/pkg/config"
 )
 
 // BenchmarkCacheHitPath compares a request answered from the in-process
@@ -30,24 +28,11 @@ func BenchmarkCacheHitPath(b *testing.B) {
 		{"exact_hit", "[routes.cache]\nttl_secs = 600\n"},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			doc := fmt.Sprintf(openAuth+"[cache]\nenabled = true\n[accounting]\nsink = \"none\"\n[[providers]]\nname = \"up\"\nkind = \"openai_compatible\"\napi_base = %q\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"up\" }]\n%s", up.URL, tc.cache)
-			cfg, err := config.Parse([]byte(doc))
-			if err != nil {
-				b.Fatal(err)
-			}
-			snap, err := config.Compile(cfg, config.CompileOptions{})
-			if err != nil {
-				b.Fatal(err)
-			}
 			p := New(Options{})
-			if err := p.Apply(snap); err != nil {
-				b.Fatal(err)
-			}
-			srv := httptest.NewServer(p)
-			defer srv.Close()
-			client := srv.Client()
+			applyDoc(b, p, fmt.Sprintf(openAuth+"[cache]\nenabled = true\n[accounting]\nsink = \"none\"\n[[providers]]\nname = \"up\"\nkind = \"openai_compatible\"\napi_base = %q\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"up\" }]\n%s", up.URL, tc.cache))
+			url, client := serveProxy(b, p, false)
 			send := func() {
-				resp, err := client.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -83,32 +68,13 @@ func BenchmarkStreamRelay(b *testing.B) {
 	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`
 	for _, h2 := range []bool{false, true} {
 		b.Run(protoName(h2), func(b *testing.B) {
-			doc := fmt.Sprintf(openAuth+"[accounting]\nsink = \"none\"\n[[providers]]\nname = \"up\"\nkind = \"openai_compatible\"\napi_base = %q\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"up\" }]\n", up.URL)
-			cfg, err := config.Parse([]byte(doc))
-			if err != nil {
-				b.Fatal(err)
-			}
-			snap, err := config.Compile(cfg, config.CompileOptions{})
-			if err != nil {
-				b.Fatal(err)
-			}
 			p := New(Options{Logger: slog.New(slog.DiscardHandler)})
-			if err := p.Apply(snap); err != nil {
-				b.Fatal(err)
-			}
-			srv := httptest.NewUnstartedServer(p)
-			if h2 {
-				srv.EnableHTTP2 = true
-				srv.StartTLS()
-			} else {
-				srv.Start()
-			}
-			defer srv.Close()
-			client := srv.Client()
+			applyDoc(b, p, fmt.Sprintf(openAuth+"[accounting]\nsink = \"none\"\n[[providers]]\nname = \"up\"\nkind = \"openai_compatible\"\napi_base = %q\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"up\" }]\n", up.URL))
+			url, client := serveProxy(b, p, h2)
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					resp, err := client.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+					resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 					if err != nil {
 						b.Error(err)
 						return

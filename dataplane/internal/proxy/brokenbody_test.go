@@ -116,17 +116,23 @@ func usageRows(t *testing.T, path string, n int) []usage.Record {
 
 // serveProxy serves p over HTTP/1.1 or, with h2, over HTTP/2 (TLS), and
 // returns its URL and a client for it.
-func serveProxy(t *testing.T, p *Proxy, h2 bool) (string, *http.Client) {
-	t.Helper()
+func serveProxy(tb testing.TB, p *Proxy, h2 bool) (string, *http.Client) {
+	tb.Helper()
 	srv := httptest.NewUnstartedServer(p)
+	startServer(tb, srv, h2)
+	return srv.URL, srv.Client()
+}
+
+// startServer starts srv over HTTP/1.1 or, with h2, over HTTP/2 (TLS), and
+// closes it when the test ends.
+func startServer(tb testing.TB, srv *httptest.Server, h2 bool) {
 	if h2 {
 		srv.EnableHTTP2 = true
 		srv.StartTLS()
 	} else {
 		srv.Start()
 	}
-	t.Cleanup(srv.Close)
-	return srv.URL, srv.Client()
+	tb.Cleanup(srv.Close)
 }
 
 func protoName(h2 bool) string {

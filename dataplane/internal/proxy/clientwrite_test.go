@@ -61,13 +61,7 @@ func serveSmallBuffers(t *testing.T, p *Proxy, h2 bool, size int) (string, *http
 	t.Helper()
 	srv := httptest.NewUnstartedServer(p)
 	srv.Listener = sendBuffers{srv.Listener, size}
-	if h2 {
-		srv.EnableHTTP2 = true
-		srv.StartTLS()
-	} else {
-		srv.Start()
-	}
-	t.Cleanup(srv.Close)
+	startServer(t, srv, h2)
 	tr := srv.Client().Transport.(*http.Transport).Clone()
 	var d net.Dialer
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -438,14 +432,7 @@ func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 				t.Fatalf("got %d bytes, want the whole stream (%d bytes)", len(got), len(want))
 			}
 			waitFor(t, func() bool { return testutil.ToFloat64(p.metrics.InFlight) == 0 })
-			if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "200", "")); n != 1 {
-				t.Fatalf("rolter_requests_total{code=200} = %v, want 1", n)
-			}
-			for _, reason := range []string{"write_timeout", "closed"} {
-				if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues(reason)); n != 0 {
-					t.Fatalf("rolter_client_disconnects_total{reason=%s} = %v, want 0", reason, n)
-				}
-			}
+			wantServedWhole(t, p, 1)
 		})
 	}
 }
@@ -480,14 +467,7 @@ func TestSlowReaderGetsTheWholeBody(t *testing.T) {
 				}
 				waitFor(t, func() bool { return testutil.ToFloat64(p.metrics.InFlight) == 0 })
 			}
-			if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "200", "")); n != 2 {
-				t.Fatalf("rolter_requests_total{code=200} = %v, want 2", n)
-			}
-			for _, reason := range []string{"write_timeout", "closed"} {
-				if n := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues(reason)); n != 0 {
-					t.Fatalf("rolter_client_disconnects_total{reason=%s} = %v, want 0", reason, n)
-				}
-			}
+			wantServedWhole(t, p, 2)
 		})
 	}
 }
@@ -668,3 +648,17 @@ func TestClientGoneIsNoVerdictOnTheTarget(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// wantServedWhole checks that p answered n chat requests with 200s and
+// counted no client as gone.
+func wantServedWhole(t *testing.T, p *Proxy, n float64) {
+	t.Helper()
+	if got := testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/chat/completions", "m", "200", "")); got != n {
+		t.Fatalf("rolter_requests_total{code=200} = %v, want %v", got, n)
+	}
+	for _, reason := range []string{"write_timeout", "closed"} {
+		if got := testutil.ToFloat64(p.metrics.ClientDisconnects.WithLabelValues(reason)); got != 0 {
+			t.Fatalf("rolter_client_disconnects_total{reason=%s} = %v, want 0", reason, got)
+		}
+	}
+}

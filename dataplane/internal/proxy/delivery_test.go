@@ -70,18 +70,18 @@ targets = [{ provider = "up" }]
 	return doc
 }
 
-func applyDoc(t *testing.T, p *Proxy, doc string) {
-	t.Helper()
+func applyDoc(tb testing.TB, p *Proxy, doc string) {
+	tb.Helper()
 	cfg, err := config.Parse([]byte(doc))
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	snap, err := config.Compile(cfg, config.CompileOptions{})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	if err := p.Apply(snap); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 }
 
