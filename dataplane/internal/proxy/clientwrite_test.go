@@ -374,10 +374,13 @@ func TestReplayToAClientThatStopsReadingIsCutOff(t *testing.T) {
 // slowReader is a client that reads slower than the proxy writes, and
 // keeps reading: at most 16 KiB at a time, each after a pause far shorter
 // than the proxy's timeout.
-type slowReader struct{ r io.Reader }
+type slowReader struct {
+	r     io.Reader
+	pause time.Duration // before each read
+}
 
 func (s slowReader) Read(b []byte) (int, error) {
-	time.Sleep(time.Millisecond)
+	time.Sleep(s.pause)
 	return s.r.Read(b[:min(len(b), 16<<10)])
 }
 
@@ -424,7 +427,7 @@ func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer resp.Body.Close()
-			got, err := io.ReadAll(slowReader{resp.Body})
+			got, err := io.ReadAll(slowReader{resp.Body, time.Millisecond})
 			if err != nil {
 				t.Fatalf("after %d bytes: %v", len(got), err)
 			}
@@ -441,15 +444,19 @@ func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 // before it writes it (buffered to be stored in the cache, then replayed
 // from it) is written to the client a bounded piece at a time, each with
 // its own timeout, like a relayed one: a 16 MiB body, which the slow
-// client takes far longer than the timeout to read (at most 16 KiB per
-// read, a millisecond apart), reaches it whole, stored and then
-// replayed, over HTTP/1.1 and HTTP/2, and both are 200s.
+// client takes at least twice the timeout to read (at most 16 KiB per
+// read, 2 ms apart: over 2 s, against 1 s), reaches it whole, stored and
+// then replayed, over HTTP/1.1 and HTTP/2, and both are 200s. The timeout
+// is 1 s here, not the other tests' 200 ms: each 32 KiB piece must be
+// taken within it, and on a loaded 2-core CI machine a reader that keeps
+// reading was once held up past 200 ms (cut after 13 MB).
 func TestSlowReaderGetsTheWholeBody(t *testing.T) {
+	const bodyTimeoutServer = "[server]\nrequire_auth = false\nclient_write_timeout_ms = 1000\n"
 	for _, h2 := range []bool{false, true} {
 		t.Run(protoName(h2), func(t *testing.T) {
 			up, answer := largeUpstream(t, false, 16<<20)
 			p := New(Options{})
-			applyDoc(t, p, writeTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+cacheLarge)
+			applyDoc(t, p, bodyTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+cacheLarge)
 			url, client := serveSmallBuffers(t, p, h2, smallBuffer)
 			for i, want := range []string{"MISS", "HIT"} {
 				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
@@ -457,7 +464,7 @@ func TestSlowReaderGetsTheWholeBody(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, err := io.ReadAll(slowReader{resp.Body})
+				got, err := io.ReadAll(slowReader{resp.Body, 2 * time.Millisecond})
 				resp.Body.Close()
 				if err != nil {
 					t.Fatalf("request %d (%s): after %d bytes: %v", i+1, want, len(got), err)
