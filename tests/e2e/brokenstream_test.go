@@ -9,6 +9,7 @@ import (
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 
 	"rolter.dev/tests/vllmsim"
 )
@@ -91,6 +92,61 @@ func TestStreamCutByADyingReplica(t *testing.T) {
 			return metric(t, a.URL(), `rolter_requests_total{code="502",endpoint="/v1/messages",model="m",variant=""}`) == 1
 		})
 	})
+}
+
+// TestStreamEndedByAReplicaShuttingDown: a replica shut down gracefully in
+// the middle of a stream ends it cleanly, without its terminal event (the
+// vllmsim binary on SIGTERM; an engine's server cancelling its running
+// requests at shutdown). The proxy must not pass that for a complete
+// answer: the official SDKs raise, for chat completions and the Responses
+// API, and the proxy counts a 502.
+func TestStreamEndedByAReplicaShuttingDown(t *testing.T) {
+	opts := vllmsim.Options{Models: []string{"sim"}, ITL: 20 * time.Millisecond}
+	for _, api := range []string{"chat", "responses"} {
+		t.Run(api, func(t *testing.T) {
+			rep := startReplica(t, opts)
+			a, _ := startProxy(t, keyed(fleetConfig("", "round_robin", rep)))
+			client := openai.NewClient(option.WithBaseURL(a.URL()+"/v1"), option.WithAPIKey(virtualKey), option.WithMaxRetries(0))
+			var events int
+			var err error
+			endpoint := "/v1/chat/completions"
+			if api == "chat" {
+				stream := client.Chat.Completions.NewStreaming(t.Context(), openai.ChatCompletionNewParams{
+					Model:               "m",
+					Messages:            []openai.ChatCompletionMessageParamUnion{openai.UserMessage("tell me a long story")},
+					MaxCompletionTokens: openai.Int(300),
+				})
+				for stream.Next() {
+					if events++; events == 5 {
+						go rep.shutDown()
+					}
+				}
+				err = stream.Err()
+			} else {
+				endpoint = "/v1/responses"
+				stream := client.Responses.NewStreaming(t.Context(), responses.ResponseNewParams{
+					Model:           "m",
+					Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("tell me a long story")},
+					MaxOutputTokens: openai.Int(300),
+				})
+				for stream.Next() {
+					if events++; events == 5 {
+						go rep.shutDown()
+					}
+					if typ := stream.Current().Type; typ == "response.completed" || typ == "response.incomplete" {
+						t.Fatalf("terminal event %s after %d events: the stream was not cut", typ, events)
+					}
+				}
+				err = stream.Err()
+			}
+			if err == nil || !strings.Contains(err.Error(), "broke off") {
+				t.Fatalf("after %d events: err = %v, want the proxy's error event", events, err)
+			}
+			waitFor(t, "the request counted as a 502", func() bool {
+				return metric(t, a.URL(), `rolter_requests_total{code="502",endpoint="`+endpoint+`",model="m",variant=""}`) == 1
+			})
+		})
+	}
 }
 
 // TestReplicaDyingBeforeTheFirstByteIsRetried: the first replica accepts

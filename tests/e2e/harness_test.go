@@ -20,14 +20,17 @@ import (
 )
 
 // replica is a simulated vLLM replica on a fixed loopback port, which can be
-// made sick (every answer 503, health included), killed (port closed) and
-// revived on the same port.
+// made sick (every answer 503, health included), killed (port closed), shut
+// down gracefully and revived on the same port.
 type replica struct {
 	t    testing.TB
 	sim  *vllmsim.Server
 	addr string
 	sick atomic.Bool
 	srv  *http.Server
+	// stop cancels the requests' context, as the vllmsim binary does on
+	// SIGTERM: running generations end at once, their bodies cleanly.
+	stop context.CancelFunc
 	// tokenize, when set, answers POST /tokenize instead of the simulator
 	// (a failing or hanging tokenizer).
 	tokenize atomic.Pointer[func(http.ResponseWriter)]
@@ -57,7 +60,9 @@ func startReplica(t testing.TB, opts vllmsim.Options) *replica {
 }
 
 func (r *replica) serve(ln net.Listener) {
-	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	ctx, stop := context.WithCancel(context.Background())
+	r.stop = stop
+	r.srv = &http.Server{BaseContext: func(net.Listener) context.Context { return ctx }, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if r.sick.Load() {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -77,6 +82,18 @@ func (r *replica) serve(ln net.Listener) {
 func (r *replica) kill() {
 	if r.srv != nil {
 		_ = r.srv.Close()
+		r.srv = nil
+		r.stop()
+	}
+}
+
+// shutDown stops the replica as SIGTERM stops the vllmsim binary: running
+// generations end at once, their responses ending cleanly, and the server
+// closes once they have.
+func (r *replica) shutDown() {
+	if r.srv != nil {
+		r.stop()
+		_ = r.srv.Shutdown(context.Background())
 		r.srv = nil
 	}
 }

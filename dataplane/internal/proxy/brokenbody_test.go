@@ -66,8 +66,10 @@ func (d dialectCase) body(stream bool) string {
 
 // breakingUpstream sends the first part of a response (an SSE event, or
 // the first 64 KiB of a JSON body declared 1 MiB long), then, once die is
-// closed or sent a value, aborts its connection.
-func breakingUpstream(t *testing.T, d dialectCase, stream bool, die <-chan struct{}) *upstream {
+// closed or sent a value, aborts its connection, or with clean ends the
+// body as if it were complete (an engine that shuts down gracefully ends
+// its running streams so, without their terminal event).
+func breakingUpstream(t *testing.T, d dialectCase, stream, clean bool, die <-chan struct{}) *upstream {
 	u := newUpstream(t, "breaking")
 	u.handler = func(w http.ResponseWriter, r *http.Request) bool {
 		if stream {
@@ -83,6 +85,9 @@ func breakingUpstream(t *testing.T, d dialectCase, stream bool, die <-chan struc
 		select {
 		case <-die:
 		case <-r.Context().Done():
+		}
+		if clean {
+			return true
 		}
 		panic(http.ErrAbortHandler) // the connection drops mid-body
 	}
@@ -143,7 +148,8 @@ func protoName(h2 bool) string {
 }
 
 // TestResponseCutAfterItStarted: a response that the upstream breaks off
-// after the client got its first bytes never ends like a complete one. A
+// after the client got its first bytes never ends like a complete one,
+// nor does a stream whose body ended cleanly before its terminal event. A
 // stream gets an error event in the endpoint's dialect, then the
 // connection is aborted (HTTP/1.1: no chunked terminator or a short
 // Content-Length body, so the client reads an unexpected EOF; HTTP/2: a
@@ -152,11 +158,12 @@ func protoName(h2 bool) string {
 // flight.
 func TestResponseCutAfterItStarted(t *testing.T) {
 	for _, d := range dialects {
-		for _, stream := range []bool{true, false} {
+		for _, end := range []string{"aborted", "stream ended cleanly", "json aborted"} {
+			stream, clean := end != "json aborted", end == "stream ended cleanly"
 			for _, h2 := range []bool{false, true} {
-				t.Run(fmt.Sprintf("%s/stream=%v/%s", d.name, stream, protoName(h2)), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/%s/%s", d.name, end, protoName(h2)), func(t *testing.T) {
 					die := make(chan struct{})
-					up := breakingUpstream(t, d, stream, die)
+					up := breakingUpstream(t, d, stream, clean, die)
 					acct, usagePath := accountingFile(t)
 					spans := tracetest.NewSpanRecorder()
 					var logs syncbuf.Buffer
@@ -257,12 +264,14 @@ func TestResponseBrokenBeforeItStartedIsRetried(t *testing.T) {
 		stream bool
 		extra  string // config making the JSON body buffered
 		part   bool   // the upstream sends its first part before dying
+		clean  bool   // the upstream ends its body instead of aborting
 	}
 	modes := []mode{
-		{"stream, headers only", true, "", false},
-		{"json, buffered for the delivery policy", false, "[guardrails]\n[[guardrails.rules]]\nname = \"email\"\nbuiltin = \"email\"\nstage = \"post_call\"\naction = \"block\"\n", true},
-		{"json, headers only", false, "", false},
-		{"json, a short part", false, "", true},
+		{"stream, headers only", true, "", false, false},
+		{"stream, headers only, ended cleanly", true, "", false, true},
+		{"json, buffered for the delivery policy", false, "[guardrails]\n[[guardrails.rules]]\nname = \"email\"\nbuiltin = \"email\"\nstage = \"post_call\"\naction = \"block\"\n", true, false},
+		{"json, headers only", false, "", false, false},
+		{"json, a short part", false, "", true, false},
 	}
 	for _, d := range dialects {
 		for _, m := range modes {
@@ -282,6 +291,9 @@ func TestResponseBrokenBeforeItStartedIsRetried(t *testing.T) {
 						_, _ = io.WriteString(w, dd.firstJSON)
 					}
 					w.(http.Flusher).Flush()
+					if m.clean {
+						return true
+					}
 					panic(http.ErrAbortHandler)
 				}
 				good := newUpstream(t, "good")
@@ -368,7 +380,7 @@ func TestResponseBrokenBeforeItStartedIsRetried(t *testing.T) {
 func TestCutStreamIsNeverCached(t *testing.T) {
 	d := dialects[0]
 	die := make(chan struct{})
-	up := breakingUpstream(t, d, true, die)
+	up := breakingUpstream(t, d, true, false, die)
 	p := New(Options{})
 	applyDoc(t, p, "[server]\nrequire_auth = false\n[cache]\nenabled = true\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n[routes.cache]\nttl_secs = 600\n")
 	url := newServer(t, p)

@@ -791,6 +791,12 @@ func startResponse(w http.ResponseWriter, x *exchange, t *target, resp *http.Res
 	}
 }
 
+// errUnterminated is the read error of an event stream whose body ended
+// before the stream's terminal event: data: [DONE] (chat, completions),
+// message_stop (Messages), response.completed, .incomplete or .failed
+// (Responses). Every endpoint the proxy serves ends its streams with one.
+var errUnterminated = errors.New("the event stream ended before its terminal event")
+
 // relay sends the upstream response to the client as it arrives. A stream
 // is flushed after every read, so each SSE event reaches the client when the
 // upstream sends it; nothing is buffered.
@@ -834,6 +840,11 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 			continue
 		}
 		n, held = n+held, 0
+		if !started && n == 0 && eof && stream && resp.StatusCode < 400 {
+			// An empty stream: nothing went out, another target may answer.
+			end(errUnterminated)
+			return relayUnsent, errUnterminated
+		}
 		if !started && (rerr == nil && n > 0 || eof) {
 			started = true
 			startResponse(w, x, t, resp)
@@ -872,11 +883,17 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 		if rerr == nil {
 			continue
 		}
-		if eof || started && tap.done() {
+		if started && tap.done() || eof && !(stream && resp.StatusCode < 400) {
 			// After a stream's terminal event the answer is whole: an
 			// upstream that breaks off then has lost nothing of it.
 			end(nil)
 			return relayDone, nil
+		}
+		if eof {
+			// A stream that ends before its terminal event was cut short,
+			// however cleanly its body ended (an engine shutting down ends
+			// its running streams that way).
+			rerr = errUnterminated
 		}
 		end(rerr)
 		if r.Context().Err() != nil {
