@@ -19,6 +19,14 @@ type BreakerState int32
 // failures) → half-open (after OpenFor, one probe at a time) → closed on a
 // probe's success, or open again on its failure. A probe abandoned with no
 // verdict leaves it half-open, ready for the next probe.
+//
+// Only the attempt holding the probe (its ticket, from attempt) releases
+// it when abandoned: an attempt sent before the breaker opened, or sent
+// past it failing open, that ends with no verdict during half-open must not
+// let a second probe in. A verdict, though, moves the breaker whoever sent
+// it: a success or failure is the target's answer at the attempt's end, as
+// fresh as the probe's, so a late success closes the breaker (as it does
+// while open) and a late failure reopens it.
 const (
 	Closed BreakerState = iota
 	Open
@@ -38,10 +46,11 @@ func (s BreakerState) String() string {
 }
 
 type breaker struct {
-	state    atomic.Int32 // BreakerState
-	failures atomic.Int32 // consecutive failures while closed
-	openedAt atomic.Int64 // unix nanoseconds of the last open transition
-	probing  atomic.Bool  // a half-open probe is in flight
+	state    atomic.Int32  // BreakerState
+	failures atomic.Int32  // consecutive failures while closed
+	openedAt atomic.Int64  // unix nanoseconds of the last open transition
+	probe    atomic.Uint64 // ticket of the half-open probe in flight; 0 = none
+	tickets  atomic.Uint64 // last probe ticket handed out
 }
 
 func (b *breaker) allows(now time.Time, cfg BreakerConfig) bool {
@@ -49,43 +58,52 @@ func (b *breaker) allows(now time.Time, cfg BreakerConfig) bool {
 	case Open:
 		return now.UnixNano()-b.openedAt.Load() >= int64(cfg.OpenFor)
 	case HalfOpen:
-		return !b.probing.Load()
+		return b.probe.Load() == 0
 	}
 	return true
 }
 
-func (b *breaker) attempt(now time.Time, cfg BreakerConfig) {
+// attempt returns the probe ticket of an attempt that takes the half-open
+// probe, else 0 (closed, open and sent failing open, or a probe already in
+// flight).
+func (b *breaker) attempt(now time.Time, cfg BreakerConfig) uint64 {
 	switch BreakerState(b.state.Load()) {
 	case Open:
-		if now.UnixNano()-b.openedAt.Load() >= int64(cfg.OpenFor) && b.state.CompareAndSwap(int32(Open), int32(HalfOpen)) {
-			b.probing.Store(true)
+		if now.UnixNano()-b.openedAt.Load() < int64(cfg.OpenFor) || !b.state.CompareAndSwap(int32(Open), int32(HalfOpen)) {
+			return 0
 		}
 	case HalfOpen:
-		b.probing.Store(true)
+	default:
+		return 0
 	}
+	if n := b.tickets.Add(1); b.probe.CompareAndSwap(0, n) {
+		return n
+	}
+	return 0
 }
 
 func (b *breaker) success() bool {
 	b.failures.Store(0)
-	b.probing.Store(false)
+	b.probe.Store(0)
 	prev := BreakerState(b.state.Swap(int32(Closed)))
 	return prev != Closed
 }
 
 // abandon ends an attempt that told nothing of the target: no failure is
-// counted and the breaker is not closed, but a half-open probe is
-// released, so that the next request probes (else the breaker would stay
-// half-open with a probe that never reports, refusing every request).
-func (b *breaker) abandon() {
-	if BreakerState(b.state.Load()) == HalfOpen {
-		b.probing.Store(false)
+// counted and the breaker is not closed, but the half-open probe, if this
+// attempt holds it (probe is its ticket), is released, so that the next
+// request probes (else the breaker would stay half-open with a probe that
+// never reports, refusing every request).
+func (b *breaker) abandon(probe uint64) {
+	if probe != 0 {
+		b.probe.CompareAndSwap(probe, 0)
 	}
 }
 
 func (b *breaker) failure(now time.Time, cfg BreakerConfig) bool {
 	switch BreakerState(b.state.Load()) {
 	case HalfOpen:
-		b.probing.Store(false)
+		b.probe.Store(0)
 		if b.state.CompareAndSwap(int32(HalfOpen), int32(Open)) {
 			b.openedAt.Store(now.UnixNano())
 			return true

@@ -38,6 +38,7 @@ func TestCooldown(t *testing.T) {
 func TestBreakerTransitions(t *testing.T) {
 	cfg := reliability.BreakerConfig{Enabled: true, FailureThreshold: 3, OpenFor: 10 * time.Second}
 	tg := reliability.NewRegistry().Target(reliability.TargetKey{Route: "m", Provider: "a"})
+	var probe, old, stale, other uint64 // BreakerAttempt's probe tickets
 	steps := []struct {
 		name      string
 		do        func() bool
@@ -51,21 +52,31 @@ func TestBreakerTransitions(t *testing.T) {
 		{"failure 1", func() bool { return tg.BreakerFailure(t0, cfg) }, false, reliability.Closed, 0, true},
 		{"failure 2", func() bool { return tg.BreakerFailure(t0, cfg) }, false, reliability.Closed, 0, true},
 		{"failure 3 opens", func() bool { return tg.BreakerFailure(t0, cfg) }, true, reliability.Open, 5 * time.Second, false},
-		{"open admits a probe after open_secs", func() bool { tg.BreakerAttempt(t0.Add(10*time.Second), cfg); return false }, false, reliability.HalfOpen, 10 * time.Second, false},
+		{"open admits a probe after open_secs", func() bool { return tg.BreakerAttempt(t0.Add(10*time.Second), cfg) != 0 }, true, reliability.HalfOpen, 10 * time.Second, false},
 		{"probe failure reopens", func() bool { return tg.BreakerFailure(t0.Add(11*time.Second), cfg) }, true, reliability.Open, 15 * time.Second, false},
-		{"second probe", func() bool { tg.BreakerAttempt(t0.Add(21*time.Second), cfg); return false }, false, reliability.HalfOpen, 21 * time.Second, false},
+		{"second probe", func() bool { return tg.BreakerAttempt(t0.Add(21*time.Second), cfg) != 0 }, true, reliability.HalfOpen, 21 * time.Second, false},
 		{"probe success closes", func() bool { return tg.BreakerSuccess(cfg) }, true, reliability.Closed, 21 * time.Second, true},
 		// An abandoned attempt (its client went away) is no verdict: it
 		// neither counts towards opening nor resets the count.
 		{"failure 1 again", func() bool { return tg.BreakerFailure(t0.Add(22*time.Second), cfg) }, false, reliability.Closed, 22 * time.Second, true},
+		{"a request sent while closed is no probe", func() bool { stale = tg.BreakerAttempt(t0.Add(22*time.Second), cfg); return stale != 0 }, false, reliability.Closed, 22 * time.Second, true},
 		{"failure 2 again", func() bool { return tg.BreakerFailure(t0.Add(22*time.Second), cfg) }, false, reliability.Closed, 22 * time.Second, true},
-		{"abandon while closed changes nothing", func() bool { tg.BreakerAbandon(cfg); return false }, false, reliability.Closed, 22 * time.Second, true},
+		{"abandon while closed changes nothing", func() bool { tg.BreakerAbandon(cfg, 0); return false }, false, reliability.Closed, 22 * time.Second, true},
 		{"failure 3 still opens", func() bool { return tg.BreakerFailure(t0.Add(23*time.Second), cfg) }, true, reliability.Open, 23 * time.Second, false},
-		{"abandon while open changes nothing", func() bool { tg.BreakerAbandon(cfg); return false }, false, reliability.Open, 24 * time.Second, false},
-		{"a probe after open_secs", func() bool { tg.BreakerAttempt(t0.Add(33*time.Second), cfg); return false }, false, reliability.HalfOpen, 33 * time.Second, false},
-		{"the probe abandoned: still half-open, the next request probes", func() bool { tg.BreakerAbandon(cfg); return false }, false, reliability.HalfOpen, 33 * time.Second, true},
-		{"the next probe", func() bool { tg.BreakerAttempt(t0.Add(34*time.Second), cfg); return false }, false, reliability.HalfOpen, 34 * time.Second, false},
-		{"its success closes", func() bool { return tg.BreakerSuccess(cfg) }, true, reliability.Closed, 34 * time.Second, true},
+		{"abandon while open changes nothing", func() bool { tg.BreakerAbandon(cfg, 0); return false }, false, reliability.Open, 24 * time.Second, false},
+		{"a probe after open_secs", func() bool { probe = tg.BreakerAttempt(t0.Add(33*time.Second), cfg); return probe != 0 }, true, reliability.HalfOpen, 33 * time.Second, false},
+		{"a request failing open beside it is no probe", func() bool { other = tg.BreakerAttempt(t0.Add(33*time.Second), cfg); return other != 0 }, false, reliability.HalfOpen, 33 * time.Second, false},
+		// Only the probe's own abandon lets the next request probe.
+		{"the request sent while closed abandoned: the probe stays in flight", func() bool { tg.BreakerAbandon(cfg, stale); return false }, false, reliability.HalfOpen, 33 * time.Second, false},
+		{"the request failing open abandoned: the probe stays in flight", func() bool { tg.BreakerAbandon(cfg, other); return false }, false, reliability.HalfOpen, 33 * time.Second, false},
+		{"the probe abandoned: still half-open, the next request probes", func() bool { tg.BreakerAbandon(cfg, probe); return false }, false, reliability.HalfOpen, 33 * time.Second, true},
+		{"the next probe", func() bool { old = probe; probe = tg.BreakerAttempt(t0.Add(34*time.Second), cfg); return probe != 0 }, true, reliability.HalfOpen, 34 * time.Second, false},
+		{"the first probe abandoned again: the next stays in flight", func() bool { tg.BreakerAbandon(cfg, old); return false }, false, reliability.HalfOpen, 34 * time.Second, false},
+		// A verdict moves the breaker whoever sent the attempt.
+		{"another attempt's failure reopens", func() bool { return tg.BreakerFailure(t0.Add(35*time.Second), cfg) }, true, reliability.Open, 35 * time.Second, false},
+		{"a probe after open_secs again", func() bool { old = probe; probe = tg.BreakerAttempt(t0.Add(45*time.Second), cfg); return probe != 0 }, true, reliability.HalfOpen, 45 * time.Second, false},
+		{"the probe of the earlier half-open abandoned: the new one stays in flight", func() bool { tg.BreakerAbandon(cfg, old); return false }, false, reliability.HalfOpen, 45 * time.Second, false},
+		{"its success closes", func() bool { return tg.BreakerSuccess(cfg) }, true, reliability.Closed, 45 * time.Second, true},
 	}
 	for _, s := range steps {
 		if got := s.do(); got != s.wantRet {

@@ -65,12 +65,14 @@ func (t *Target) BreakerAllows(now time.Time, cfg BreakerConfig) bool {
 }
 
 // BreakerAttempt tells the breaker a request is about to be sent; from
-// open past its open time it moves to half-open with this request as the
-// probe.
-func (t *Target) BreakerAttempt(now time.Time, cfg BreakerConfig) {
-	if cfg.Enabled {
-		t.breaker.attempt(now, cfg)
+// open past its open time, or half-open with no probe in flight, this
+// request becomes the probe. probe is then nonzero, the ticket to pass to
+// BreakerAbandon; else 0.
+func (t *Target) BreakerAttempt(now time.Time, cfg BreakerConfig) (probe uint64) {
+	if !cfg.Enabled {
+		return 0
 	}
+	return t.breaker.attempt(now, cfg)
 }
 
 // BreakerSuccess records a non-failure answer. It reports whether this
@@ -86,10 +88,13 @@ func (t *Target) BreakerSuccess(cfg BreakerConfig) (closed bool) {
 // target, because its client went away before the answer reached it
 // whole: it is neither a failure (it does not count towards opening the
 // breaker) nor a success (it does not close it, nor reset the failure
-// count). A half-open probe is released, so the next request probes.
-func (t *Target) BreakerAbandon(cfg BreakerConfig) {
+// count). probe is the attempt's BreakerAttempt result: if it holds the
+// half-open probe, the probe is released, so the next request probes; any
+// other attempt (one sent before the breaker opened, say) leaves the probe
+// in flight alone.
+func (t *Target) BreakerAbandon(cfg BreakerConfig, probe uint64) {
 	if cfg.Enabled {
-		t.breaker.abandon()
+		t.breaker.abandon(probe)
 	}
 }
 

@@ -439,7 +439,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		x.variant = pl.variant
 		x.provider = t.cfg.Provider.Name
 		x.targetModel = t.cfg.Model
-		t.state.BreakerAttempt(now, x.rt.breaker)
+		probe := t.state.BreakerAttempt(now, x.rt.breaker)
 		release := t.state.Acquire()
 
 		sent := time.Now()
@@ -455,7 +455,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			if r.Context().Err() != nil {
 				// The client left before the upstream's headers came.
 				p.clientGone(x, nil)
-				p.attemptAbandoned(x, t)
+				p.attemptAbandoned(x, t, probe)
 				return
 			}
 			timedOut, bodyFailed = errors.Is(err, errHeaderTimeout), false
@@ -519,7 +519,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		case failed:
 			// Counted as the target's failure above, whoever ended the relay.
 		case x.gone:
-			p.attemptAbandoned(x, t)
+			p.attemptAbandoned(x, t, probe)
 		default:
 			if t.state.BreakerSuccess(x.rt.breaker) {
 				p.metrics.BreakerClosed.WithLabelValues(t.cfg.Provider.Name).Inc()
@@ -594,10 +594,11 @@ func (p *Proxy) targetFailed(x *exchange, t *target, reason string, retryAfter t
 // attemptAbandoned ends an attempt whose client went away before the
 // answer reached it whole (x.gone): the attempt is counted with outcome
 // client_gone, and it is no verdict on the target, so its breaker neither
-// counts a failure nor closes (a half-open probe is released for the next
-// request to probe).
-func (p *Proxy) attemptAbandoned(x *exchange, t *target) {
-	t.state.BreakerAbandon(x.rt.breaker)
+// counts a failure nor closes (if the attempt is the half-open probe, its
+// BreakerAttempt ticket probe, the probe is released for the next request
+// to probe).
+func (p *Proxy) attemptAbandoned(x *exchange, t *target, probe uint64) {
+	t.state.BreakerAbandon(x.rt.breaker, probe)
 	p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, "client_gone").Inc()
 }
 
