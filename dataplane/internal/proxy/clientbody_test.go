@@ -232,3 +232,52 @@ func TestForwardDropsHopAndClientChosenHeaders(t *testing.T) {
 		t.Errorf("an end-to-end response header was dropped: %v", resp.Header)
 	}
 }
+
+// The upstream gets the client's address appended to X-Forwarded-For, as
+// httputil.ReverseProxy sends it; the other X-Forwarded-* headers pass as
+// the client sent them.
+func TestForwardAppendsXForwardedFor(t *testing.T) {
+	a := newUpstream(t, "a")
+	_, srv := newTestProxy(t, openAuth+providers(a)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+	tests := []struct {
+		name            string
+		hdr             http.Header
+		xff, host, prot string // what the upstream gets
+	}{
+		{"none sent", nil, "127.0.0.1", "", ""},
+		{"one proxy before", http.Header{"X-Forwarded-For": {"203.0.113.7"}}, "203.0.113.7, 127.0.0.1", "", ""},
+		{"two lines folded", http.Header{"X-Forwarded-For": {"203.0.113.7, 198.51.100.2", "198.51.100.9"}},
+			"203.0.113.7, 198.51.100.2, 198.51.100.9, 127.0.0.1", "", ""},
+		{"host and proto as sent", http.Header{"X-Forwarded-Host": {"api.example.com"}, "X-Forwarded-Proto": {"https"}},
+			"127.0.0.1", "api.example.com", "https"},
+		{"named by Connection: hop-by-hop", http.Header{"Connection": {"X-Forwarded-For"}, "X-Forwarded-For": {"203.0.113.7"}},
+			"127.0.0.1", "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/chat/completions",
+				strings.NewReader(`{"model":"m","messages":[]}`))
+			for k, vs := range tc.hdr {
+				req.Header[k] = vs
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			_, h := a.last()
+			if got := h.Values("X-Forwarded-For"); len(got) != 1 || got[0] != tc.xff {
+				t.Errorf("upstream X-Forwarded-For %q, want [%q]", got, tc.xff)
+			}
+			if got := h.Get("X-Forwarded-Host"); got != tc.host {
+				t.Errorf("upstream X-Forwarded-Host %q, want %q", got, tc.host)
+			}
+			if got := h.Get("X-Forwarded-Proto"); got != tc.prot {
+				t.Errorf("upstream X-Forwarded-Proto %q, want %q", got, tc.prot)
+			}
+		})
+	}
+}

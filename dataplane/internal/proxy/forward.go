@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -704,6 +705,16 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 			continue
 		}
 		req.Header[k] = vs
+	}
+	// As httputil.ReverseProxy does by default: the peer's address is
+	// appended to the X-Forwarded-For the client sent (its lines folded
+	// into one), so the upstream sees who called; X-Forwarded-Host and
+	// -Proto pass as sent, and are not added.
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if prior := req.Header["X-Forwarded-For"]; len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		req.Header.Set("X-Forwarded-For", ip)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", x.id)
