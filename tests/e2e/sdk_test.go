@@ -213,6 +213,12 @@ func TestAnthropicSDKThroughProxy(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("err = %v", err)
 	}
+
+	// An Anthropic API the gateway does not serve: a 404 the SDK reads.
+	_, err = client.Files.List(t.Context(), anthropic.FileListParams{})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || apiErr.Type() != "not_found_error" {
+		t.Fatalf("files.list: %v", err)
+	}
 }
 
 func equal(a, b []float64) bool {

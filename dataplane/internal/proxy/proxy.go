@@ -293,13 +293,15 @@ var endpoints = map[string]*endpoint{
 
 func notAnthropic(kind string) bool { return kind != config.KindAnthropic }
 
-// pathDialect is the dialect of the 404 for a path no route serves: a
-// path under /v1/messages/ (a Messages API resource the gateway does not
-// serve, such as batches, or a mistyped count_tokens) comes from an
-// Anthropic client, which reads only the Anthropic error shape; any other
-// gets the OpenAI one.
-func pathDialect(path string) dialect {
-	if strings.HasPrefix(path, "/v1/messages/") {
+// notFoundDialect is the dialect of the 404 for a path no route serves,
+// the API the client speaks: a request with an anthropic-version header
+// (every Anthropic SDK sends one, whatever the path: /v1/files,
+// /v1/complete) or a path under /v1/messages/ (a Messages API resource
+// the gateway does not serve, such as batches, or a mistyped
+// count_tokens) comes from an Anthropic client, which reads only the
+// Anthropic error shape; any other gets the OpenAI one.
+func notFoundDialect(r *http.Request) dialect {
+	if r.Header.Get("Anthropic-Version") != "" || strings.HasPrefix(r.URL.Path, "/v1/messages/") {
 		return dialectAnthropic
 	}
 	return dialectOpenAI
@@ -371,7 +373,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-Id", requestID(r))
 	ep, ok := endpoints[r.URL.Path]
 	if !ok {
-		writeError(w, pathDialect(r.URL.Path), errNotFound, "no such endpoint: "+r.URL.Path)
+		writeError(w, notFoundDialect(r), errNotFound, "no such endpoint: "+r.URL.Path)
 		return
 	}
 	if r.Method != http.MethodPost {

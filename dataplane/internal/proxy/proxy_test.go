@@ -226,6 +226,51 @@ targets = [{ provider = "claude" }]
 	}
 }
 
+// A path no route serves gets its 404 in the shape of the API the client
+// speaks: an Anthropic SDK sends anthropic-version on every request, so
+// its calls to Anthropic-only paths (/v1/files, /v1/complete) read an
+// Anthropic error too.
+func TestNotFoundSpeaksTheClientsAPI(t *testing.T) {
+	_, srv := newTestProxy(t, openAuth+providers(newUpstream(t, "a"))+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+	tests := []struct {
+		method, path, version string
+		anthropic             bool
+	}{
+		{http.MethodPost, "/v1/complete", "2023-06-01", true},
+		{http.MethodGet, "/v1/files", "2023-06-01", true},
+		{http.MethodGet, "/v1/nope", "2023-06-01", true},
+		{http.MethodPost, "/v1/messages/batches", "", true},
+		{http.MethodPost, "/v1/complete", "", false},
+		{http.MethodGet, "/v1/files", "", false},
+		{http.MethodPost, "/v1/chat/completions/x", "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.method+" "+tc.path+" "+tc.version, func(t *testing.T) {
+			req, _ := http.NewRequestWithContext(t.Context(), tc.method, srv.URL+tc.path, nil)
+			if tc.version != "" {
+				req.Header.Set("Anthropic-Version", tc.version)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 404 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			var a anthropicErrorBody
+			var o openAIErrorBody
+			switch {
+			case tc.anthropic && (json.Unmarshal(body, &a) != nil || a.Type != "error" || a.Error.Type != "not_found_error"):
+				t.Errorf("want the anthropic shape: %s", body)
+			case !tc.anthropic && (json.Unmarshal(body, &o) != nil || o.Error.Code != "not_found"):
+				t.Errorf("want the openai shape: %s", body)
+			}
+		})
+	}
+}
+
 func TestForwardRewritesModelAndAuth(t *testing.T) {
 	a := newUpstream(t, "a")
 	claude := newUpstream(t, "claude")
