@@ -28,6 +28,11 @@ import (
 
 const writeTimeoutServer = "[server]\nrequire_auth = false\nclient_write_timeout_ms = 200\n"
 
+// slowReaderServer gives the slow-reader tests, whose client keeps
+// reading, 1 s per write: on a loaded 2-core CI machine a reader was once
+// held up past 200 ms for one piece.
+const slowReaderServer = "[server]\nrequire_auth = false\nclient_write_timeout_ms = 1000\n"
+
 // Socket buffer sizes. A tiny one makes a client that stops reading block
 // the proxy's writes after a few KiB instead of after the megabytes the
 // kernel would buffer by itself. A client that reads is given a small one
@@ -390,10 +395,13 @@ func (s slowReader) Read(b []byte) (int, error) {
 // stream unless it is cleared between writes), then sends 2 MiB, several
 // times what the socket buffers hold, while the client reads it slowly (so
 // the proxy's writes block, each for less than the timeout), reaches the
-// client whole, over HTTP/1.1 and HTTP/2, and counts as a 200.
+// client whole, over HTTP/1.1 and HTTP/2, and counts as a 200. The timeout
+// is 1 s (slowReaderServer), so the upstream's pause is 1.5 s; the two
+// protocols run in parallel, so the test waits for it once.
 func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 	for _, h2 := range []bool{false, true} {
 		t.Run(protoName(h2), func(t *testing.T) {
+			t.Parallel()
 			events := []string{"data: {\"n\":0}\n\n"}
 			for i := 1; i <= 2048; i++ {
 				events = append(events, fmt.Sprintf("data: {\"n\":%d,\"pad\":%q}\n\n", i, strings.Repeat("x", 1<<10)))
@@ -405,10 +413,10 @@ func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 				rc := http.NewResponseController(w)
 				for i, ev := range events {
 					if i == 1 {
-						// No event for twice the proxy's timeout: the time the
-						// upstream takes is not the client's.
+						// No event for longer than the proxy's timeout: the
+						// time the upstream takes is not the client's.
 						select {
-						case <-time.After(400 * time.Millisecond):
+						case <-time.After(1500 * time.Millisecond):
 						case <-r.Context().Done():
 							return true
 						}
@@ -419,7 +427,7 @@ func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 				return true
 			}
 			p := New(Options{})
-			applyDoc(t, p, writeTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+			applyDoc(t, p, slowReaderServer+"[accounting]\nsink = \"none\"\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
 			url, client := serveSmallBuffers(t, p, h2, smallBuffer)
 			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
 			resp, err := client.Do(req)
@@ -447,16 +455,15 @@ func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 // client takes at least twice the timeout to read (at most 16 KiB per
 // read, 2 ms apart: over 2 s, against 1 s), reaches it whole, stored and
 // then replayed, over HTTP/1.1 and HTTP/2, and both are 200s. The timeout
-// is 1 s here, not the other tests' 200 ms: each 32 KiB piece must be
-// taken within it, and on a loaded 2-core CI machine a reader that keeps
-// reading was once held up past 200 ms (cut after 13 MB).
+// is 1 s (slowReaderServer), not the other tests' 200 ms: each 32 KiB
+// piece must be taken within it, and on a loaded 2-core CI machine a
+// reader that keeps reading was once held up past 200 ms (cut after 13 MB).
 func TestSlowReaderGetsTheWholeBody(t *testing.T) {
-	const bodyTimeoutServer = "[server]\nrequire_auth = false\nclient_write_timeout_ms = 1000\n"
 	for _, h2 := range []bool{false, true} {
 		t.Run(protoName(h2), func(t *testing.T) {
 			up, answer := largeUpstream(t, false, 16<<20)
 			p := New(Options{})
-			applyDoc(t, p, bodyTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+cacheLarge)
+			applyDoc(t, p, slowReaderServer+"[accounting]\nsink = \"none\"\n"+providers(up)+cacheLarge)
 			url, client := serveSmallBuffers(t, p, h2, smallBuffer)
 			for i, want := range []string{"MISS", "HIT"} {
 				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
