@@ -32,11 +32,11 @@ type replica struct {
 	// SIGTERM: running generations end at once, their bodies cleanly.
 	stop context.CancelFunc
 	// tokenize, when set, answers POST /tokenize instead of the simulator
-	// (a failing or hanging tokenizer).
-	tokenize atomic.Pointer[func(http.ResponseWriter)]
+	// (a failing or hanging tokenizer, or one the test watches).
+	tokenize atomic.Pointer[func(http.ResponseWriter, *http.Request)]
 }
 
-func (r *replica) setTokenize(fn func(http.ResponseWriter)) { r.tokenize.Store(&fn) }
+func (r *replica) setTokenize(fn func(http.ResponseWriter, *http.Request)) { r.tokenize.Store(&fn) }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
@@ -70,7 +70,7 @@ func (r *replica) serve(ln net.Listener) {
 			return
 		}
 		if fn := r.tokenize.Load(); fn != nil && req.URL.Path == "/tokenize" {
-			(*fn)(w)
+			(*fn)(w, req)
 			return
 		}
 		r.sim.ServeHTTP(w, req)

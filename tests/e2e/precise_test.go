@@ -2,9 +2,11 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strconv"
@@ -16,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"rolter.dev/dataplane/app"
@@ -134,6 +137,25 @@ func (f *kvFleet) chat(t testing.TB, system, user string) string {
 	return raw.Header.Get("X-Rolter-Provider")
 }
 
+// respond sends one Responses API request through the proxy with the
+// official SDK (no token-ids header), system as its instructions and user
+// as its input, and returns the provider that served it.
+func (f *kvFleet) respond(t testing.TB, system, user string) string {
+	t.Helper()
+	client := openai.NewClient(option.WithBaseURL(f.base+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	var raw *http.Response
+	_, err := client.Responses.New(t.Context(), responses.ResponseNewParams{
+		Model:           "m",
+		Instructions:    openai.String(system),
+		Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String(user)},
+		MaxOutputTokens: openai.Int(2),
+	}, option.WithResponseInto(&raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw.Header.Get("X-Rolter-Provider")
+}
+
 // longSystem is a system prompt of about words words, different per seed.
 func longSystem(seed string, words int) string {
 	var b strings.Builder
@@ -143,16 +165,18 @@ func longSystem(seed string, words int) string {
 	return b.String()
 }
 
-// TestPreciseRoutingForSDKClients: an OpenAI SDK chat request with no
-// token-ids header goes to the replica that holds its prefix, on the
-// replica's own KV events: the proxy got the token ids from the replica's
-// /tokenize, and the precise decisions are counted as scored, not neutral.
+// TestPreciseRoutingForSDKClients: an OpenAI SDK chat or Responses request
+// with no token-ids header goes to the replica that holds its prefix, on
+// the replica's own KV events: the proxy got the token ids from the
+// replica's /tokenize, and the precise decisions are counted as scored,
+// not neutral.
 func TestPreciseRoutingForSDKClients(t *testing.T) {
-	for _, tc := range []struct{ strategy, scored, neutral string }{
-		{"precise_cache_aware", "scored", "neutral"},
-		{"predicted_ttft", "precise", "approximate"},
+	for _, tc := range []struct{ strategy, api, scored, neutral string }{
+		{"precise_cache_aware", "chat", "scored", "neutral"},
+		{"predicted_ttft", "chat", "precise", "approximate"},
+		{"precise_cache_aware", "responses", "scored", "neutral"},
 	} {
-		t.Run(tc.strategy, func(t *testing.T) {
+		t.Run(tc.strategy+"/"+tc.api, func(t *testing.T) {
 			// Prefill costs time (50 µs a token), as on a GPU: predicted_ttft
 			// learns it from the first tokens it sees.
 			// No speculation: a pick made before the events arrive would
@@ -162,18 +186,22 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 			decisions := func(outcome string) float64 {
 				return metric(t, f.base, fmt.Sprintf(`rolter_routing_decisions_total{model="m",outcome=%q,strategy=%q,variant=""}`, outcome, tc.strategy))
 			}
+			send := f.chat
+			if tc.api == "responses" {
+				send = f.respond
+			}
 			for g := range 3 {
 				system := longSystem(fmt.Sprintf("g%d-", g), 400)
 				// The group's first request computes its prefix wherever it
 				// goes; that replica then holds it and publishes the blocks.
-				want := f.chat(t, system, "first question")
+				want := send(t, system, "first question")
 				// Until the deltas arrive a pick is a guess: wait until the
 				// watcher has the blocks and then for the proxy to route a
 				// run of 10 to the holder (a lucky run is 3^-10).
 				waitFor(t, "the watcher has the blocks", func() bool { return f.storedEvents(t, want) > 0 })
 				waitFor(t, "the proxy routes the prefix to "+want, func() bool {
 					for range 10 {
-						if f.chat(t, system, "are the events in?") != want {
+						if send(t, system, "are the events in?") != want {
 							return false
 						}
 					}
@@ -181,8 +209,8 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 				})
 				before := decisions(tc.scored)
 				for q := range 5 {
-					if got := f.chat(t, system, fmt.Sprintf("question %d", q)); got != want {
-						t.Fatalf("a chat with %s's prefix went to %s", want, got)
+					if got := send(t, system, fmt.Sprintf("question %d", q)); got != want {
+						t.Fatalf("a %s request with %s's prefix went to %s", tc.api, want, got)
 					}
 				}
 				if got := decisions(tc.scored) - before; got < 5 {
@@ -201,13 +229,95 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 	}
 }
 
+// TestResponsesTokenizeMatchesPrompt: for each form of Responses request
+// the proxy tokenizes, the ids the replica's /tokenize answers for the
+// proxy's /tokenize body are exactly the prompt the replica computes for
+// the Responses request (its usage.input_tokens, and every one-token block
+// of the ids resident after it; the words differ per form, so no other
+// request computed that prefix). The other forms are not tokenized.
+func TestResponsesTokenizeMatchesPrompt(t *testing.T) {
+	f := startKVFleet(t, 1, "precise_cache_aware", openKVConfig, "", vllmsim.Options{BlockSize: 1})
+	r := f.replicas[0]
+	var mu sync.Mutex
+	var answered [][]uint32
+	r.setTokenize(func(w http.ResponseWriter, req *http.Request) {
+		rec := httptest.NewRecorder()
+		r.sim.ServeHTTP(rec, req)
+		var ans struct{ Tokens []uint32 }
+		_ = json.Unmarshal(rec.Body.Bytes(), &ans)
+		mu.Lock()
+		answered = append(answered, ans.Tokens)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(rec.Code)
+		_, _ = w.Write(rec.Body.Bytes())
+	})
+	send := func(body string) int {
+		t.Helper()
+		resp, err := http.Post(f.base+"/v1/responses", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Usage struct {
+				InputTokens int `json:"input_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d, %v", resp.StatusCode, err)
+		}
+		return out.Usage.InputTokens
+	}
+	for i, input := range []string{
+		`"instructions":"alpha be brief","input":"alpha hello"`,
+		`"instructions":"","input":"beta hello"`,
+		`"input":[{"role":"developer","content":"gamma rules"},{"type":"message","role":"user","content":[{"type":"input_text","text":"gamma one"},{"type":"input_text","text":"gamma two"}]},` +
+			`{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"gamma answer","annotations":[]}]},{"role":"user","content":"gamma again"}]`,
+		`"instructions":"delta sys","input":[{"role":"system","content":[{"type":"input_text","text":"delta more"}]},{"role":"assistant","content":"delta said"},{"role":"user","content":"delta ask"}]`,
+	} {
+		inputTokens := send(`{"model":"m","max_output_tokens":1,` + input + `}`)
+		mu.Lock()
+		if len(answered) != i+1 {
+			mu.Unlock()
+			t.Fatalf("form %d: /tokenize asked %d times in all, want %d", i, len(answered), i+1)
+		}
+		ids := answered[i]
+		mu.Unlock()
+		resident := 0
+		for _, h := range vllmsim.BlockHashes(ids, 1) {
+			if r.sim.Cache().Has(h) {
+				resident++
+			}
+		}
+		if len(ids) == 0 || inputTokens != len(ids) || resident != len(ids) {
+			t.Errorf("form %d: /tokenize %d ids, the Responses prompt %d tokens, %d of the ids resident", i, len(ids), inputTokens, resident)
+		}
+	}
+	for _, input := range []string{
+		`"input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"x"}]`,
+		`"input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"http://x"}]}]`,
+		`"input":"hi","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]`,
+	} {
+		send(`{"model":"m","max_output_tokens":1,` + input + `}`)
+	}
+	if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="unsupported"}`); n != 3 {
+		t.Errorf("unsupported counted %v times, want 3", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(answered) != 4 {
+		t.Errorf("/tokenize asked %d times, want 4 (the unsupported forms never)", len(answered))
+	}
+}
+
 // TestTokenizeFailureDegrades: a replica whose /tokenize fails or is slower
 // than tokenize_timeout_ms costs the request nothing but precision: it is
 // served, routed on the approximate state, and the failure counted.
 func TestTokenizeFailureDegrades(t *testing.T) {
 	f := startKVFleet(t, 2, "predicted_ttft", openKVConfig, "", vllmsim.Options{})
 	for _, r := range f.replicas {
-		r.setTokenize(func(w http.ResponseWriter) {
+		r.setTokenize(func(w http.ResponseWriter, _ *http.Request) {
 			http.Error(w, `{"object":"error","message":"tokenizer crashed"}`, http.StatusInternalServerError)
 		})
 	}
@@ -220,7 +330,7 @@ func TestTokenizeFailureDegrades(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	for _, r := range f.replicas {
-		r.setTokenize(func(http.ResponseWriter) { <-release })
+		r.setTokenize(func(http.ResponseWriter, *http.Request) { <-release })
 	}
 	if got := f.chat(t, longSystem("y", 50), "hi"); got == "" {
 		t.Fatal("no provider served the request")

@@ -1,8 +1,8 @@
 // Package tokenize obtains a request's prompt token ids from the engine
 // itself, for precise routing of clients that do not send them (every
-// OpenAI or Anthropic SDK): it turns a chat or completions body into vLLM's
-// POST /tokenize request, asks one replica, decodes the answer, and caches
-// it.
+// OpenAI or Anthropic SDK): it turns a chat, completions or Responses body
+// into vLLM's POST /tokenize request, asks one replica, decodes the answer,
+// and caches it.
 //
 // # Exactly as the engine computes them
 //
@@ -16,10 +16,27 @@
 // the client's body: messages, tools, chat_template, chat_template_kwargs,
 // add_generation_prompt, continue_final_message, add_special_tokens. A
 // completions body with a string prompt becomes the prompt form; one whose
-// prompt already is token ids needs no call. Anything [Build] cannot
-// reproduce faithfully (another endpoint, non-text message content that
-// the engine would fetch and process, batched prompts) is not tokenized:
-// the request routes on the approximate index.
+// prompt already is token ids needs no call.
+//
+// vLLM renders a Responses request by converting it to chat messages and
+// applying the chat template as for a chat completion (responses.go cites
+// the source), so [Build] converts the subset it can reproduce exactly to
+// the chat form: non-empty instructions become a leading system message, a
+// string input a user message, and message items of role user, system or
+// developer (string or input_text content) or assistant (a string or one
+// output_text part, which vLLM reduces to its text) become those messages,
+// every text copied as the client wrote it; with add_generation_prompt and
+// add_special_tokens true, as the cited Responses code renders and
+// tokenizes. Not tokenized: previous_response_id or any other stored
+// state, any other item (function calls and their outputs, reasoning),
+// images, files, tools, reasoning.effort (the template reads it),
+// truncation "auto", a partial (in_progress, incomplete) message, which
+// vLLM continues instead of answering.
+//
+// Anything [Build] cannot reproduce faithfully (another endpoint, non-text
+// message content that the engine would fetch and process, batched
+// prompts, the Responses requests above) is not tokenized: the request
+// routes on the approximate index.
 //
 // # Bounded and cached
 //
@@ -51,6 +68,7 @@ import (
 const (
 	PathChatCompletions = "/v1/chat/completions"
 	PathCompletions     = "/v1/completions"
+	PathResponses       = "/v1/responses"
 )
 
 // CacheTokens bounds the cache in units of a token id (4 bytes): 4 Mi, 16
@@ -100,6 +118,18 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 				return nil, nil, false // a batch, or not token ids
 			}
 			return nil, ids, true
+		}
+	case PathResponses:
+		if msgs, ok := responsesMessages(fields); ok {
+			// The template inputs of ResponsesRequest.build_chat_params
+			// (no partial final message: add_generation_prompt true) and
+			// the tokenizer's default add_special_tokens, which
+			// ResponsesRequest.build_tok_params leaves at TokenizeParams'
+			// True where a chat completion says False.
+			m, _ := json.Marshal(model)
+			b := append([]byte(`{"model":`), m...)
+			b = append(append(b, `,"messages":`...), msgs...)
+			return append(b, `,"add_generation_prompt":true,"add_special_tokens":true}`...), nil, true
 		}
 	}
 	return nil, nil, false

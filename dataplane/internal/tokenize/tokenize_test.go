@@ -1,6 +1,7 @@
 package tokenize_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -37,6 +38,44 @@ func TestBuild(t *testing.T) {
 		{"completions: token ids need no call", tokenize.PathCompletions, `{"prompt":[1,2,3]}`, "", []uint32{1, 2, 3}},
 		{"completions: a batch", tokenize.PathCompletions, `{"prompt":["a","b"]}`, "", nil},
 		{"completions: negative ids", tokenize.PathCompletions, `{"prompt":[-1]}`, "", nil},
+		{"responses: instructions and a string", tokenize.PathResponses,
+			`{"model":"p","instructions":"be brief","input":"hi","max_output_tokens":5,"stream":true,"store":false,"tools":[],"reasoning":{"summary":"auto"},"truncation":"disabled","previous_response_id":null}`,
+			`{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"add_generation_prompt":true,"add_special_tokens":true}`, nil},
+		{"responses: empty instructions add no system message", tokenize.PathResponses, `{"instructions":"","input":"hi"}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"add_generation_prompt":true,"add_special_tokens":true}`, nil},
+		{"responses: message items", tokenize.PathResponses,
+			`{"input":[{"role":"developer","content":"d"},{"type":"message","role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_text","text":"b"}]},` +
+				`{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"c","annotations":[],"logprobs":[]}]},{"role":"user","content":"again"}]}`,
+			`{"model":"m","messages":[{"role":"developer","content":"d"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},` +
+				`{"role":"assistant","content":"c"},{"role":"user","content":"again"}],"add_generation_prompt":true,"add_special_tokens":true}`, nil},
+		{"responses: strings as the client wrote them", tokenize.PathResponses, `{"input":"caf\u00e9 \ud800"}`,
+			`{"model":"m","messages":[{"role":"user","content":"caf\u00e9 \ud800"}],"add_generation_prompt":true,"add_special_tokens":true}`, nil},
+		{"responses: stored state", tokenize.PathResponses, `{"input":"hi","previous_response_id":"resp_1"}`, "", nil},
+		{"responses: a conversation", tokenize.PathResponses, `{"input":"hi","conversation":"conv_1"}`, "", nil},
+		{"responses: tools", tokenize.PathResponses, `{"input":"hi","tools":[{"type":"function","name":"f"}]}`, "", nil},
+		{"responses: reasoning effort", tokenize.PathResponses, `{"input":"hi","reasoning":{"effort":"low"}}`, "", nil},
+		{"responses: truncation auto", tokenize.PathResponses, `{"input":"hi","truncation":"auto"}`, "", nil},
+		{"responses: template kwargs", tokenize.PathResponses, `{"input":"hi","chat_template_kwargs":{"x":1}}`, "", nil},
+		{"responses: a function call", tokenize.PathResponses,
+			`{"input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"}]}`, "", nil},
+		{"responses: a function call output", tokenize.PathResponses, `{"input":[{"type":"function_call_output","call_id":"c","output":"x"}]}`, "", nil},
+		{"responses: a reasoning item", tokenize.PathResponses,
+			`{"input":[{"type":"reasoning","id":"r","summary":[],"content":[{"type":"reasoning_text","text":"t"}]},{"role":"user","content":"hi"}]}`, "", nil},
+		{"responses: an image", tokenize.PathResponses,
+			`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"http://x"}]}]}`, "", nil},
+		{"responses: a file", tokenize.PathResponses, `{"input":[{"role":"user","content":[{"type":"input_file","file_id":"f"}]}]}`, "", nil},
+		{"responses: a chat text part", tokenize.PathResponses, `{"input":[{"role":"user","content":[{"type":"text","text":"a"}]}]}`, "", nil},
+		{"responses: a part with more fields", tokenize.PathResponses, `{"input":[{"role":"user","content":[{"type":"input_text","text":"a","x":1}]}]}`, "", nil},
+		{"responses: an assistant message of two parts", tokenize.PathResponses,
+			`{"input":[{"role":"assistant","content":[{"type":"output_text","text":"a"},{"type":"output_text","text":"b"}]}]}`, "", nil},
+		{"responses: a refusal", tokenize.PathResponses, `{"input":[{"role":"assistant","content":[{"type":"refusal","refusal":"no"}]}]}`, "", nil},
+		{"responses: a partial message is continued", tokenize.PathResponses,
+			`{"input":[{"role":"user","content":"hi"},{"type":"message","role":"assistant","status":"incomplete","content":"Once"}]}`, "", nil},
+		{"responses: a named message", tokenize.PathResponses, `{"input":[{"role":"user","name":"bob","content":"hi"}]}`, "", nil},
+		{"responses: a tool message", tokenize.PathResponses, `{"input":[{"role":"tool","content":"x"}]}`, "", nil},
+		{"responses: no input items", tokenize.PathResponses, `{"instructions":"be brief","input":[]}`, "", nil},
+		{"responses: no input", tokenize.PathResponses, `{"instructions":"be brief"}`, "", nil},
+		{"responses: instructions not a string", tokenize.PathResponses, `{"instructions":1,"input":"hi"}`, "", nil},
 		{"another endpoint", "/v1/messages", `{"messages":[{"role":"user","content":"hi"}]}`, "", nil},
 		{"not JSON", tokenize.PathChatCompletions, `{`, "", nil},
 	} {
@@ -55,7 +94,8 @@ func TestBuild(t *testing.T) {
 // FuzzBuild: Build reads a client's body, so any body gives a /tokenize
 // body, ids or nothing, never a panic; a /tokenize body is a JSON object
 // holding the engine's model and only fields copied unchanged from the
-// client's body.
+// client's body, or for a Responses body the conversation checked by
+// checkResponses.
 func FuzzBuild(f *testing.F) {
 	f.Add(uint8(0), []byte(`{"model":"public","messages":[{"role":"user","content":"hi"}],"tools":[],"add_generation_prompt":false}`))
 	f.Add(uint8(0), []byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"}]}]}`))
@@ -63,11 +103,11 @@ func FuzzBuild(f *testing.F) {
 	f.Add(uint8(1), []byte(`{"prompt":"once","add_special_tokens":false}`))
 	f.Add(uint8(1), []byte(`{"prompt":[1,2,4294967296]}`))
 	f.Add(uint8(1), []byte(`{"prompt":[[1],[2]]}`))
+	f.Add(uint8(2), []byte(`{"instructions":"be brief","input":"hi","tools":[],"reasoning":{"effort":null}}`))
+	f.Add(uint8(2), []byte(`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"type":"message","role":"assistant","status":"completed","content":[{"type":"output_text","text":"b"}]}]}`))
+	f.Add(uint8(2), []byte(`{"input":[{"role":"user","content":"hi"},{"type":"function_call","name":"f","arguments":"{}"}],"previous_response_id":"r"}`))
 	f.Fuzz(func(t *testing.T, sel uint8, body []byte) {
-		path := tokenize.PathChatCompletions
-		if sel%2 == 1 {
-			path = tokenize.PathCompletions
-		}
+		path := []string{tokenize.PathChatCompletions, tokenize.PathCompletions, tokenize.PathResponses}[sel%3]
 		tok, ids, ok := tokenize.Build(path, body, "engine-model")
 		if !ok {
 			if tok != nil || ids != nil {
@@ -91,12 +131,62 @@ func FuzzBuild(f *testing.F) {
 		if string(got["model"]) != `"engine-model"` {
 			t.Fatalf("model %s", got["model"])
 		}
+		if path == tokenize.PathResponses {
+			checkResponses(t, got, in, body)
+			return
+		}
 		for k, v := range got {
 			if k != "model" && string(in[k]) != string(v) {
 				t.Fatalf("%s: %s, the client sent %s", k, v, in[k])
 			}
 		}
 	})
+}
+
+// checkResponses checks the /tokenize body Build made of a Responses body:
+// a body with no stored state, a non-empty conversation of known roles
+// whose every text is a JSON string copied from the client's body, the
+// generation prompt on and special tokens added, as vLLM renders it.
+func checkResponses(t *testing.T, got, in map[string]json.RawMessage, body []byte) {
+	t.Helper()
+	if p := in["previous_response_id"]; p != nil && string(p) != "null" {
+		t.Fatalf("tokenized with previous_response_id %s", p)
+	}
+	if len(got) != 4 || string(got["add_generation_prompt"]) != "true" || string(got["add_special_tokens"]) != "true" {
+		t.Fatalf("tokenize body %v", got)
+	}
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(got["messages"], &msgs); err != nil || len(msgs) == 0 {
+		t.Fatalf("messages %s: %v", got["messages"], err)
+	}
+	copied := func(s json.RawMessage) {
+		var v string
+		if json.Unmarshal(s, &v) != nil || !bytes.Contains(body, s) {
+			t.Fatalf("text %s is not a string of the client's body", s)
+		}
+	}
+	for _, m := range msgs {
+		if !slices.Contains([]string{"system", "developer", "user", "assistant"}, m.Role) {
+			t.Fatalf("role %q", m.Role)
+		}
+		if len(m.Content) > 0 && m.Content[0] == '"' {
+			copied(m.Content)
+			continue
+		}
+		var parts []map[string]json.RawMessage
+		if err := json.Unmarshal(m.Content, &parts); err != nil || len(parts) == 0 || m.Role == "assistant" {
+			t.Fatalf("%s content %s", m.Role, m.Content)
+		}
+		for _, p := range parts {
+			if len(p) != 2 || string(p["type"]) != `"text"` {
+				t.Fatalf("part %v", p)
+			}
+			copied(p["text"])
+		}
+	}
 }
 
 func TestDecode(t *testing.T) {
