@@ -118,7 +118,7 @@ func TestStreamEndedByAReplicaShuttingDown(t *testing.T) {
 				})
 				for stream.Next() {
 					if events++; events == 5 {
-						go rep.shutDown()
+						rep.shutDown()
 					}
 				}
 				err = stream.Err()
@@ -131,7 +131,7 @@ func TestStreamEndedByAReplicaShuttingDown(t *testing.T) {
 				})
 				for stream.Next() {
 					if events++; events == 5 {
-						go rep.shutDown()
+						rep.shutDown()
 					}
 					if typ := stream.Current().Type; typ == "response.completed" || typ == "response.incomplete" {
 						t.Fatalf("terminal event %s after %d events: the stream was not cut", typ, events)
