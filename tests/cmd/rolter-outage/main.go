@@ -11,7 +11,13 @@
 // The deployment: redis-server, nats-server, an etcd (a rolter-controlplane
 // with --embed-etcd, used only as the etcd server), a control plane on that
 // etcd, two vllmsim replicas publishing KV events, a kvwatcher and a proxy
-// following the control plane (both with --snapshot-cache). Route "m" runs
+// following the control plane (both with --snapshot-cache). One request in
+// eight is a stream of 150 tokens (the replicas answer 20 ms a token), each
+// read to its end and classed complete (its data: [DONE]), cut and told (an
+// error event or a broken body: the client can tell) or cut silently (a
+// clean end without [DONE], which must never happen). Each replica is
+// stopped twice: killed (SIGKILL), and shut down (SIGTERM, which ends its
+// running streams cleanly and at once). Route "m" runs
 // --strategy (predicted_ttft, the default for routes with KV events, unless
 // told) over the replicas; route "c" is served through the Redis response
 // cache. The requests carry no token ids, as an SDK's do, so the proxy asks
@@ -22,6 +28,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -75,10 +83,10 @@ func (r *rig) start(p *proc) error {
 	return nil
 }
 
-func (r *rig) kill(name string) {
+func (r *rig) kill(name string, sig syscall.Signal) {
 	p := r.procs[name]
 	if p.cmd != nil && p.cmd.Process != nil {
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		_ = p.cmd.Process.Signal(sig)
 		_ = p.cmd.Wait()
 	}
 	p.cmd = nil
@@ -86,7 +94,7 @@ func (r *rig) kill(name string) {
 
 func (r *rig) stopAll() {
 	for name := range r.procs {
-		r.kill(name)
+		r.kill(name, syscall.SIGKILL)
 	}
 }
 
@@ -134,11 +142,38 @@ func tokenizeFailed(page string) float64 {
 }
 
 type result struct {
-	at       time.Time
+	at, end  time.Time // sent, and answered whole or cut
 	route    string
 	code     int
 	provider string
 	cache    string
+	stream   streamEnd
+}
+
+// streamEnd is how a stream's body ended (zero for a request that is not
+// a stream).
+type streamEnd int
+
+const (
+	notStream streamEnd = iota
+	streamComplete
+	// streamCutTold: an error event, or a body that broke off.
+	streamCutTold
+	// streamCutSilent: a clean end without data: [DONE], a cut stream
+	// passing for a complete one.
+	streamCutSilent
+)
+
+// readStream reads a stream to its end and classes it.
+func readStream(body io.Reader) streamEnd {
+	b, err := io.ReadAll(body)
+	switch {
+	case err != nil || bytes.Contains(b, []byte(`data: {"error"`)):
+		return streamCutTold
+	case bytes.HasSuffix(b, []byte("data: [DONE]\n\n")):
+		return streamComplete
+	}
+	return streamCutSilent
 }
 
 // load sends rate requests a second until ctx ends, alternating routes.
@@ -175,12 +210,14 @@ func (l *load) run(ctx context.Context, proxy string, rate int, sendIDs bool) {
 		}
 		// Mostly repeated prompts (precise routing sends each to the
 		// replica holding it), a quarter through the response cache, and
-		// one in eight a new prompt (no replica holds it: spread by load).
+		// one in four a new prompt (no replica holds it: spread by load),
+		// half of them streams.
 		route, prompt, toks := "m", prompts[n%len(prompts)], tokens[n%len(prompts)]
+		stream := n%8 == 1
 		switch {
 		case n%4 == 3:
 			route = "c"
-		case n%8 == 6:
+		case n%8 == 6 || stream: // streams too, so that both replicas run some
 			prompt = fmt.Sprintf("fresh prompt %d %s", n, prompts[0][:400])
 			var ids []string
 			for _, t := range vllmsim.Tokenize(prompt) {
@@ -190,6 +227,9 @@ func (l *load) run(ctx context.Context, proxy string, rate int, sendIDs bool) {
 		}
 		wg.Go(func() {
 			body := fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":1}`, route, prompt)
+			if stream {
+				body = fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":150,"stream":true}`, route, prompt)
+			}
 			req, _ := http.NewRequest(http.MethodPost, proxy+"/v1/completions", strings.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
 			if sendIDs {
@@ -197,10 +237,14 @@ func (l *load) run(ctx context.Context, proxy string, rate int, sendIDs bool) {
 			}
 			res := result{at: time.Now(), route: route}
 			if resp, err := client.Do(req); err == nil {
+				if stream && resp.StatusCode == http.StatusOK {
+					res.stream = readStream(resp.Body)
+				}
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				res.code, res.provider, res.cache = resp.StatusCode, resp.Header.Get("X-Rolter-Provider"), resp.Header.Get("X-Rolter-Cache")
 			}
+			res.end = time.Now()
 			l.mu.Lock()
 			l.results = append(l.results, res)
 			l.mu.Unlock()
@@ -220,19 +264,26 @@ func (l *load) servedBy(provider string, t time.Time) bool {
 	return false
 }
 
-func (l *load) between(from, to time.Time) (total, failed int) {
+// between counts the requests in flight at some time from from to to (a
+// stream sent before the kill may be cut by it): all of them, those that
+// failed (not a 200, or a stream cut, told or not), and the streams cut
+// silently.
+func (l *load) between(from, to time.Time) (total, failed, silent int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, r := range l.results {
-		if r.at.Before(from) || r.at.After(to) {
+		if r.end.Before(from) || r.at.After(to) {
 			continue
 		}
 		total++
-		if r.code != http.StatusOK {
+		if r.code != http.StatusOK || r.stream == streamCutTold || r.stream == streamCutSilent {
 			failed++
 		}
+		if r.stream == streamCutSilent {
+			silent++
+		}
 	}
-	return total, failed
+	return total, failed, silent
 }
 
 func waitFor(what string, within time.Duration, cond func() bool) (time.Time, error) {
@@ -298,8 +349,8 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		{name: "nats", args: []string{b("nats-server"), "-a", "127.0.0.1", "-p", strconv.Itoa(base + 2)}},
 		{name: "etcd", args: []string{b("rolter-controlplane"), "--dev", "--embed-etcd", filepath.Join(work, "etcd"), "--embed-etcd-listen", r.port(3), "--listen", r.port(4)}, env: tokens},
 		{name: "controlplane", args: []string{b("rolter-controlplane"), "--dev", "--etcd", etcdURL, "--listen", cp, "--metrics-listen", r.port(12)}, env: tokens},
-		{name: "replica-a", args: []string{b("vllmsim"), "--listen", r.port(6), "--model", "sim-model", "--kv-events", "tcp://" + r.port(7)}},
-		{name: "replica-b", args: []string{b("vllmsim"), "--listen", r.port(8), "--model", "sim-model", "--kv-events", "tcp://" + r.port(9)}},
+		{name: "replica-a", args: []string{b("vllmsim"), "--listen", r.port(6), "--model", "sim-model", "--itl", "20ms", "--kv-events", "tcp://" + r.port(7)}},
+		{name: "replica-b", args: []string{b("vllmsim"), "--listen", r.port(8), "--model", "sim-model", "--itl", "20ms", "--kv-events", "tcp://" + r.port(9)}},
 		{name: "kvwatcher", args: []string{b("rolter-kvwatcher"), "--controlplane", cp, "--token", r.nodeTok, "--nats", "nats://" + nats,
 			"--snapshot-cache", filepath.Join(work, "kvwatcher-snapshot.json"), "--metrics-listen", r.port(11)}},
 		{name: "proxy", args: []string{b("rolter-proxy"), "--controlplane", cp, "--token", r.nodeTok, "--nats", "nats://" + nats,
@@ -350,6 +401,8 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 	type check struct {
 		name      string
 		recovered func() bool
+		proc      string         // the process stopped: name unless set
+		sig       syscall.Signal // how: SIGKILL unless set
 	}
 	cacheHits := func() float64 { _, page := get(proxy + "/metrics"); return metric(page, "rolter_cache_hits_total", "") }
 	var hitsAtRestart float64
@@ -366,19 +419,20 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 	}
 	epochBefore, freshBefore := "", 0.0
 	checks := []check{
-		{"controlplane", func() bool {
+		{name: "controlplane", recovered: func() bool {
 			_, page := get(proxy + "/metrics")
 			_, kpage := get(kvw + "/metrics")
 			return metric(page, "rolter_controlplane_connected", "") == 1 && strings.Contains(kpage, "rolter_kvwatcher_providers 2")
 		}},
-		{"etcd", func() bool { version++; return r.apply(cp, redisPort, o.strategy, version) == nil }},
-		{"nats", func() bool { return heard() && fresh() >= freshBefore }},
-		{"kvwatcher", func() bool { return heard() && fresh() >= 1 && watcherEpoch() != epochBefore }},
-		{"replica-a", func() bool { return l.servedBy("vllm-a", restartedAt) }},
-		{"redis", func() bool { return cacheHits() > hitsAtRestart }},
+		{name: "etcd", recovered: func() bool { version++; return r.apply(cp, redisPort, o.strategy, version) == nil }},
+		{name: "nats", recovered: func() bool { return heard() && fresh() >= freshBefore }},
+		{name: "kvwatcher", recovered: func() bool { return heard() && fresh() >= 1 && watcherEpoch() != epochBefore }},
+		{"replica-a", func() bool { return l.servedBy("vllm-a", restartedAt) }, "", 0},
+		{"replica-a-term", func() bool { return l.servedBy("vllm-a", restartedAt) }, "replica-a", syscall.SIGTERM},
+		{name: "redis", recovered: func() bool { return cacheHits() > hitsAtRestart }},
 	}
 	precise := `outcome="` + preciseOutcome[o.strategy] + `"`
-	fmt.Printf("\n%-13s %9s %9s %8s %13s %18s %15s\n", "component", "down_for", "requests", "failed", "recovered_in", "precise_while_down", "tokenize_failed")
+	fmt.Printf("\n%-15s %9s %9s %8s %13s %18s %15s %12s\n", "component", "down_for", "requests", "failed", "recovered_in", "precise_while_down", "tokenize_failed", "silent_cuts")
 	for _, c := range checks {
 		if only != "" && !strings.Contains(","+only+",", ","+c.name+",") {
 			continue
@@ -386,12 +440,25 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		if _, err := waitFor("healthy before "+c.name, within, healthy); err != nil {
 			return err
 		}
+		proc, sig := cmp.Or(c.proc, c.name), cmp.Or(c.sig, syscall.SIGKILL)
+		if proc == "replica-a" {
+			// Out of the cooldown an earlier outage left it in, and running
+			// streams (the only requests that last), so that stopping it
+			// cuts some.
+			since := time.Now()
+			if _, err := waitFor("vllm-a running streams before "+c.name, within, func() bool {
+				_, page := get("http://" + r.port(6) + "/metrics")
+				return l.servedBy("vllm-a", since) && metric(page, "vllm:num_requests_running", "") >= 2
+			}); err != nil {
+				return err
+			}
+		}
 		_, page := get(proxy + "/metrics")
 		scoredBefore := metric(page, "rolter_routing_decisions_total", precise)
 		tokFailedBefore := tokenizeFailed(page)
 		epochBefore, freshBefore = watcherEpoch(), fresh()
 		t0 := time.Now()
-		r.kill(c.name)
+		r.kill(proc, sig)
 		time.Sleep(down)
 		_, page = get(proxy + "/metrics")
 		scoredDuring := metric(page, "rolter_routing_decisions_total", precise) - scoredBefore
@@ -399,17 +466,30 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		hitsAtRestart = cacheHits()
 		t1 := time.Now()
 		restartedAt = t1
-		if err := r.start(r.procs[c.name]); err != nil {
+		if err := r.start(r.procs[proc]); err != nil {
 			return err
 		}
 		t2, err := waitFor(c.name+" recovered", within, c.recovered)
 		if err != nil {
 			return err
 		}
-		total, failed := l.between(t0, t2)
-		fmt.Printf("%-13s %9s %9d %8d %13s %18.0f %15.0f\n", c.name, down, total, failed, t2.Sub(t1).Round(10*time.Millisecond), scoredDuring, tokFailed)
+		total, failed, silent := l.between(t0, t2)
+		fmt.Printf("%-15s %9s %9d %8d %13s %18.0f %15.0f %12d\n", c.name, down, total, failed, t2.Sub(t1).Round(10*time.Millisecond), scoredDuring, tokFailed, silent)
 	}
+	ends := l.streamEnds()
+	fmt.Printf("\nstreams: %d complete, %d cut and told, %d cut silently\n", ends[streamComplete], ends[streamCutTold], ends[streamCutSilent])
 	return nil
+}
+
+// streamEnds counts the streams by how they ended.
+func (l *load) streamEnds() map[streamEnd]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := map[streamEnd]int{}
+	for _, r := range l.results {
+		n[r.stream]++
+	}
+	return n
 }
 
 // apply applies the config (version n: a comment changes) through rolterctl.
