@@ -63,6 +63,13 @@ func IsEventStream(contentType string) bool {
 	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
+// IsJSON reports whether a Content-Type is JSON's (application/json, any
+// parameters).
+func IsJSON(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
+}
+
 // The stored form of an entry, version 1, all integers unsigned varints:
 //
 //	'r' 'c' version flags

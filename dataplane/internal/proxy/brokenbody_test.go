@@ -255,7 +255,8 @@ func TestResponseCutAfterItStarted(t *testing.T) {
 
 // TestResponseBrokenBeforeItStartedIsRetried: an upstream that breaks off
 // before the client got a byte (a stream that sent only its headers, or a
-// JSON body cut short, buffered or not) is a failed attempt like any other:
+// JSON body cut short, buffered or not, its body broken or ended as if
+// whole) is a failed attempt like any other:
 // the next target answers. With no other target the client gets a 502 in
 // the endpoint's dialect, never the partial body.
 func TestResponseBrokenBeforeItStartedIsRetried(t *testing.T) {
@@ -272,6 +273,8 @@ func TestResponseBrokenBeforeItStartedIsRetried(t *testing.T) {
 		{"json, buffered for the delivery policy", false, "[guardrails]\n[[guardrails.rules]]\nname = \"email\"\nbuiltin = \"email\"\nstage = \"post_call\"\naction = \"block\"\n", true, false},
 		{"json, headers only", false, "", false, false},
 		{"json, a short part", false, "", true, false},
+		{"json, a short part, ended cleanly", false, "", true, true},
+		{"json, buffered for the delivery policy, a short part, ended cleanly", false, "[guardrails]\n[[guardrails.rules]]\nname = \"email\"\nbuiltin = \"email\"\nstage = \"post_call\"\naction = \"block\"\n", true, true},
 	}
 	for _, d := range dialects {
 		for _, m := range modes {
@@ -284,7 +287,9 @@ func TestResponseBrokenBeforeItStartedIsRetried(t *testing.T) {
 						w.Header().Set("Content-Type", "text/event-stream")
 					} else {
 						w.Header().Set("Content-Type", "application/json")
-						w.Header().Set("Content-Length", "4096")
+						if !m.clean { // else chunked, and ended as if whole
+							w.Header().Set("Content-Length", "4096")
+						}
 					}
 					w.WriteHeader(200)
 					if m.part {

@@ -205,6 +205,9 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 	}
 	var buf bytes.Buffer
 	_, err := buf.ReadFrom(io.LimitReader(resp.Body, limit+1))
+	if err == nil && int64(buf.Len()) <= limit && truncatedJSON(resp, buf.Bytes()) {
+		err = errTruncatedJSON
+	}
 	if err != nil {
 		// The upstream failed mid-body. Nothing has reached the client:
 		// the part is neither sent (it would pass as a success, around the

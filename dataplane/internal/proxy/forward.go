@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -803,7 +804,19 @@ func startResponse(w http.ResponseWriter, x *exchange, t *target, resp *http.Res
 	}
 }
 
-// errUnterminated is the read error of an event stream whose body ended
+// errTruncatedJSON is the read error of a 200 JSON answer whose whole body
+// is not JSON: cut short, however cleanly the body ended.
+var errTruncatedJSON = errors.New("the JSON body ended before its end")
+
+// truncatedJSON reports whether body, the whole body of a 200 declared
+// JSON, is not JSON: every such answer of the endpoints the proxy serves is
+// one object, so a body that is not is a broken one. (Other statuses are
+// relayed as they come: a 204 has no body.)
+func truncatedJSON(resp *http.Response, body []byte) bool {
+	return resp.StatusCode == http.StatusOK && respcache.IsJSON(resp.Header.Get("Content-Type")) && !json.Valid(body)
+}
+
+// errUnterminated is the read error of a 200 event stream whose body ended
 // before the stream's terminal event: data: [DONE] (chat, completions),
 // message_stop (Messages), response.completed, .incomplete or .failed
 // (Responses). Every endpoint the proxy serves ends its streams with one.
@@ -852,10 +865,15 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 			continue
 		}
 		n, held = n+held, 0
-		if !started && n == 0 && eof && stream && resp.StatusCode < 400 {
+		if !started && n == 0 && eof && stream && resp.StatusCode == http.StatusOK {
 			// An empty stream: nothing went out, another target may answer.
 			end(errUnterminated)
 			return relayUnsent, errUnterminated
+		}
+		if !started && eof && !stream && truncatedJSON(resp, buf[:n]) {
+			// A JSON body that ended within the held buffer, not whole.
+			end(errTruncatedJSON)
+			return relayUnsent, errTruncatedJSON
 		}
 		if !started && (rerr == nil && n > 0 || eof) {
 			started = true
@@ -895,7 +913,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 		if rerr == nil {
 			continue
 		}
-		if started && tap.done() || eof && !(stream && resp.StatusCode < 400) {
+		if started && tap.done() || eof && !(stream && resp.StatusCode == http.StatusOK) {
 			// After a stream's terminal event the answer is whole: an
 			// upstream that breaks off then has lost nothing of it.
 			end(nil)
