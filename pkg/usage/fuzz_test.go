@@ -7,8 +7,8 @@ import (
 )
 
 // FuzzSSEParser checks that the parser never panics and that the usage of
-// a stream, and whether it ended, do not depend on how it was split into
-// chunks.
+// a stream, whether it ended and its error status do not depend on how it
+// was split into chunks.
 func FuzzSSEParser(f *testing.F) {
 	for _, st := range sseStreams {
 		for _, ending := range lineEndings {
@@ -18,6 +18,7 @@ func FuzzSSEParser(f *testing.F) {
 	f.Add([]byte("data: {\"usage\":{\"prompt_tokens\":1e300,\"completion_tokens\":-1}}\n\n"), uint16(1), uint16(1))
 	f.Add([]byte("\r\r\n\n:\r\ndata\ndata:\n\n"), uint16(2), uint16(5))
 	f.Add([]byte("data: [DONE]\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\r\n\r\n"), uint16(9), uint16(20))
+	f.Add([]byte("data: {\"error\":{\"message\":\"x\",\"code\":503}}\n\ndata: [DONE]\n\n"), uint16(4), uint16(30))
 	f.Fuzz(func(t *testing.T, body []byte, a, b uint16) {
 		var whole usage.SSEParser
 		whole.Write(body)
@@ -44,6 +45,12 @@ func FuzzSSEParser(f *testing.F) {
 		}
 		if split.Done() != whole.Done() {
 			t.Errorf("split at %d,%d: Done %v, whole: %v", i, j, split.Done(), whole.Done())
+		}
+		if split.ErrorStatus() != whole.ErrorStatus() {
+			t.Errorf("split at %d,%d: ErrorStatus %d, whole: %d", i, j, split.ErrorStatus(), whole.ErrorStatus())
+		}
+		if s := whole.ErrorStatus(); s != 0 && (s < 400 || s > 599) {
+			t.Errorf("ErrorStatus %d is not an error status", s)
 		}
 	})
 }

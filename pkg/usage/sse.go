@@ -39,6 +39,7 @@ type SSEParser struct {
 	anthro   usageJSON  // Anthropic usage merged across events
 	anthroOK bool
 	done     bool // the terminal event was seen
+	errCode  int  // the status the stream's first error event names, 0 if none
 }
 
 // Write feeds the next bytes of the stream. It never fails and keeps at
@@ -115,6 +116,9 @@ func (p *SSEParser) dispatch() {
 	if ok && !p.done && terminal(data) {
 		p.done = true
 	}
+	if ok && p.errCode == 0 {
+		p.errCode = errorStatus(data)
+	}
 	if !ok || !bytes.Contains(data, []byte(`"usage"`)) {
 		return
 	}
@@ -145,6 +149,52 @@ func (p *SSEParser) dispatch() {
 	case ev.Usage != nil:
 		p.openai = ev.Usage
 	}
+}
+
+// ErrorStatus returns the HTTP status of the first error event the stream
+// carried, 0 if it carried none: the answer failed although the response
+// began as a success. An error event is a JSON object with a non-null
+// top-level "error" (OpenAI and vLLM, which sends one when generation
+// fails mid-stream, then data: [DONE]), or whose "type" or "object" is
+// "error" (Anthropic, the Responses API) or whose "type" is
+// response.failed. The status is the error's integer code when it is one
+// (vLLM's "code": 400), else 500.
+func (p *SSEParser) ErrorStatus() int { return p.errCode }
+
+// errorStatus returns the status an event's data names as an error event
+// (see ErrorStatus), 0 for any other event. Only data mentioning "error"
+// or response.failed is decoded.
+func errorStatus(data []byte) int {
+	if len(data) == 0 || data[0] != '{' || !bytes.Contains(data, []byte(`"error"`)) && !bytes.Contains(data, []byte(`"response.failed"`)) {
+		return 0
+	}
+	var ev struct {
+		Type   string          `json:"type"`
+		Object string          `json:"object"`
+		Code   json.RawMessage `json:"code"`
+		Error  json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(data, &ev) != nil {
+		return 0
+	}
+	hasErr := len(ev.Error) > 0 && string(ev.Error) != "null"
+	if !hasErr && ev.Type != "error" && ev.Object != "error" && ev.Type != "response.failed" {
+		return 0
+	}
+	code := ev.Code
+	if hasErr {
+		var inner struct {
+			Code json.RawMessage `json:"code"`
+		}
+		if json.Unmarshal(ev.Error, &inner) == nil && len(inner.Code) > 0 {
+			code = inner.Code
+		}
+	}
+	var n int
+	if json.Unmarshal(code, &n) == nil && n >= 400 && n <= 599 {
+		return n
+	}
+	return 500
 }
 
 // terminalTypes are the "type" of the events that end a stream: Anthropic

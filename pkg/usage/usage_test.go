@@ -235,3 +235,36 @@ func TestSSEParserDone(t *testing.T) {
 		})
 	}
 }
+
+// TestSSEParserErrorStatus: a stream's first error event, in each
+// dialect's form, gives its status; text that only mentions an error does
+// not.
+func TestSSEParserErrorStatus(t *testing.T) {
+	tests := []struct {
+		name, stream string
+		status       int
+	}{
+		{"none", "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n", 0},
+		{"vllm mid-stream, then [DONE]", "data: {\"choices\":[]}\n\ndata: {\"error\":{\"message\":\"engine died\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\ndata: [DONE]\n\n", 500},
+		{"vllm, a bad request", "data: {\"error\":{\"message\":\"bad tool call\",\"type\":\"BadRequestError\",\"code\":400}}\n\n", 400},
+		{"older vllm, object error", "data: {\"object\":\"error\",\"message\":\"x\",\"type\":\"BadRequestError\",\"code\":400}\n\n", 400},
+		{"openai, a string code", "data: {\"error\":{\"message\":\"x\",\"type\":\"server_error\",\"code\":\"server_error\"}}\n\n", 500},
+		{"anthropic error event", "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"x\"}}\n\n", 500},
+		{"responses failed", "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\"}}\n\n", 500},
+		{"the first error wins", "data: {\"error\":{\"code\":429}}\n\ndata: {\"error\":{\"code\":500}}\n\n", 429},
+		{"error: null", "data: {\"choices\":[],\"error\":null}\n\n", 0},
+		{"a text mentioning an error", "data: {\"choices\":[{\"delta\":{\"content\":\"\\\"error\\\": none\"}}]}\n\n", 0},
+		{"without its blank line", "data: {\"error\":{\"code\":500}}\n", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var p usage.SSEParser
+			for i := 0; i < len(tc.stream); i++ { // split anywhere
+				p.Write([]byte{tc.stream[i]})
+			}
+			if got := p.ErrorStatus(); got != tc.status {
+				t.Fatalf("ErrorStatus() = %d, want %d", got, tc.status)
+			}
+		})
+	}
+}

@@ -458,3 +458,77 @@ func TestStreamBrokenAfterItsTerminalEventIsComplete(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamWithTheUpstreamsErrorEvent: a stream that carries the
+// upstream's own error event (vLLM sends one when generation fails
+// mid-stream, then data: [DONE]; Anthropic's ends after it) reaches the
+// client as sent, which is told, and the proxy does not report it as a
+// success: a server error is a 502 upstream_error and a failure of the
+// target, a client error the request's status (the target answered, and
+// is not parked); neither teaches routing a completion, and neither is
+// cached.
+func TestStreamWithTheUpstreamsErrorEvent(t *testing.T) {
+	cases := []struct {
+		name, path, request, stream string
+		status                      int // the request's, as counted
+		targetFailed                bool
+	}{
+		{"openai, a server error, then [DONE]", "/v1/chat/completions", dialects[0].body(true),
+			dialects[0].firstSSE + "data: {\"error\":{\"message\":\"engine died\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\ndata: [DONE]\n\n", 502, true},
+		{"openai, a server error, then the end", "/v1/chat/completions", dialects[0].body(true),
+			dialects[0].firstSSE + "data: {\"error\":{\"message\":\"engine died\",\"type\":\"InternalServerError\",\"code\":500}}\n\n", 502, true},
+		{"openai, a bad request", "/v1/chat/completions", dialects[0].body(true),
+			dialects[0].firstSSE + "data: {\"error\":{\"message\":\"bad tool call\",\"type\":\"BadRequestError\",\"code\":400}}\n\ndata: [DONE]\n\n", 400, false},
+		{"anthropic error event", "/v1/messages", dialects[1].body(true),
+			dialects[1].firstSSE + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"engine died\"}}\n\n", 502, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, "up")
+			up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, tc.stream)
+				return true
+			}
+			acct, usagePath := accountingFile(t)
+			p := New(Options{})
+			applyDoc(t, p, acct+"[cache]\nenabled = true\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n[routes.cache]\nttl_secs = 600\n")
+			url := newServer(t, p)
+			for i := range 2 {
+				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+tc.path, strings.NewReader(tc.request))
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 || string(body) != tc.stream {
+					t.Fatalf("request %d: status %d, body %q, %v; want the stream as the upstream sent it", i, resp.StatusCode, body, err)
+				}
+			}
+			if n := up.hits.Load(); n != 2 {
+				t.Fatalf("upstream called %d times: the failed stream was cached", n)
+			}
+			code := strconv.Itoa(tc.status)
+			if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues(tc.path, "m", code, "")); n != 2 {
+				t.Fatalf("rolter_requests_total{code=%s} = %v, want 2", code, n)
+			}
+			if ok, bad := testutil.ToFloat64(p.metrics.TargetRequests.WithLabelValues("m", "p0", "ok")),
+				testutil.ToFloat64(p.metrics.TargetRequests.WithLabelValues("m", "p0", "error")); ok != 0 || bad != 2 {
+				t.Fatalf("target outcomes ok=%v error=%v, want 0 and 2", ok, bad)
+			}
+			wantFailed := 0.0
+			if tc.targetFailed {
+				wantFailed = 2
+			}
+			if n := testutil.ToFloat64(p.metrics.UpstreamErrors.WithLabelValues("p0", "event")); n != wantFailed {
+				t.Fatalf("rolter_upstream_errors_total{reason=event} = %v, want %v", n, wantFailed)
+			}
+			for _, r := range usageRows(t, usagePath, 2) {
+				if r.Status != tc.status || tc.status == 502 && r.Error != "upstream_error" {
+					t.Fatalf("usage row %+v, want status %d", r, tc.status)
+				}
+			}
+		})
+	}
+}

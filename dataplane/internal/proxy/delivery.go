@@ -130,6 +130,15 @@ func (u *usageTap) write(b []byte) {
 // done reports whether a stream's terminal event was relayed.
 func (u *usageTap) done() bool { return u.sse != nil && u.sse.Done() }
 
+// errorStatus is the status of the first error event a relayed stream
+// carried, 0 if none (see usage.SSEParser.ErrorStatus).
+func (u *usageTap) errorStatus() int {
+	if u.sse == nil {
+		return 0
+	}
+	return u.sse.ErrorStatus()
+}
+
 func (u *usageTap) result() usage.Usage {
 	if u.sse != nil {
 		return u.sse.End()

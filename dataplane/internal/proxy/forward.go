@@ -62,6 +62,9 @@ type exchange struct {
 	provider string
 	ttft     time.Duration
 	abort    bool // the response started and then broke off: abort the connection
+	// eventErr is the status of an error event the upstream's stream
+	// carried (0: none): the answer failed although it began as a 200.
+	eventErr int
 	// gone: the client went away (closed, or cut off for not reading)
 	// before its answer reached it whole; see clientGone.
 	gone bool
@@ -522,17 +525,27 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			// Counted as the target's failure above, whoever ended the relay.
 		case x.gone:
 			p.attemptAbandoned(x, t, probe)
+		case x.eventErr >= 500:
+			// The stream carried the upstream's own error event (vLLM's
+			// when generation fails mid-stream), relayed to the client,
+			// which is told; the answer failed although it began as a 200.
+			p.targetFailed(x, t, "event", 0)
+			x.status, x.errCode = errUpstream.status, errUpstream.code
 		default:
 			if t.state.BreakerSuccess(x.rt.breaker) {
 				p.metrics.BreakerClosed.WithLabelValues(t.cfg.Provider.Name).Inc()
 			}
 			outcome := "ok"
-			if resp.StatusCode >= 300 {
+			if resp.StatusCode >= 300 || x.eventErr != 0 {
 				outcome = "error"
+			}
+			if x.eventErr != 0 {
+				// A client error the stream reported: the request's status.
+				x.status = x.eventErr
 			}
 			p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, outcome).Inc()
 		}
-		if l, ok := pl.balancer.(routing.Learner); ok && end == relayDone && resp.StatusCode < 300 {
+		if l, ok := pl.balancer.(routing.Learner); ok && end == relayDone && resp.StatusCode < 300 && x.eventErr == 0 {
 			l.Learn(idx, &x.rctx, queueDepth, time.Since(sent))
 			x.learned()
 		}
@@ -841,7 +854,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 		return p.relayBuffered(w, r, x, t, resp, rec)
 	}
 	tap := newUsageTap(ctype)
-	defer func() { x.usage = tap.result() }()
+	defer func() { x.usage, x.eventErr = tap.result(), tap.errorStatus() }()
 	rc := http.NewResponseController(w)
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
@@ -913,9 +926,11 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 		if rerr == nil {
 			continue
 		}
-		if started && tap.done() || eof && !(stream && resp.StatusCode == http.StatusOK) {
+		if started && (tap.done() || tap.errorStatus() != 0) || eof && !(stream && resp.StatusCode == http.StatusOK) {
 			// After a stream's terminal event the answer is whole: an
-			// upstream that breaks off then has lost nothing of it.
+			// upstream that breaks off then has lost nothing of it. After
+			// its error event the client knows it failed (the caller
+			// counts the failure).
 			end(nil)
 			return relayDone, nil
 		}
