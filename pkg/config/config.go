@@ -99,11 +99,15 @@ type Health struct {
 	RecoverySuccessThreshold    int    `toml:"recovery_success_threshold"`
 }
 
-// Timeouts bound upstream calls. A streamed body is never cut by them.
+// Timeouts bound upstream calls.
 type Timeouts struct {
 	ConnectSecs int `toml:"connect_secs"`
 	// RequestSecs bounds the time to response headers.
 	RequestSecs int `toml:"request_secs"`
+	// IdleSecs bounds the time a response body may go without a byte
+	// from the upstream once its headers came (0: unbounded): a replica
+	// that hangs mid-answer. A stream that keeps coming is never cut.
+	IdleSecs int `toml:"idle_secs"`
 }
 
 // Cache configures the response cache backend shared by all routes.

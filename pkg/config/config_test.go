@@ -70,6 +70,7 @@ model = "emb"
 		{"health.timeout_secs", snap.Health.TimeoutSecs, 2},
 		{"timeouts.connect_secs", snap.Timeouts.ConnectSecs, 10},
 		{"timeouts.request_secs", snap.Timeouts.RequestSecs, 60},
+		{"timeouts.idle_secs", snap.Timeouts.IdleSecs, 120},
 		{"cache.default_ttl_secs", snap.Cache.DefaultTTLSecs, 60},
 		{"cache.namespace", snap.Cache.Namespace, "rolter:cache"},
 		{"cache.max_entry_bytes", snap.Cache.MaxEntryBytes, int64(1 << 20)},

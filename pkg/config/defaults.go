@@ -74,6 +74,15 @@ const (
 	DefaultClientWriteTimeoutMS = 30_000
 	// MaxClientWriteTimeoutMS bounds it (one hour).
 	MaxClientWriteTimeoutMS = 3_600_000
+	// DefaultIdleSecs is timeouts.idle_secs: a body silent for 2 minutes
+	// is a hung replica, not a slow one. The longest silence of a healthy
+	// engine is a stream's wait for its first token (vLLM sends a
+	// stream's headers at once, before queueing and prefill), which
+	// exceeds a minute only under an overload that has failed already;
+	// between tokens an engine is silent for milliseconds.
+	DefaultIdleSecs = 120
+	// MaxIdleSecs bounds it (one day).
+	MaxIdleSecs = 86400
 )
 
 // Default returns a Config holding every section default. [Parse] decodes
@@ -97,7 +106,7 @@ func Default() Config {
 			Enabled: false, IntervalSecs: 10, TimeoutSecs: 2,
 			ConsecutiveFailureThreshold: 3, RecoverySuccessThreshold: 2,
 		},
-		Timeouts:   Timeouts{ConnectSecs: 10, RequestSecs: 60},
+		Timeouts:   Timeouts{ConnectSecs: 10, RequestSecs: 60, IdleSecs: DefaultIdleSecs},
 		Guardrails: delivery.DefaultGuardrails(),
 		PII:        delivery.DefaultPII(),
 		Accounting: usage.DefaultAccounting(),

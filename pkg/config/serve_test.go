@@ -140,3 +140,40 @@ func TestClientWriteTimeoutIsValidated(t *testing.T) {
 		})
 	}
 }
+
+// timeouts.idle_secs defaults to 2 minutes; 0 turns the bound off, and a
+// negative value or one over a day is refused with its path and value.
+func TestIdleTimeoutIsValidated(t *testing.T) {
+	tests := []struct {
+		name string
+		line string // under [timeouts]; "" leaves the key out
+		want int    // the value in use
+		err  string // what the error says, besides the path; "" when accepted
+	}{
+		{name: "absent: the default", want: config.DefaultIdleSecs},
+		{name: "zero: no bound", line: "idle_secs = 0", want: 0},
+		{name: "the maximum", line: "idle_secs = 86400", want: config.MaxIdleSecs},
+		{name: "error: negative", line: "idle_secs = -1", err: "must be in [0, 86400], got -1"},
+		{name: "error: over a day", line: "idle_secs = 86401", err: "got 86401"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.Parse([]byte("[timeouts]\n" + tc.line + "\n" + minimal))
+			if err == nil {
+				err = cfg.Validate()
+			}
+			if tc.err == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := cfg.Timeouts.IdleSecs; got != tc.want {
+					t.Fatalf("idle_secs = %d, want %d", got, tc.want)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "timeouts.idle_secs") || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("got %v, want an error at timeouts.idle_secs saying %q", err, tc.err)
+			}
+		})
+	}
+}

@@ -111,6 +111,7 @@ func (c *Config) validateSections(v *validator) {
 	v.positive("health.recovery_success_threshold", c.Health.RecoverySuccessThreshold)
 	v.positive("timeouts.connect_secs", c.Timeouts.ConnectSecs)
 	v.positive("timeouts.request_secs", c.Timeouts.RequestSecs)
+	v.between("timeouts.idle_secs", c.Timeouts.IdleSecs, 0, MaxIdleSecs)
 	v.between("cache.default_ttl_secs", c.Cache.DefaultTTLSecs, 0, 365*86400)
 	if c.Cache.Namespace == "" {
 		v.add("cache.namespace", "must not be empty")

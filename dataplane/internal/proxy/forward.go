@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -502,16 +503,22 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		upSpan.End()
 		release()
 		if end == relayUnsent || end == relayCut {
-			// The upstream broke off mid-body: a failure of the target like
-			// a transport error, whatever its status line said.
+			// The upstream broke off mid-body, or went silent: a failure
+			// of the target like a transport error, whatever its status
+			// line said.
+			idle := errors.Is(berr, errUpstreamIdle)
 			if !failed {
-				p.targetFailed(x, t, "body", 0)
+				reason := "body"
+				if idle {
+					reason = "idle"
+				}
+				p.targetFailed(x, t, reason, 0)
 			}
 			p.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream body broke off",
 				slog.String("request_id", x.id), slog.String("provider", t.cfg.Provider.Name),
 				slog.Bool("response_started", end == relayCut), slog.String("err", berr.Error()))
 			if end == relayUnsent {
-				lastErr, timedOut, bodyFailed = berr, false, true
+				lastErr, timedOut, bodyFailed = berr, idle, true
 				continue
 			}
 			// Too late to answer otherwise: the request is an upstream
@@ -563,6 +570,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	x.status, x.errCode = e.status, e.code
 	msg := fmt.Sprintf("every target of model %q failed after %d attempt(s)", x.route.cfg.Model, x.attempts)
 	switch {
+	case errors.Is(lastErr, errUpstreamIdle):
+		msg += fmt.Sprintf(": the upstream sent nothing for %d s (timeouts.idle_secs)", x.rt.snap.Timeouts.IdleSecs)
 	case lastErr != nil && timedOut:
 		msg += ": timed out waiting for response headers"
 	case bodyFailed:
@@ -764,7 +773,47 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 		}
 		return nil, nil, fmt.Errorf("proxy: upstream %s: %w", prov.Name, err)
 	}
+	if idle := time.Duration(x.rt.snap.Timeouts.IdleSecs) * time.Second; idle > 0 {
+		resp.Body = newIdleBody(resp.Body, idle, cancel)
+	}
 	return resp, cancel, nil
+}
+
+// errUpstreamIdle is the read error of a response body the upstream sent
+// nothing of for timeouts.idle_secs.
+var errUpstreamIdle = errors.New("proxy: the upstream sent nothing for timeouts.idle_secs")
+
+// idleBody cancels the upstream request when a Read of its body waits
+// longer than idle: a replica that hangs mid-answer. Only the time spent
+// waiting in Read counts, not the time between reads (writing to a slow
+// client), so a busy client never makes the upstream look idle.
+type idleBody struct {
+	io.ReadCloser
+	idle  time.Duration
+	timer *time.Timer
+	fired atomic.Bool
+}
+
+func newIdleBody(body io.ReadCloser, idle time.Duration, cancel context.CancelFunc) *idleBody {
+	b := &idleBody{ReadCloser: body, idle: idle}
+	b.timer = time.AfterFunc(time.Hour, func() { b.fired.Store(true); cancel() })
+	b.timer.Stop()
+	return b
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	b.timer.Reset(b.idle)
+	n, err := b.ReadCloser.Read(p)
+	b.timer.Stop()
+	if err != nil && b.fired.Load() {
+		return n, errUpstreamIdle
+	}
+	return n, err
+}
+
+func (b *idleBody) Close() error {
+	b.timer.Stop()
+	return b.ReadCloser.Close()
 }
 
 // upstreamURL joins a provider base and an API path. A base that already
