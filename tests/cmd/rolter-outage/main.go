@@ -15,9 +15,10 @@
 // eight is a stream of 150 tokens (the replicas answer 20 ms a token), each
 // read to its end and classed complete (its data: [DONE]), cut and told (an
 // error event or a broken body: the client can tell) or cut silently (a
-// clean end without [DONE], which must never happen). Each replica is
-// stopped twice: killed (SIGKILL), and shut down (SIGTERM, which ends its
-// running streams cleanly and at once). Route "m" runs
+// clean end without [DONE], which must never happen). The replica is
+// stopped three times: killed (SIGKILL), shut down (SIGTERM, which ends
+// its running streams cleanly and at once), and frozen (SIGSTOP, then
+// SIGCONT: its connections open and silent meanwhile). Route "m" runs
 // --strategy (predicted_ttft, the default for routes with KV events, unless
 // told) over the replicas; route "c" is served through the Redis response
 // cache. The requests carry no token ids, as an SDK's do, so the proxy asks
@@ -429,6 +430,9 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		{name: "kvwatcher", recovered: func() bool { return heard() && fresh() >= 1 && watcherEpoch() != epochBefore }},
 		{"replica-a", func() bool { return l.servedBy("vllm-a", restartedAt) }, "", 0},
 		{"replica-a-term", func() bool { return l.servedBy("vllm-a", restartedAt) }, "replica-a", syscall.SIGTERM},
+		// Frozen, not dead: its connections stay open, nothing answers;
+		// it continues (SIGCONT) instead of restarting.
+		{"replica-a-stop", func() bool { return l.servedBy("vllm-a", restartedAt) }, "replica-a", syscall.SIGSTOP},
 		{name: "redis", recovered: func() bool { return cacheHits() > hitsAtRestart }},
 	}
 	precise := `outcome="` + preciseOutcome[o.strategy] + `"`
@@ -458,7 +462,11 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		tokFailedBefore := tokenizeFailed(page)
 		epochBefore, freshBefore = watcherEpoch(), fresh()
 		t0 := time.Now()
-		r.kill(proc, sig)
+		if sig == syscall.SIGSTOP {
+			_ = r.procs[proc].cmd.Process.Signal(sig)
+		} else {
+			r.kill(proc, sig)
+		}
 		time.Sleep(down)
 		_, page = get(proxy + "/metrics")
 		scoredDuring := metric(page, "rolter_routing_decisions_total", precise) - scoredBefore
@@ -466,7 +474,9 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		hitsAtRestart = cacheHits()
 		t1 := time.Now()
 		restartedAt = t1
-		if err := r.start(r.procs[proc]); err != nil {
+		if sig == syscall.SIGSTOP {
+			_ = r.procs[proc].cmd.Process.Signal(syscall.SIGCONT)
+		} else if err := r.start(r.procs[proc]); err != nil {
 			return err
 		}
 		t2, err := waitFor(c.name+" recovered", within, c.recovered)
