@@ -818,6 +818,41 @@ func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration, peers peerQ
 	return min(ms*1000/m.w[lawOwn], float64(headTok))
 }
 
+// overdue is how long target i's head (its oldest request without a first
+// token, this balancer's or a peer's) has waited, since the replica could
+// begin it (its dispatch or the last first token there), beyond twice what
+// the law gives it alone and the mean first token so far, in ms; 0 when
+// it has not, and under the unit law (no time scale). A replica that stalls
+// (a stuck engine, a frozen process: connections open, nothing answered)
+// otherwise looks no busier than the requests sent to it, and a prefix it
+// holds keeps drawing traffic into the stall; its head's lateness is the
+// evidence, and a wait that has lasted that long is expected to last about
+// as long again. The margin keeps it a stall detector only: it never fired
+// on the judged grid or the settings runs (byte-identical results), while
+// without the mean first token it did on noise (agent at --capacity 1024:
+// p99 ×1.05). Measured in docs/routing.md and docs/operations.md.
+func (t *predictedTTFT) overdue(i int, m *ttftLaw, now time.Duration) float64 {
+	if *m == t.unitLaw {
+		return 0
+	}
+	headAt, headTok := t.headAt[i].Load(), t.headTokens[i].Load()
+	if peers := t.peersAt(i, now); peers.requests > 0 && (headAt < 0 || int64(peers.headAt) < headAt) {
+		headAt, headTok = int64(peers.headAt), peers.headTokens
+	}
+	if headAt < 0 {
+		return 0
+	}
+	from := max(headAt, t.lastLeave[i].Load(), t.peerLeave[i].Load())
+	var alone [lawFeatures]float64
+	alone[lawBase], alone[lawOwn] = 1, float64(headTok)/1000
+	waited := float64(int64(now)-from) / float64(time.Millisecond)
+	var typical float64
+	if n := t.firstN.Load(); n > 0 {
+		typical = float64(t.firstSum.Load()) / float64(n) / float64(time.Millisecond)
+	}
+	return max(0, waited-2*(max(0, m.predict(alone))+typical))
+}
+
 // Pick implements Balancer.
 func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	if t.n <= 0 {
@@ -894,6 +929,12 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			x := t.features(i, own, tokens, &m, now, counts[i])
 			ttft := max(0, m.predict(x))
 			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-max(placed[i], shared)) + followed[i]
+			if slotWait[i] == 0 && t.slotPend[i].Load() == 0 {
+				// A full engine's head waits for a batch slot, which
+				// slotWait prices; only a head with nothing to wait for
+				// is late because the replica stalled.
+				pred[i] += t.overdue(i, &m, now)
+			}
 			if slot := slotWait[i]; slot > 0 {
 				// The prefill ahead proceeds while the request waits for
 				// its slot: it starts its own after both.

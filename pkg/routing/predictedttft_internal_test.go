@@ -579,3 +579,62 @@ func TestPredictedTTFTUnseenPeerWorkTeachesNothing(t *testing.T) {
 		t.Fatalf("a first token whose peer work was all reported: %d samples, want 1", got)
 	}
 }
+
+// A replica that stalls (its process frozen, its engine stuck) answers
+// nothing, so the requests sent to it stay pending; the prefix it holds
+// kept drawing traffic into the stall, since each request there adds only
+// its small uncached part to the queue. Its head's lateness is the
+// evidence: once the oldest pending request has waited more than twice
+// what the law gives it alone and the mean first token so far (100 ms
+// here), the excess is added to the target's cost.
+// Target 0 holds a 2,000-token prompt; a follow-up goes there while its
+// head is on time, elsewhere once the head is a second late, and back once
+// the head's first token came.
+func TestPredictedTTFTOverdueHeadIsAStall(t *testing.T) {
+	now := 10 * time.Second
+	b := newTwoTargetTTFT(t, &now)
+	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+	sys := strings.Repeat("shared system prompt ", 400)
+	first := &Context{Prompt: sys + "first"}
+	b.Observe(0, first)
+	now += 100 * time.Millisecond
+	b.FirstToken(0, first, 100*time.Millisecond, 2000)
+	next := func() *Context { return &Context{Prompt: sys + "next question " + now.String()} }
+
+	head := &Context{Prompt: sys + "the head"}
+	b.Observe(0, head)
+	// The head's own prefill is its few uncached tokens: the law gives it
+	// about 5 ms alone, so 8 ms in it is on time.
+	now += 8 * time.Millisecond
+	if got := b.overdue(0, &simLaw, now); got != 0 {
+		t.Fatalf("head 8 ms in: overdue %.1f ms, want 0", got)
+	}
+	if got := b.Pick(next(), nil, Set{}); got != 0 {
+		t.Fatalf("head on time: picked %d, want the holder 0", got)
+	}
+	now += time.Second
+	if got := b.overdue(0, &simLaw, now); got < 790 || got > 810 {
+		t.Fatalf("head 1,008 ms in: overdue %.1f ms, want 1,008 − 2 × (5 + 100)", got)
+	}
+	if got := b.Pick(next(), nil, Set{}); got != 1 {
+		t.Fatalf("head a second late: picked %d, want 1", got)
+	}
+	// A full engine (requests waiting while others run) explains the
+	// head's wait: it waits for a batch slot, which is queueing, not a
+	// stall (rolter-sim --max-batch 16 on gsp: p99 ×3.4 when it counted).
+	b.engine = &slotEngine{waiting: []int{1, 1}, running: []int{1, 1}}
+	if got := b.Pick(next(), nil, Set{}); got != 0 {
+		t.Fatalf("head late behind requests the engine reports waiting: picked %d, want the holder 0", got)
+	}
+	b.engine = nil
+	b.FirstToken(0, head, time.Second, 2000)
+	if got := b.overdue(0, &simLaw, now); got != 0 {
+		t.Fatalf("after the head's first token: overdue %.1f ms, want 0", got)
+	}
+	if got := b.Pick(next(), nil, Set{}); got != 0 {
+		t.Fatalf("stall over: picked %d, want the holder 0", got)
+	}
+	if got := b.overdue(1, &simLaw, now); got != 0 {
+		t.Fatalf("nothing pending: overdue %.1f ms, want 0", got)
+	}
+}

@@ -309,12 +309,13 @@ func main() {
 	only := flag.String("only", "", "comma-separated components to test (default: all)")
 	strategy := flag.String("strategy", "predicted_ttft", "route m's strategy: predicted_ttft or precise_cache_aware (the strategies that read KV events)")
 	sendIDs := flag.Bool("token-ids", false, "send the x-rolter-vllm-token-ids header (default: none, as an SDK; the proxy asks /tokenize)")
+	prefillTPS := flag.Float64("prefill-tps", 0, "the replicas' prefill speed in uncached prompt tokens per second (vllmsim --prefill-tps; 0 = free, so predicted_ttft's latency law never fits)")
 	flag.Parse()
 	if _, ok := preciseOutcome[*strategy]; !ok {
 		fmt.Fprintf(os.Stderr, "rolter-outage: --strategy %q does not read KV events\n", *strategy)
 		os.Exit(2)
 	}
-	o := options{strategy: *strategy, sendIDs: *sendIDs}
+	o := options{strategy: *strategy, sendIDs: *sendIDs, prefillTPS: *prefillTPS}
 	if err := run(*bin, *base, *rate, *down, *within, *only, o); err != nil {
 		fmt.Fprintln(os.Stderr, "rolter-outage:", err)
 		os.Exit(1)
@@ -325,11 +326,12 @@ func main() {
 // rolter_routing_decisions_total outcome of a pick the events decided.
 var preciseOutcome = map[string]string{"predicted_ttft": "precise", "precise_cache_aware": "scored"}
 
-// options are route m's strategy (a key of preciseOutcome) and whether the
-// load sends token ids.
+// options are route m's strategy (a key of preciseOutcome), whether the
+// load sends token ids, and the replicas' prefill speed.
 type options struct {
-	strategy string
-	sendIDs  bool
+	strategy   string
+	sendIDs    bool
+	prefillTPS float64
 }
 
 func run(bin string, base, rate int, down, within time.Duration, only string, o options) error {
@@ -345,13 +347,14 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 	etcdURL := "http://" + r.port(3)
 	cp, nats, proxy, kvw := r.port(5), r.port(2), "http://"+r.port(10), "http://"+r.port(11)
 	tokens := []string{"ROLTER_ADMIN_TOKENS=" + r.adminTok, "ROLTER_NODE_TOKENS=" + r.nodeTok, "ROLTER_KEY_PEPPER=outage-pepper-0123456789"}
+	tps := strconv.FormatFloat(o.prefillTPS, 'f', -1, 64)
 	for _, p := range []*proc{
 		{name: "redis", args: []string{"redis-server", "--port", redisPort, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"}},
 		{name: "nats", args: []string{b("nats-server"), "-a", "127.0.0.1", "-p", strconv.Itoa(base + 2)}},
 		{name: "etcd", args: []string{b("rolter-controlplane"), "--dev", "--embed-etcd", filepath.Join(work, "etcd"), "--embed-etcd-listen", r.port(3), "--listen", r.port(4)}, env: tokens},
 		{name: "controlplane", args: []string{b("rolter-controlplane"), "--dev", "--etcd", etcdURL, "--listen", cp, "--metrics-listen", r.port(12)}, env: tokens},
-		{name: "replica-a", args: []string{b("vllmsim"), "--listen", r.port(6), "--model", "sim-model", "--itl", "20ms", "--kv-events", "tcp://" + r.port(7)}},
-		{name: "replica-b", args: []string{b("vllmsim"), "--listen", r.port(8), "--model", "sim-model", "--itl", "20ms", "--kv-events", "tcp://" + r.port(9)}},
+		{name: "replica-a", args: []string{b("vllmsim"), "--listen", r.port(6), "--model", "sim-model", "--itl", "20ms", "--prefill-tps", tps, "--kv-events", "tcp://" + r.port(7)}},
+		{name: "replica-b", args: []string{b("vllmsim"), "--listen", r.port(8), "--model", "sim-model", "--itl", "20ms", "--prefill-tps", tps, "--kv-events", "tcp://" + r.port(9)}},
 		{name: "kvwatcher", args: []string{b("rolter-kvwatcher"), "--controlplane", cp, "--token", r.nodeTok, "--nats", "nats://" + nats,
 			"--snapshot-cache", filepath.Join(work, "kvwatcher-snapshot.json"), "--metrics-listen", r.port(11)}},
 		{name: "proxy", args: []string{b("rolter-proxy"), "--controlplane", cp, "--token", r.nodeTok, "--nats", "nats://" + nats,
