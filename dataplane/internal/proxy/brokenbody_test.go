@@ -509,7 +509,15 @@ func TestStreamWithTheUpstreamsErrorEvent(t *testing.T) {
 			if n := up.hits.Load(); n != 2 {
 				t.Fatalf("upstream called %d times: the failed stream was cached", n)
 			}
+			// The client can read the stream's end before the handler has
+			// counted the request: wait for both requests' records.
+			usage := usageRows(t, usagePath, 2)
 			code := strconv.Itoa(tc.status)
+			waitFor(t, func() bool {
+				return testutil.ToFloat64(p.metrics.Requests.WithLabelValues(tc.path, "m", code, "")) >= 2 &&
+					testutil.ToFloat64(p.metrics.TargetRequests.WithLabelValues("m", "p0", "ok"))+
+						testutil.ToFloat64(p.metrics.TargetRequests.WithLabelValues("m", "p0", "error")) >= 2
+			})
 			if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues(tc.path, "m", code, "")); n != 2 {
 				t.Fatalf("rolter_requests_total{code=%s} = %v, want 2", code, n)
 			}
@@ -524,7 +532,7 @@ func TestStreamWithTheUpstreamsErrorEvent(t *testing.T) {
 			if n := testutil.ToFloat64(p.metrics.UpstreamErrors.WithLabelValues("p0", "event")); n != wantFailed {
 				t.Fatalf("rolter_upstream_errors_total{reason=event} = %v, want %v", n, wantFailed)
 			}
-			for _, r := range usageRows(t, usagePath, 2) {
+			for _, r := range usage {
 				if r.Status != tc.status || tc.status == 502 && r.Error != "upstream_error" {
 					t.Fatalf("usage row %+v, want status %d", r, tc.status)
 				}
