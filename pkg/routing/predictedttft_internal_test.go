@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -636,5 +637,46 @@ func TestPredictedTTFTOverdueHeadIsAStall(t *testing.T) {
 	}
 	if got := b.overdue(1, &simLaw, now); got != 0 {
 		t.Fatalf("nothing pending: overdue %.1f ms, want 0", got)
+	}
+}
+
+// The queue rates are measured over the latest rateWindow arrivals: a
+// replica that was busy (or stalled) once is not priced for it for the rest
+// of the proxy's life. Target 0 is busy for 10 s; while that is within the
+// window its utilisation makes a follower wait there, and once rateWindow
+// arrivals at target 1 have passed it is forgotten.
+func TestPredictedTTFTRatesForgetTheirPast(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+	stuck := &Context{Prompt: "a long stall"}
+	b.Observe(0, stuck)
+	now += 10 * time.Second
+	b.FirstToken(0, stuck, 10*time.Second, 100)
+	follow := followFactors{wait: 1}
+	send := func(n int) {
+		for k := range n {
+			ctx := &Context{Prompt: fmt.Sprintf("request %d at %v", k, now)}
+			b.Observe(1, ctx)
+			now += time.Millisecond
+			b.FirstToken(1, ctx, time.Millisecond, 10)
+			now += 9 * time.Millisecond
+		}
+	}
+	send(rateWindow / 2)
+	if w := b.followWait(0, follow, now); w < 1 {
+		t.Fatalf("10 s busy, %d arrivals ago: follow-up wait %.2f, want the busy share priced (≥ 1 service)", rateWindow/2, w)
+	}
+	send(rateWindow)
+	if w := b.followWait(0, follow, now); w != 0 {
+		t.Fatalf("10 s busy, %d arrivals ago: follow-up wait %.2f, want 0 (outside the window)", rateWindow*3/2, w)
+	}
+	r := b.fleetRates(now, 1, true)
+	if r.arrivals < rateWindow || r.arrivals >= rateWindow+rateStep {
+		t.Fatalf("rates over %.0f arrivals, want the latest %d to %d", r.arrivals, rateWindow, rateWindow+rateStep-1)
+	}
+	// 1 ms busy in every 10 ms at target 1, none at 0: ρ = 0.05 per target.
+	if r.rho < 0.04 || r.rho > 0.06 {
+		t.Fatalf("utilisation %.3f over the window, want 0.05", r.rho)
 	}
 }
