@@ -680,3 +680,33 @@ func TestPredictedTTFTRatesForgetTheirPast(t *testing.T) {
 		t.Fatalf("utilisation %.3f over the window, want 0.05", r.rho)
 	}
 }
+
+// The law forgets its old samples: after the engines change (here their
+// prefill gets twice as slow, an upgrade gone wrong or another model behind
+// the route), three lawMemory samples later the fit is the new engine's
+// within a few percent, where pooling every sample since the first would
+// still be a weighted mean of the two (86 ms per 1,000 tokens here).
+func TestPredictedTTFTLawFollowsAChangedEngine(t *testing.T) {
+	var f lawFit
+	rng := rand.New(rand.NewPCG(3, 4))
+	sample := func(perK float64) {
+		n := float64(rng.IntN(6))
+		ahead := n * rng.Float64() * 4000
+		own := 200 + rng.Float64()*8000
+		x := [lawFeatures]float64{1, n, ahead / 1000, own / 1000}
+		f.add(x, 5+5*n+perK*(ahead+own)/1000+rng.NormFloat64()*3)
+	}
+	for range 20000 {
+		sample(50)
+	}
+	for range 3 * lawMemory {
+		sample(100)
+	}
+	w, ok := f.solve()
+	if !ok || !f.determined(w, lawOwn) {
+		t.Fatalf("no determined fit: %v", w)
+	}
+	if w[lawOwn] < 93 || w[lawOwn] > 101 {
+		t.Fatalf("own-work weight %.1f ms per 1,000 tokens after the change, want about 100 (the new engine's)", w[lawOwn])
+	}
+}
