@@ -649,7 +649,7 @@ func TestPredictedTTFTRatesForgetTheirPast(t *testing.T) {
 	now := time.Second
 	b := newTwoTargetTTFT(t, &now)
 	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
-	stuck := &Context{Prompt: "a long stall"}
+	stuck := &Context{Prompt: strings.Repeat("a long stall ", 3000)}
 	b.Observe(0, stuck)
 	now += 10 * time.Second
 	b.FirstToken(0, stuck, 10*time.Second, 100)
@@ -667,9 +667,18 @@ func TestPredictedTTFTRatesForgetTheirPast(t *testing.T) {
 	if w := b.followWait(0, follow, now); w < 1 {
 		t.Fatalf("10 s busy, %d arrivals ago: follow-up wait %.2f, want the busy share priced (≥ 1 service)", rateWindow/2, w)
 	}
+	// The means too: the stalled request's ~10,000 tokens are in the mean
+	// uncached prefill while it is in the window, not after (since the
+	// first request: 9.6).
+	if mean, _ := b.meanUncached(); mean < 15 {
+		t.Fatalf("mean uncached prefill %.1f tokens with the big request in the window, want it counted", mean)
+	}
 	send(rateWindow)
 	if w := b.followWait(0, follow, now); w != 0 {
 		t.Fatalf("10 s busy, %d arrivals ago: follow-up wait %.2f, want 0 (outside the window)", rateWindow*3/2, w)
+	}
+	if mean, _ := b.meanUncached(); mean > 5 {
+		t.Fatalf("mean uncached prefill %.1f tokens, want the latest requests' few (the big one is outside the window)", mean)
 	}
 	r := b.fleetRates(now, 1, true)
 	if r.arrivals < rateWindow || r.arrivals >= rateWindow+rateStep {
