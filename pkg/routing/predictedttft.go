@@ -1774,10 +1774,15 @@ const (
 // arrivals and Σ novelty then, each target's busy time then (ns), and the
 // sums and counts behind the means (see windowMean) then.
 type rateBase struct {
-	at                                                          int64
-	arrivals, novelty                                           float64
-	busy                                                        []float64
-	uncached, observes, first, firstN, free, freeN, done, doneN int64
+	at                int64
+	arrivals, novelty float64
+	busy              []float64
+	// Σ and count of: uncached prefill tokens (per Observe), first tokens,
+	// those without a slot wait, and completions (ns).
+	uncached, observes int64
+	first, firstN      int64
+	free, freeN        int64
+	done, doneN        int64
 }
 
 // windowMean is (sum − base) / (n − baseN), the mean over the window, or
