@@ -1342,10 +1342,30 @@ func (t *predictedTTFT) pendLocked(target int, dn, dtok int, slot bool, now time
 		t.slotPend[target].Add(int64(dn))
 	}
 	if dn < 0 {
+		t.settleStallLocked(target, now)
 		t.lastLeave[target].Store(int64(now))
 	}
 	t.headLocked(target)
 	t.busyLocked(target, now)
+}
+
+// settleStallLocked takes the time target's head was overdue (see overdue)
+// out of its busy spell as a request leaves (the leave restarts the
+// overdue clock): a replica that stalled was not serving, and counted busy
+// it kept the utilisation the follow-up wait reads (over the rates'
+// window) high after it resumed, so it drew no new prefix for a minute
+// (rolter-outage, a replica frozen for 8 s; docs/routing.md). Not while the
+// engine is full (the head waits for a slot, as in Pick). t.mu must be
+// held, before the leaving request is out of the head.
+func (t *predictedTTFT) settleStallLocked(target int, now time.Duration) {
+	since := t.busySince[target].Load()
+	if since < 0 || t.slotPend[target].Load() > 0 {
+		return
+	}
+	m := t.law()
+	if stalled := t.overdue(target, &m, now); stalled > 0 {
+		t.busySince[target].Store(min(since+int64(stalled*float64(time.Millisecond)), int64(now)))
+	}
 }
 
 // busyLocked starts or ends target's busy spell: its prefill is busy while
@@ -1756,15 +1776,14 @@ func (t *predictedTTFT) noveltyShare(base *rateBase) (q, arrivals float64) {
 
 // The rates (arrival rate, utilisation, novelty) are measured over the
 // latest rateWindow arrivals, not since the first: a proxy runs for weeks,
-// and a replica busy (or stalled) an hour ago, or a fleet idle overnight,
-// says nothing of now; since the first arrival, what happened was
-// forgotten only as 1/t (a replica frozen for 8 s drew no new prefix for
-// up to 108 s after, 62-67 s with the window). A window of arrivals, not
-// of time, holds as many samples at any load. 1,024: the judged grid keeps
-// 26 of 33 and the longer runs gain a little (the trace +0.09 point of hit
-// rate); 4,096 changes no run (none is that long); 256 is noise, 22 of 33
-// (docs/routing.md). A snapshot every rateStep arrivals keeps the window
-// between rateWindow and rateWindow + rateStep arrivals long.
+// and a replica busy an hour ago, or a fleet idle overnight, says nothing
+// of now; since the first arrival, what happened was forgotten only as
+// 1/t. A window of arrivals, not of time, holds as many samples at any
+// load. 1,024: the judged grid keeps 26 of 33 and the longer runs gain a
+// little (the trace +0.09 point of hit rate); 4,096 changes no run (none is
+// that long); 256 is noise, 22 of 33 (docs/routing.md). A snapshot every
+// rateStep arrivals keeps the window between rateWindow and rateWindow +
+// rateStep arrivals long.
 const (
 	rateWindow = 1024
 	rateStep   = 64

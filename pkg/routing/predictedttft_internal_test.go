@@ -641,18 +641,21 @@ func TestPredictedTTFTOverdueHeadIsAStall(t *testing.T) {
 }
 
 // The queue rates are measured over the latest rateWindow arrivals: a
-// replica that was busy (or stalled) once is not priced for it for the rest
-// of the proxy's life. Target 0 is busy for 10 s; while that is within the
+// replica that was busy once is not priced for it for the rest of the
+// proxy's life. Target 0 is busy for 10 s; while that is within the
 // window its utilisation makes a follower wait there, and once rateWindow
 // arrivals at target 1 have passed it is forgotten.
 func TestPredictedTTFTRatesForgetTheirPast(t *testing.T) {
 	now := time.Second
 	b := newTwoTargetTTFT(t, &now)
 	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
-	stuck := &Context{Prompt: strings.Repeat("a long stall ", 3000)}
-	b.Observe(0, stuck)
-	now += 10 * time.Second
-	b.FirstToken(0, stuck, 10*time.Second, 100)
+	// 20 long prefills one after another, each on time (about 500 ms).
+	for k := range 20 {
+		long := &Context{Prompt: fmt.Sprintf("%d %s", k, strings.Repeat("a long prefill ", 2600))}
+		b.Observe(0, long)
+		now += 500 * time.Millisecond
+		b.FirstToken(0, long, 500*time.Millisecond, 10000)
+	}
 	follow := followFactors{wait: 1}
 	send := func(n int) {
 		for k := range n {
@@ -667,18 +670,17 @@ func TestPredictedTTFTRatesForgetTheirPast(t *testing.T) {
 	if w := b.followWait(0, follow, now); w < 1 {
 		t.Fatalf("10 s busy, %d arrivals ago: follow-up wait %.2f, want the busy share priced (≥ 1 service)", rateWindow/2, w)
 	}
-	// The means too: the stalled request's ~10,000 tokens are in the mean
-	// uncached prefill while it is in the window, not after (since the
-	// first request: 9.6).
-	if mean, _ := b.meanUncached(); mean < 15 {
+	// The means too: the long prefills' ~10,000 tokens each are in the mean
+	// uncached prefill while they are in the window, not after.
+	if mean, _ := b.meanUncached(); mean < 100 {
 		t.Fatalf("mean uncached prefill %.1f tokens with the big request in the window, want it counted", mean)
 	}
 	send(rateWindow)
 	if w := b.followWait(0, follow, now); w != 0 {
 		t.Fatalf("10 s busy, %d arrivals ago: follow-up wait %.2f, want 0 (outside the window)", rateWindow*3/2, w)
 	}
-	if mean, _ := b.meanUncached(); mean > 5 {
-		t.Fatalf("mean uncached prefill %.1f tokens, want the latest requests' few (the big one is outside the window)", mean)
+	if mean, _ := b.meanUncached(); mean > 20 {
+		t.Fatalf("mean uncached prefill %.1f tokens, want the latest requests' few (the long ones are outside the window)", mean)
 	}
 	r := b.fleetRates(now, 1, true)
 	if r.arrivals < rateWindow || r.arrivals >= rateWindow+rateStep {
@@ -717,5 +719,32 @@ func TestPredictedTTFTLawFollowsAChangedEngine(t *testing.T) {
 	}
 	if w[lawOwn] < 93 || w[lawOwn] > 101 {
 		t.Fatalf("own-work weight %.1f ms per 1,000 tokens after the change, want about 100 (the new engine's)", w[lawOwn])
+	}
+}
+
+// A stall is not busy time: the time a head was overdue leaves the busy
+// spell when a request leaves, so a replica that stalled and resumed is not
+// priced as a busy one (its utilisation, which the follow-up wait reads).
+// Target 0's head waits 10 s for a first token the law gives about 5 ms;
+// the busy time kept is the on-time part, 2 × (its prediction + the mean
+// first token), not the 10 s.
+func TestPredictedTTFTStallIsNotBusy(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+	warm := &Context{Prompt: "warm"}
+	b.Observe(1, warm)
+	now += 100 * time.Millisecond
+	b.FirstToken(1, warm, 100*time.Millisecond, 10)
+	stuck := &Context{Prompt: "stuck"}
+	b.Observe(0, stuck)
+	now += 10 * time.Second
+	b.FirstToken(0, stuck, 10*time.Second, 10)
+	busy := time.Duration(b.busyAt(0, now))
+	if busy > time.Second {
+		t.Fatalf("busy %v after a 10 s stall, want only its on-time part (about 2 × (5 + 100) ms)", busy)
+	}
+	if busy < 200*time.Millisecond {
+		t.Fatalf("busy %v, want the on-time part counted (about 210 ms)", busy)
 	}
 }
