@@ -309,7 +309,7 @@ func main() {
 	only := flag.String("only", "", "comma-separated components to test (default: all)")
 	strategy := flag.String("strategy", "predicted_ttft", "route m's strategy: predicted_ttft or precise_cache_aware (the strategies that read KV events)")
 	sendIDs := flag.Bool("token-ids", false, "send the x-rolter-vllm-token-ids header (default: none, as an SDK; the proxy asks /tokenize)")
-	prefillTPS := flag.Float64("prefill-tps", 0, "the replicas' prefill speed in uncached prompt tokens per second (vllmsim --prefill-tps; 0 = free, so predicted_ttft's latency law never fits)")
+	prefillTPS := flag.Float64("prefill-tps", 0, "the replicas' prefill speed in uncached prompt tokens per second (vllmsim --prefill-tps; 0 = free, so predicted_ttft's latency law seldom fits)")
 	flag.Parse()
 	if _, ok := preciseOutcome[*strategy]; !ok {
 		fmt.Fprintf(os.Stderr, "rolter-outage: --strategy %q does not read KV events\n", *strategy)
