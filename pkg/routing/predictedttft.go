@@ -817,17 +817,13 @@ func (t *predictedTTFT) features(i int, own float64, tokens int, m *ttftLaw, now
 // balancer's and its peers' (peers), and the replica began serving it at
 // the later of its dispatch and the last first token there.
 func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration, peers peerQueue) float64 {
-	headAt, headTok := t.headAt[i].Load(), t.headTokens[i].Load()
-	if peers.requests > 0 && (headAt < 0 || int64(peers.headAt) < headAt) {
-		headAt, headTok = int64(peers.headAt), peers.headTokens
-	}
 	// The unit law's weights are not milliseconds (see externality): until
 	// the law is fitted there is no rate to credit elapsed time at.
-	if headAt < 0 || m.w[lawOwn] <= 0 || *m == t.unitLaw {
+	if m.w[lawOwn] <= 0 || *m == t.unitLaw {
 		return 0
 	}
-	from := max(headAt, t.lastLeave[i].Load(), t.peerLeave[i].Load())
-	if int64(now) <= from {
+	from, headTok, ok := t.head(i, peers)
+	if !ok || int64(now) <= from {
 		return 0
 	}
 	// The head's fixed part (the per-request weight, what a request costs
@@ -839,39 +835,54 @@ func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration, peers peerQ
 	return min(ms*1000/m.w[lawOwn], float64(headTok))
 }
 
-// overdue is how long target i's head (its oldest request without a first
-// token, this balancer's or a peer's) has waited, since the replica could
-// begin it (its dispatch or the last first token there), beyond twice what
-// the law gives it alone and the mean first token lately, in ms; 0 when
-// it has not, and under the unit law (no time scale). A replica that stalls
-// (a stuck engine, a frozen process: connections open, nothing answered)
-// otherwise looks no busier than the requests sent to it, and a prefix it
-// holds keeps drawing traffic into the stall; its head's lateness is the
-// evidence, and a wait that has lasted that long is expected to last about
-// as long again. The margin keeps it a stall detector: of the 188 lines of
+// head returns target i's head, the oldest pending request of this
+// balancer's and its peers' (peers): when the replica could begin it (the
+// later of its dispatch and the last first token there, ns) and its
+// tokens; false when nothing is pending there.
+func (t *predictedTTFT) head(i int, peers peerQueue) (from, tokens int64, ok bool) {
+	headAt, headTok := t.headAt[i].Load(), t.headTokens[i].Load()
+	if peers.requests > 0 && (headAt < 0 || int64(peers.headAt) < headAt) {
+		headAt, headTok = int64(peers.headAt), peers.headTokens
+	}
+	if headAt < 0 {
+		return 0, 0, false
+	}
+	return max(headAt, t.lastLeave[i].Load(), t.peerLeave[i].Load()), headTok, true
+}
+
+// overdue is how long target i's head (see head) has waited, since the
+// replica could begin it, beyond twice what the law gives it alone and the
+// mean first token lately (typical, ms; see typicalFirst), in ms; 0 when it
+// has not, under the unit law (no time scale), and while the engine is full
+// (the head waits for a batch slot, which slotWait prices). A replica that
+// stalls (a stuck engine, a frozen process: connections open, nothing
+// answered) otherwise looks no busier than the requests sent to it, and a
+// prefix it holds keeps drawing traffic into the stall; its head's lateness
+// is the evidence, and a wait that has lasted that long is expected to last
+// about as long again. The margin keeps it a stall detector: of the 188 lines of
 // the judged grid and the simulator's other sets it changed one (agent at
 // --rate 6, for the better), where twice the head's own prediction alone
 // fired on noise (agent at --capacity 1024: p99 ×1.05). Measured in
 // docs/routing.md and docs/operations.md.
-func (t *predictedTTFT) overdue(i int, m *ttftLaw, now time.Duration) float64 {
-	if *m == t.unitLaw {
+func (t *predictedTTFT) overdue(i int, m *ttftLaw, now time.Duration, typical float64) float64 {
+	if *m == t.unitLaw || t.slotPend[i].Load() > 0 {
 		return 0
 	}
-	headAt, headTok := t.headAt[i].Load(), t.headTokens[i].Load()
-	if peers := t.peersAt(i, now); peers.requests > 0 && (headAt < 0 || int64(peers.headAt) < headAt) {
-		headAt, headTok = int64(peers.headAt), peers.headTokens
-	}
-	if headAt < 0 {
+	from, headTok, ok := t.head(i, t.peersAt(i, now))
+	if !ok {
 		return 0
 	}
-	from := max(headAt, t.lastLeave[i].Load(), t.peerLeave[i].Load())
 	var alone [lawFeatures]float64
 	alone[lawBase], alone[lawOwn] = 1, float64(headTok)/1000
 	waited := float64(int64(now)-from) / float64(time.Millisecond)
-	b := t.means()
-	typical, _ := windowMean(t.firstSum.Load(), t.firstN.Load(), b.first, b.firstN)
-	typical /= float64(time.Millisecond)
 	return max(0, waited-2*(max(0, m.predict(alone))+typical))
+}
+
+// typicalFirst is the mean first token (ms) over the rates' window.
+func (t *predictedTTFT) typicalFirst() float64 {
+	b := t.means()
+	mean, _ := windowMean(t.firstSum.Load(), t.firstN.Load(), b.first, b.firstN)
+	return mean / float64(time.Millisecond)
 }
 
 // Pick implements Balancer.
@@ -942,6 +953,10 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	if follow.wait > 0 {
 		t.followWaits(el, follow, now, placed, followed)
 	}
+	var typical float64 // overdue's margin, once per pick
+	if fitted {
+		typical = t.typicalFirst()
+	}
 	best := math.Inf(1)
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
@@ -950,11 +965,8 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			x := t.features(i, own, tokens, &m, now, counts[i])
 			ttft := max(0, m.predict(x))
 			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-max(placed[i], shared)) + followed[i]
-			if slotWait[i] == 0 && t.slotPend[i].Load() == 0 {
-				// A full engine's head waits for a batch slot, which
-				// slotWait prices; only a head with nothing to wait for
-				// is late because the replica stalled.
-				pred[i] += t.overdue(i, &m, now)
+			if slotWait[i] == 0 {
+				pred[i] += t.overdue(i, &m, now, typical)
 			}
 			if slot := slotWait[i]; slot > 0 {
 				// The prefill ahead proceeds while the request waits for
@@ -1355,15 +1367,15 @@ func (t *predictedTTFT) pendLocked(target int, dn, dtok int, slot bool, now time
 // it kept the utilisation the follow-up wait reads (over the rates'
 // window) high after it resumed, so it drew no new prefix for a minute
 // (rolter-outage, a replica frozen for 8 s; docs/routing.md). Not while the
-// engine is full (the head waits for a slot, as in Pick). t.mu must be
-// held, before the leaving request is out of the head.
+// engine is full (see overdue). t.mu must be held, before the leaving
+// request is out of the head.
 func (t *predictedTTFT) settleStallLocked(target int, now time.Duration) {
 	since := t.busySince[target].Load()
-	if since < 0 || t.slotPend[target].Load() > 0 {
+	if since < 0 {
 		return
 	}
 	m := t.law()
-	if stalled := t.overdue(target, &m, now); stalled > 0 {
+	if stalled := t.overdue(target, &m, now, t.typicalFirst()); stalled > 0 {
 		t.busySince[target].Store(min(since+int64(stalled*float64(time.Millisecond)), int64(now)))
 	}
 }
@@ -1618,17 +1630,12 @@ type queueRates struct {
 // fleetRates returns the queueRates at now.
 func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool) queueRates {
 	r := queueRates{scale: scale}
-	start := t.start.Load()
-	if start < 0 {
+	base, from := t.rateFrom()
+	if from < 0 {
 		return r
 	}
 	r.started = true
-	base := t.base.Load()
 	r.q, r.arrivals = t.noveltyShare(base)
-	from := start
-	if base != nil {
-		from = base.at
-	}
 	elapsed := float64(int64(now)-from) / float64(time.Millisecond)
 	if elapsed <= 0 || !fitted {
 		return r
@@ -1676,11 +1683,7 @@ func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool
 // (multiturn through 4 proxies lost up to 5 % of its hit rate with an
 // earlier form of the term). follow is followCost, computed once per pick.
 func (t *predictedTTFT) followWait(i int, follow followFactors, now time.Duration) float64 {
-	from := t.start.Load()
-	base := t.base.Load()
-	if base != nil {
-		from = base.at
-	}
+	base, from := t.rateFrom()
 	if from < 0 || int64(now) <= from {
 		return 0
 	}
@@ -1815,6 +1818,16 @@ func windowMean(sum, n, base, baseN int64) (float64, bool) {
 		return float64(sum) / float64(n), true
 	}
 	return 0, false
+}
+
+// rateFrom returns the rates' base (nil until the window is full) and the
+// time (ns) they are measured from: its time, else the first request's (-1:
+// none yet).
+func (t *predictedTTFT) rateFrom() (*rateBase, int64) {
+	if b := t.base.Load(); b != nil {
+		return b, b.at
+	}
+	return nil, t.start.Load()
 }
 
 // means returns the window's base for windowMean: the zero base (every

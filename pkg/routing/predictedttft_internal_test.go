@@ -607,14 +607,14 @@ func TestPredictedTTFTOverdueHeadIsAStall(t *testing.T) {
 	// The head's own prefill is its few uncached tokens: the law gives it
 	// about 5 ms alone, so 8 ms in it is on time.
 	now += 8 * time.Millisecond
-	if got := b.overdue(0, &simLaw, now); got != 0 {
+	if got := b.overdue(0, &simLaw, now, b.typicalFirst()); got != 0 {
 		t.Fatalf("head 8 ms in: overdue %.1f ms, want 0", got)
 	}
 	if got := b.Pick(next(), nil, Set{}); got != 0 {
 		t.Fatalf("head on time: picked %d, want the holder 0", got)
 	}
 	now += time.Second
-	if got := b.overdue(0, &simLaw, now); got < 790 || got > 810 {
+	if got := b.overdue(0, &simLaw, now, b.typicalFirst()); got < 790 || got > 810 {
 		t.Fatalf("head 1,008 ms in: overdue %.1f ms, want 1,008 − 2 × (5 + 100)", got)
 	}
 	if got := b.Pick(next(), nil, Set{}); got != 1 {
@@ -629,13 +629,13 @@ func TestPredictedTTFTOverdueHeadIsAStall(t *testing.T) {
 	}
 	b.engine = nil
 	b.FirstToken(0, head, time.Second, 2000)
-	if got := b.overdue(0, &simLaw, now); got != 0 {
+	if got := b.overdue(0, &simLaw, now, b.typicalFirst()); got != 0 {
 		t.Fatalf("after the head's first token: overdue %.1f ms, want 0", got)
 	}
 	if got := b.Pick(next(), nil, Set{}); got != 0 {
 		t.Fatalf("stall over: picked %d, want the holder 0", got)
 	}
-	if got := b.overdue(1, &simLaw, now); got != 0 {
+	if got := b.overdue(1, &simLaw, now, b.typicalFirst()); got != 0 {
 		t.Fatalf("nothing pending: overdue %.1f ms, want 0", got)
 	}
 }
