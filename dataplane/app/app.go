@@ -11,7 +11,11 @@
 // Cancelling its context drains: /readyz turns 503, requests keep being
 // accepted for DrainDelay (if any), the listener closes, in-flight requests
 // and streams get up to DrainTimeout to finish, then the background
-// goroutines stop. [App.Wait] returns when all of that is done.
+// goroutines stop. Shortly before DrainTimeout ends, what still runs is
+// halted ([proxy.Proxy.Halt]): a stream gets an error event saying the proxy
+// shut down and the response is incomplete, a request not yet answered gets
+// 503 shutting_down, so that closing the connections at the deadline cuts
+// no answer without a word. [App.Wait] returns when all of that is done.
 package app
 
 import (
@@ -235,10 +239,23 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}
 		log.Info("draining", "timeout", opts.DrainTimeout.String())
 		sctx, cancel := context.WithTimeout(context.Background(), opts.DrainTimeout)
+		// Halt what still runs a little before the deadline, so that its
+		// handlers tell their clients and end, and Shutdown returns before
+		// srv.Close would cut them without a word. Halting takes
+		// milliseconds (cancel the upstream request, write one event); the
+		// margin leaves room for a client that reads slowly, and a tenth at
+		// most so that short drain timeouts still go mostly to streams
+		// finishing by themselves. Owned: stopped below once Shutdown
+		// returns.
+		halt := time.AfterFunc(opts.DrainTimeout-min(time.Second, opts.DrainTimeout/10), func() {
+			log.Info("drain deadline near; halting the requests still running")
+			p.Halt()
+		})
 		if err := srv.Shutdown(sctx); err != nil {
 			log.Warn("drain deadline passed; closing remaining connections", "err", err)
 			_ = srv.Close()
 		}
+		halt.Stop()
 		cancel()
 		if err := <-serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.err = err

@@ -46,7 +46,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Requests:         cv("requests_total", "Client requests answered, by endpoint, public model, HTTP status (502 for a response the upstream broke off after it started) and route variant (empty for routes without variants).", "endpoint", "model", "code", "variant"),
 		UpstreamErrors:   cv("upstream_errors_total", "Failed upstream attempts (transport errors and retryable statuses).", "provider", "reason"),
-		TargetRequests:   cv("target_requests_total", "Upstream attempts by target and outcome (ok = a 2xx relayed whole; error = the target failed or answered otherwise; client_gone = the client left before the answer reached it whole).", "model", "provider", "outcome"),
+		TargetRequests:   cv("target_requests_total", "Upstream attempts by target and outcome (ok = a 2xx relayed whole; error = the target failed or answered otherwise; client_gone = the client left before the answer reached it whole; shutting_down = the proxy halted it at the end of its drain).", "model", "provider", "outcome"),
 		Retries:          cv("retries_total", "Retries of a request on another target.", "model"),
 		CooldownsTripped: cv("cooldowns_tripped_total", "Targets parked after a failure.", "provider"),
 		BreakerOpened:    cv("breaker_opened_total", "Circuit breakers opened.", "provider"),

@@ -16,7 +16,9 @@
 // untried target after a jittered backoff; a body that breaks off is such a
 // failure too. A response that breaks off after it has started cannot be
 // retried: it ends with an error event (streams) and an aborted connection,
-// never like a complete one. If no target is eligible the attempt fails
+// never like a complete one. [Proxy.Halt], at the end of a drain, ends what
+// still runs the same way, as 503 shutting_down, and as no verdict on the
+// targets (nor a retry). If no target is eligible the attempt fails
 // open past cooldown, health and breaker, never past the key's provider
 // allow-list. Every write to the client is bounded by
 // server.client_write_timeout_ms (clientwrite.go): a client that stops

@@ -41,6 +41,12 @@ var (
 	errNoTarget         = apiError{http.StatusServiceUnavailable, "no_target", "api_error", "overloaded_error"}
 	errUpstream         = apiError{http.StatusBadGateway, "upstream_error", "api_error", "api_error"}
 	errUpstreamTimeout  = apiError{http.StatusGatewayTimeout, "upstream_timeout", "api_error", "api_error"}
+	// errShuttingDown: the proxy halted the request at the end of its drain
+	// ([Proxy.Halt]). Not errUpstream: the upstream did not fail, and a 502
+	// would count against it in every dashboard and alert; a 503 (with
+	// Anthropic's overloaded_error, as errNoTarget) tells clients to try
+	// again, which reaches another proxy.
+	errShuttingDown = apiError{http.StatusServiceUnavailable, "shutting_down", "api_error", "overloaded_error"}
 )
 
 type openAIErrorBody struct {

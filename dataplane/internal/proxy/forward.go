@@ -135,6 +135,11 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		refuse(w, r, cb, ep.dialect, e, msg)
 	}
 
+	if p.halted.Err() != nil {
+		// Few arrive after Halt: the listener closed before it.
+		fail(errShuttingDown, msgShuttingDown)
+		return
+	}
 	if rt == nil {
 		fail(errNoTarget, "no configuration loaded yet")
 		return
@@ -411,10 +416,16 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			// the wait (a cooldown that ended, a breaker that half-opened).
 			d := backoff.Delay(attempt, time.Duration(snap.Retry.BaseBackoffMS)*time.Millisecond,
 				time.Duration(snap.Retry.MaxBackoffMS)*time.Millisecond, rand.Float64())
-			if !sleep(r.Context(), d) {
+			if !sleep(r.Context(), p.halted.Done(), d) && r.Context().Err() != nil {
 				p.clientGone(x, nil)
 				return
 			}
+		}
+		if p.halted.Err() != nil {
+			// Nothing has gone to the client yet, and no attempt may
+			// start: the process is about to close its connections.
+			p.refuseHalted(w, x)
+			return
 		}
 		now := time.Now()
 		_, selSpan := p.tracer.Start(r.Context(), "route.select",
@@ -464,6 +475,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 				p.attemptAbandoned(x, t, probe)
 				return
 			}
+			if errors.Is(err, errHalted) {
+				p.attemptHalted(x, t, probe)
+				p.refuseHalted(w, x)
+				return
+			}
 			timedOut, bodyFailed = errors.Is(err, errHeaderTimeout), false
 			reason := "transport"
 			if timedOut {
@@ -502,6 +518,21 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		}
 		upSpan.End()
 		release()
+		if errors.Is(berr, errHalted) {
+			// Halt cancelled the attempt: no verdict on the target (unless
+			// its status already was one), no retry, as the process is
+			// about to close its connections.
+			if !failed {
+				p.attemptHalted(x, t, probe)
+			}
+			if end == relayUnsent {
+				p.refuseHalted(w, x)
+				return
+			}
+			// relayCut: as an upstream's cut below, but the proxy's doing.
+			x.status, x.errCode, x.usage, x.abort = errShuttingDown.status, errShuttingDown.code, usage.Usage{}, true
+			return
+		}
 		if end == relayUnsent || end == relayCut {
 			// The upstream broke off mid-body, or went silent: a failure
 			// of the target like a transport error, whatever its status
@@ -626,6 +657,24 @@ func (p *Proxy) attemptAbandoned(x *exchange, t *target, probe uint64) {
 	p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, "client_gone").Inc()
 }
 
+// attemptHalted ends an attempt that Halt cancelled, counted with outcome
+// shutting_down: like one whose client left, it says nothing of the target
+// (see attemptAbandoned), and routing learns nothing from it.
+func (p *Proxy) attemptHalted(x *exchange, t *target, probe uint64) {
+	t.state.BreakerAbandon(x.rt.breaker, probe)
+	p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, "shutting_down").Inc()
+}
+
+// msgShuttingDown is the message of errShuttingDown before the response
+// started.
+const msgShuttingDown = "the proxy is shutting down; send the request again"
+
+// refuseHalted answers a request halted before its response started.
+func (p *Proxy) refuseHalted(w http.ResponseWriter, x *exchange) {
+	x.status, x.errCode = errShuttingDown.status, errShuttingDown.code
+	writeError(w, x.ep.dialect, errShuttingDown, msgShuttingDown)
+}
+
 // clientGone ends a request whose client went away, or stopped reading
 // (err wraps errClientWriteTimeout): the caller stops relaying and
 // forward's usual end of an attempt cancels the upstream request and
@@ -647,7 +696,9 @@ func (p *Proxy) clientGone(x *exchange, err error) {
 // never reaches the client, which is no longer reading.
 const codeClientWriteTimeout = "client_write_timeout"
 
-func sleep(ctx context.Context, d time.Duration) bool {
+// sleep waits d and reports whether it did: false when ctx ended or halt
+// was closed first.
+func sleep(ctx context.Context, halt <-chan struct{}, d time.Duration) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
@@ -657,6 +708,8 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	case <-ctx.Done():
+		return false
+	case <-halt:
 		return false
 	}
 }
@@ -703,17 +756,23 @@ func connectionHeaders(h http.Header) map[string]bool {
 }
 
 // send makes one upstream attempt. The returned cancel must be called when
-// the response body is done with.
+// the response body is done with. An attempt that Halt cancelled fails with
+// errHalted, and so do the reads of its body.
 func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, context.CancelFunc, error) {
 	prov := t.cfg.Provider
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancelCause := context.WithCancelCause(r.Context())
+	// Halt cancels the attempt as the header timeout below does; the hook
+	// is released when the attempt ends (cancel), else every attempt would
+	// stay registered on the proxy's long-lived halt context.
+	stopHalt := context.AfterFunc(p.halted, func() { cancelCause(errHalted) })
+	cancel := func() { stopHalt(); cancelCause(nil) }
 	var timedOut bool
 	var mu sync.Mutex
 	timer := time.AfterFunc(time.Duration(x.rt.snap.Timeouts.RequestSecs)*time.Second, func() {
 		mu.Lock()
 		timedOut = true
 		mu.Unlock()
-		cancel()
+		cancelCause(nil)
 	})
 	payload := x.body.WithModel(t.cfg.Model)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, upstreamURL(prov.APIBase, x.ep.path), bytes.NewReader(payload))
@@ -765,6 +824,9 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 	stopped := timer.Stop()
 	if err != nil {
 		cancel()
+		if errors.Is(context.Cause(ctx), errHalted) {
+			return nil, nil, fmt.Errorf("%w: %s", errHalted, prov.Name)
+		}
 		mu.Lock()
 		to := timedOut
 		mu.Unlock()
@@ -774,9 +836,26 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 		return nil, nil, fmt.Errorf("proxy: upstream %s: %w", prov.Name, err)
 	}
 	if idle := time.Duration(x.rt.snap.Timeouts.IdleSecs) * time.Second; idle > 0 {
-		resp.Body = newIdleBody(resp.Body, idle, cancel)
+		resp.Body = newIdleBody(resp.Body, idle, func() { cancelCause(nil) })
 	}
+	resp.Body = &haltBody{ReadCloser: resp.Body, ctx: ctx}
 	return resp, cancel, nil
+}
+
+// haltBody reports errHalted as the read error of a body whose request
+// Halt cancelled, so that every reader of it (relay, relayBuffered) tells
+// the proxy's shutdown from the upstream's failure.
+type haltBody struct {
+	io.ReadCloser
+	ctx context.Context
+}
+
+func (b *haltBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) && errors.Is(context.Cause(b.ctx), errHalted) {
+		err = errHalted
+	}
+	return n, err
 }
 
 // errUpstreamIdle is the read error of a response body the upstream sent
@@ -1004,7 +1083,11 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 				// event stands alone (a blank line too many is ignored).
 				ev = append(ev, "\n\n"...)
 			}
-			ev = append(ev, errorEvent(x.ep.dialect, errUpstream, "the upstream broke off the response after it had started; the response is incomplete")...)
+			e, msg := errUpstream, "the upstream broke off the response after it had started; the response is incomplete"
+			if errors.Is(rerr, errHalted) {
+				e, msg = errShuttingDown, "the proxy shut down before the response finished; the response is incomplete"
+			}
+			ev = append(ev, errorEvent(x.ep.dialect, e, msg)...)
 			_, _ = w.Write(ev)
 		}
 		// What did arrive goes out before the connection is aborted.

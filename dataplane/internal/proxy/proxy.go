@@ -75,6 +75,11 @@ type Proxy struct {
 	writeTimeout   atomic.Int64 // nanoseconds, server.client_write_timeout_ms of the current snapshot
 	cacheTotals    cacheTotals
 	deliveryStats  delivery.Stats
+
+	// halted is cancelled by Halt (haltNow); every upstream attempt hooks
+	// its cancellation to it for as long as it runs.
+	halted  context.Context
+	haltNow context.CancelFunc
 }
 
 // New builds a Proxy with no config; it answers 503 until [Proxy.Apply].
@@ -102,6 +107,7 @@ func New(opts Options) *Proxy {
 		gatherer: opts.Gatherer,
 		reg:      opts.Registry,
 	}
+	p.halted, p.haltNow = context.WithCancel(context.Background())
 	p.connectTimeout.Store(int64(10 * time.Second))
 	p.writeTimeout.Store(int64(config.DefaultClientWriteTimeoutMS * time.Millisecond))
 	transport := opts.Transport
@@ -228,6 +234,21 @@ func (p *Proxy) Close() error {
 // that keep-alive clients reconnect (through the balancer, to a proxy that
 // is not draining).
 func (p *Proxy) SetDraining(v bool) { p.draining.Store(v) }
+
+// Halt ends what is still running at the end of a drain, so that closing
+// the server's connections then cuts nothing: every upstream attempt in
+// flight is cancelled; a stream that had started gets an error event saying
+// the proxy shut down and its connection is aborted, so it cannot pass for a
+// complete answer; a response that had not started is answered 503
+// shutting_down, not retried on another target; requests arriving after
+// Halt get the same 503. None of it counts against the targets. Halt does not
+// wait for the handlers to finish (http.Server.Shutdown does). It is
+// idempotent and safe for concurrent use, and cannot be undone.
+func (p *Proxy) Halt() { p.haltNow() }
+
+// errHalted is the error of an upstream attempt that Halt cancelled: the
+// transport error of send, or the read error of the response body.
+var errHalted = errors.New("proxy: halted: the proxy shut down before the response finished")
 
 // drainAwareWriter adds "Connection: close" to a response whose headers are
 // written while the proxy drains. Deciding when the headers go out, not when
