@@ -3,12 +3,16 @@ package e2e_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/anthropics/anthropic-sdk-go/v2/packages/pagination"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
@@ -281,4 +285,124 @@ func TestModelRetrieveAndCountTokensThroughProxy(t *testing.T) {
 	if !errors.As(err, &aErr) || aErr.StatusCode != http.StatusNotFound || !strings.Contains(aErr.RawJSON(), `"not_found_error"`) {
 		t.Fatalf("count_tokens of an unknown model: %v", err)
 	}
+}
+
+// The Anthropic SDK's models.list (auto-paging forward and back) and
+// models.retrieve, and the OpenAI SDK's models.list, through the proxy:
+// the routes in config order, filtered by the key, in each SDK's shape.
+func TestModelsThroughProxy(t *testing.T) {
+	r := startReplica(t, vllmsim.Options{Models: []string{"sim"}})
+	routes := []string{"m", "m-b", "m-c", "m-d", "m-e"}
+	cfg := fleetConfig("", "round_robin", r) // routes m
+	for _, m := range routes[1:] {
+		cfg += fmt.Sprintf("\n[[routes]]\nmodel = %q\ntargets = [{ provider = \"vllm-0\", model = \"sim\" }]\n", m)
+	}
+	const limitedKey = "sk-rolter-e2e-limited-0001"
+	cfg += "\n[[virtual_keys]]\nname = \"e2e\"\nkey = \"" + virtualKey + "\"\n" +
+		"\n[[virtual_keys]]\nname = \"limited\"\nkey = \"" + limitedKey + "\"\nmodels = [\"m-b\", \"m-d\"]\n"
+	a, _ := startProxy(t, cfg)
+	base := a.URL()
+	ctx := t.Context()
+
+	pages := 0 // list requests the SDK sent; its calls run on this goroutine
+	ac := anthropic.NewClient(aoption.WithBaseURL(base), aoption.WithAPIKey(virtualKey), aoption.WithMaxRetries(0),
+		aoption.WithMiddleware(func(req *http.Request, next aoption.MiddlewareNext) (*http.Response, error) {
+			if req.URL.Path == "/v1/models" {
+				pages++
+			}
+			return next(req)
+		}))
+	collect := func(it *pagination.PageAutoPager[anthropic.ModelInfo]) []string {
+		t.Helper()
+		var ids []string
+		for it.Next() {
+			ids = append(ids, it.Current().ID)
+		}
+		if err := it.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+
+	t.Run("anthropic list, auto-paging forward", func(t *testing.T) {
+		pages = 0
+		got := collect(ac.Models.ListAutoPaging(ctx, anthropic.ModelListParams{Limit: anthropic.Int(2)}))
+		// 2 + 2 + 1: has_more false on the third page ends the walk.
+		if !slices.Equal(got, routes) || pages != 3 {
+			t.Fatalf("%v in %d pages, want %v in 3", got, pages, routes)
+		}
+	})
+
+	t.Run("anthropic list, auto-paging back", func(t *testing.T) {
+		pages = 0
+		got := collect(ac.Models.ListAutoPaging(ctx, anthropic.ModelListParams{Limit: anthropic.Int(2), BeforeID: anthropic.String("m-e")}))
+		// The page before m-e, then the one before that (each in list order).
+		if want := []string{"m-c", "m-d", "m", "m-b"}; !slices.Equal(got, want) || pages != 2 {
+			t.Fatalf("%v in %d pages, want %v in 2", got, pages, want)
+		}
+	})
+
+	t.Run("anthropic list, one page", func(t *testing.T) {
+		page, err := ac.Models.List(ctx, anthropic.ModelListParams{Limit: anthropic.Int(3), AfterID: anthropic.String("m")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Data) != 3 || page.Data[0].ID != "m-b" || !page.HasMore || page.FirstID != "m-b" || page.LastID != "m-d" {
+			t.Fatalf("page %s", page.RawJSON())
+		}
+	})
+
+	t.Run("anthropic retrieve", func(t *testing.T) {
+		m, err := ac.Models.Get(ctx, "m-c", anthropic.ModelGetParams{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.ID != "m-c" || m.DisplayName != "m-c" || !m.CreatedAt.Equal(time.Unix(0, 0)) || !m.JSON.Type.Valid() || m.Type != "model" {
+			t.Fatalf("model %s", m.RawJSON())
+		}
+	})
+
+	t.Run("anthropic errors", func(t *testing.T) {
+		var aErr *anthropic.Error
+		_, err := ac.Models.Get(ctx, "no-such-model", anthropic.ModelGetParams{})
+		if !errors.As(err, &aErr) || aErr.StatusCode != http.StatusNotFound || aErr.Type() != anthropic.ErrorTypeNotFoundError {
+			t.Fatalf("retrieve of an unknown model: %v", err)
+		}
+		_, err = ac.Models.List(ctx, anthropic.ModelListParams{Limit: anthropic.Int(1001)})
+		if !errors.As(err, &aErr) || aErr.StatusCode != http.StatusBadRequest || aErr.Type() != anthropic.ErrorTypeInvalidRequestError {
+			t.Fatalf("list with limit 1001: %v", err)
+		}
+	})
+
+	t.Run("anthropic, a key limited to some models", func(t *testing.T) {
+		lc := anthropic.NewClient(aoption.WithBaseURL(base), aoption.WithAPIKey(limitedKey), aoption.WithMaxRetries(0))
+		got := collect(lc.Models.ListAutoPaging(ctx, anthropic.ModelListParams{Limit: anthropic.Int(1)}))
+		if want := []string{"m-b", "m-d"}; !slices.Equal(got, want) {
+			t.Fatalf("%v, want %v", got, want)
+		}
+		var aErr *anthropic.Error
+		if _, err := lc.Models.Get(ctx, "m-c", anthropic.ModelGetParams{}); !errors.As(err, &aErr) || aErr.StatusCode != http.StatusNotFound {
+			t.Fatalf("retrieve of a model the key may not use: %v", err)
+		}
+	})
+
+	t.Run("openai list", func(t *testing.T) {
+		for key, want := range map[string][]string{virtualKey: routes, limitedKey: {"m-b", "m-d"}} {
+			oc := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
+			page, err := oc.Models.List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, m := range page.Data {
+				if m.Object != "model" || m.OwnedBy != "rolter" {
+					t.Fatalf("model %s", m.RawJSON())
+				}
+				got = append(got, m.ID)
+			}
+			if !slices.Equal(got, want) || page.Object != "list" {
+				t.Fatalf("%s: %v (object %q), want %v", key, got, page.Object, want)
+			}
+		}
+	})
 }

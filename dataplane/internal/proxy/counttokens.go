@@ -19,27 +19,6 @@ import (
 // countTokensPath is Anthropic's token-counting endpoint.
 const countTokensPath = "/v1/messages/count_tokens"
 
-// serveModel answers GET /v1/models/{id} from the route table, filtered by
-// the key as the list is: a model the key may not use does not exist for it.
-func (p *Proxy) serveModel(w http.ResponseWriter, r *http.Request, id string) {
-	rt := p.rt.Load()
-	if rt == nil {
-		writeError(w, dialectOpenAI, errNoTarget, "no configuration loaded yet")
-		return
-	}
-	key, aerr, msg := p.authenticate(rt, r)
-	if aerr != nil {
-		writeError(w, dialectOpenAI, *aerr, msg)
-		return
-	}
-	if rt.routes[id] == nil || key != nil && !key.AllowsModel(id) {
-		writeError(w, dialectOpenAI, errModelNotFound, fmt.Sprintf("The model %q does not exist", id))
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(modelEntry{ID: id, Object: "model", OwnedBy: "rolter"})
-}
-
 // serveCountTokens answers POST /v1/messages/count_tokens: forwarded to an
 // anthropic target of the model (which counts exactly), else counted by an
 // engine target's /tokenize on the messages rendered with its chat template

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -322,7 +321,19 @@ func notAnthropic(kind string) bool { return kind != config.KindAnthropic }
 // count_tokens) comes from an Anthropic client, which reads only the
 // Anthropic error shape; any other gets the OpenAI one.
 func notFoundDialect(r *http.Request) dialect {
-	if r.Header.Get("Anthropic-Version") != "" || strings.HasPrefix(r.URL.Path, "/v1/messages/") {
+	if strings.HasPrefix(r.URL.Path, "/v1/messages/") {
+		return dialectAnthropic
+	}
+	return clientDialect(r)
+}
+
+// clientDialect is the API a request on a path both APIs serve
+// (/v1/models) speaks: Anthropic's when it carries an anthropic-version
+// header, which every Anthropic SDK sends and the Anthropic API requires,
+// else OpenAI's. x-api-key alone does not decide it: any client may send
+// its key that way (see credentials).
+func clientDialect(r *http.Request) dialect {
+	if r.Header.Get("Anthropic-Version") != "" {
 		return dialectAnthropic
 	}
 	return dialectOpenAI
@@ -361,7 +372,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Request-Id", requestID(r))
 		if r.Method != http.MethodGet {
 			w.Header().Set("Allow", http.MethodGet)
-			writeError(w, dialectOpenAI, errMethodNotAllowed, "use GET /v1/models")
+			writeError(w, clientDialect(r), errMethodNotAllowed, "use GET /v1/models")
 			return
 		}
 		p.serveModels(w, r)
@@ -380,7 +391,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Request-Id", requestID(r))
 		if r.Method != http.MethodGet {
 			w.Header().Set("Allow", http.MethodGet)
-			writeError(w, dialectOpenAI, errMethodNotAllowed, "use GET /v1/models/{model}")
+			writeError(w, clientDialect(r), errMethodNotAllowed, "use GET /v1/models/{model}")
 			return
 		}
 		p.serveModel(w, r, id)
@@ -481,37 +492,4 @@ func providerKeyHint(secret string) string {
 		return " (this looks like an OpenAI API key; send your rolter virtual key instead)"
 	}
 	return ""
-}
-
-type modelList struct {
-	Object string       `json:"object"`
-	Data   []modelEntry `json:"data"`
-}
-
-type modelEntry struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-}
-
-func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request) {
-	rt := p.rt.Load()
-	if rt == nil {
-		writeError(w, dialectOpenAI, errNoTarget, "no configuration loaded yet")
-		return
-	}
-	key, aerr, msg := p.authenticate(rt, r)
-	if aerr != nil {
-		writeError(w, dialectOpenAI, *aerr, msg)
-		return
-	}
-	list := modelList{Object: "list", Data: []modelEntry{}}
-	for _, m := range rt.modelNames() {
-		if key == nil || key.AllowsModel(m) {
-			list.Data = append(list.Data, modelEntry{ID: m, Object: "model", OwnedBy: "rolter"})
-		}
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(list)
 }
