@@ -77,7 +77,7 @@ const (
 //	own(i)       = prompt_tokens - matched(i)
 //	ttft(i)      = w0 + w1·ahead_n(i) + w2·ahead_tok(i)/1000 + w3·own(i)/1000
 //	cost(i)      = ttft(i) + externality + followWait + waste (see each)
-//	             + max(0, slot(i) + ttft_alone(i) − ttft(i))
+//	             + max(0, slot(i) + ttft_alone(i) − ttft(i)) + slotExternality
 //
 // followWait is bounded where a target holds more of the prompt than
 // another (see followWaits). There and in waste a target holds what
@@ -85,7 +85,9 @@ const (
 //
 // slot(i) is the wait for a batch slot when the engine is full (see
 // slotWaits), while the prefill ahead proceeds: the request's own prefill
-// (ttft_alone, ttft with nothing ahead) starts after both.
+// (ttft_alone, ttft with nothing ahead) starts after both. There, its own
+// prefill also delays the requests that will wait for those slots after it
+// (slotExternality).
 //
 // With peers (SetPlace), a target that is not this proxy's home also costs
 // the wait behind peers' picks of the last report gap, which no report has
@@ -929,7 +931,13 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			}
 		}
 	}
-	el = t.slotWaits(el, loads, counts, slotWait)
+	var sbuf [MaxTargets]float64
+	slots := sbuf[:t.n]
+	el = t.slotWaits(el, loads, counts, slotWait, slots)
+	var saturation float64 // slotExternality's busy-period factor, once per pick
+	if rates.timed {
+		saturation = t.slotSaturation()
+	}
 	rank, size := t.placeOf()
 	collision := t.blindCollision(&m, rates, size)
 	held, shared := 0.0, 0.0 // the longest prefix an eligible target holds, and its shared part (see waste)
@@ -974,6 +982,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 				alone := x
 				alone[lawAhead], alone[lawQueued] = 0, 0
 				pred[i] += max(0, slot+max(0, m.predict(alone))-ttft)
+				pred[i] += slotExternality(max(0, m.w[lawQueued])*own/1000, slots[i], slot+max(0, m.predict(alone)), rates.lambda, saturation)
 			}
 			best = min(best, pred[i])
 		}
@@ -2011,7 +2020,8 @@ func (t *predictedTTFT) Learn(target int, ctx *Context, _ int, latency time.Dura
 }
 
 // slotWaits sets wait[i], for each target i of el, to the time (ms) a
-// request sent there now would wait for a batch slot. None until the
+// request sent there now would wait for a batch slot, and slots[i] to its
+// slots where it would wait. None until the
 // engine has been seen full (requests waiting while others run: vLLM's
 // max_num_seqs or its KV blocks reached); then, with s the target's slots
 // (slotPlace) and k = running + waiting + 1 − s (the request's place among
@@ -2033,7 +2043,7 @@ func (t *predictedTTFT) Learn(target int, ctx *Context, _ int, latency time.Dura
 // --max-batch 16: TTFT mean 896 ms, p99 5,227 ms, against 236 and 4,122
 // for the best peers; 205 and 1,092 with it when it was added;
 // docs/routing.md).
-func (t *predictedTTFT) slotWaits(el Set, loads []int, counts []engineCounts, wait []float64) Set {
+func (t *predictedTTFT) slotWaits(el Set, loads []int, counts []engineCounts, wait, slots []float64) Set {
 	if t.engine == nil {
 		return el
 	}
@@ -2045,6 +2055,7 @@ func (t *predictedTTFT) slotWaits(el Set, loads []int, counts []engineCounts, wa
 			k, s := t.slotPlace(i, loads, counts[i])
 			if k > 0 {
 				wait[i] = float64(k) * hold / float64(s+1)
+				slots[i] = float64(s)
 				free.Remove(i)
 			}
 		}
@@ -2053,6 +2064,48 @@ func (t *predictedTTFT) slotWaits(el Set, loads []int, counts []engineCounts, wa
 		return el
 	}
 	return free
+}
+
+// slotExternality is the delay that ownMS more of slot time at a full
+// target (s slots, all taken) imposes on the requests that wait for its
+// slots after this one. The extra time one slot is held passes to the next
+// request waiting for a slot, and on along the queue: each request that
+// arrives before the queue clears starts ownMS / s later on average (the
+// target serves s at once). They are λ × clearMS × saturation: λ the
+// fleet's mean arrivals per target and ms (as in externality), clearMS the
+// time until this request has its first token (its slot wait and its own
+// prefill), saturation the factor by which arrivals that keep finding the
+// slots taken extend that (see slotSaturation). It is externality's
+// argument for the batch slots, where queued prefill is not the
+// bottleneck: in a fleet that stays full (a closed loop with more clients
+// than slots) every prefill token a miss adds delays everyone after it,
+// and the fastest first token for this request, at whichever replica frees
+// a slot first, cost gsp at --max-batch 8 half its cache hits (87.6 % for
+// the peers that wait for the holder, 40.5 % without this term, 76 % with
+// it; docs/routing.md).
+func slotExternality(ownMS, s, clearMS, lambda, saturation float64) float64 {
+	if ownMS <= 0 || s <= 0 || saturation <= 0 {
+		return 0
+	}
+	return ownMS / s * lambda * clearMS * saturation
+}
+
+// slotSaturation is 1 / (1 − f), f the share of first tokens over the
+// rates' window (all of them until there is one) that waited for a batch
+// slot, capped as utilisation is (maxUtilisation): the busy period of a
+// queue whose arrivals wait that often, relative to the wait in sight, as
+// in externality's 1 / (1 − ρ). 0 before any first token.
+func (t *predictedTTFT) slotSaturation() float64 {
+	b := t.means()
+	n, free := t.firstN.Load(), t.freeN.Load()
+	if n-b.firstN > 0 {
+		n, free = n-b.firstN, free-b.freeN
+	}
+	if n <= 0 {
+		return 0
+	}
+	f := min(max(1-float64(free)/float64(n), 0), maxUtilisation)
+	return 1 / (1 - f)
 }
 
 // slotPlace returns a new request's place k among those waiting for a

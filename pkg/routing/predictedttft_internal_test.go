@@ -748,3 +748,38 @@ func TestPredictedTTFTStallIsNotBusy(t *testing.T) {
 		t.Fatalf("busy %v, want the on-time part counted (about 210 ms)", busy)
 	}
 }
+
+// With every slot taken, the prefill a request adds to its slot's hold
+// delays the requests that wait for the slots after it. In a fleet whose
+// first tokens mostly waited for a slot lately, a follow-up waits for a
+// slot at its prefix's holder rather than re-prefill the prefix at the
+// replica whose slot frees sooner; with no first token having waited, the
+// sooner slot wins, as before the term.
+func TestPredictedTTFTSlotExternality(t *testing.T) {
+	for _, tc := range []struct {
+		waited int64 // of 100 first tokens
+		want   int
+	}{{0, 1}, {90, 0}} {
+		now := time.Second
+		b := newTwoTargetTTFT(t, &now)
+		b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+		// Both engines full: 4 slots, 2 waiting at the holder, 1 at target 1.
+		b.engine = &slotEngine{waiting: []int{2, 1}, running: []int{4, 4}}
+		first := &Context{Prompt: strings.Repeat("a", 16000)}
+		b.Observe(0, first)
+		b.FirstToken(0, first, 200*time.Millisecond, 4000)
+		b.Learn(0, first, 0, 4*time.Second) // a slot is held 4 s
+		b.firstN.Add(99)
+		b.firstSum.Add(99 * int64(200*time.Millisecond))
+		b.freeN.Add(99 - tc.waited)
+		b.freeSum.Add((99 - tc.waited) * int64(200*time.Millisecond))
+		setQueueHistory(b, 0, 0)
+		b.arrivals[0].Store(1) // 2 arrivals over 1 s, one of them new
+		b.arrivals[1].Store(1)
+		b.novelty.Store(math.Float64bits(1))
+		req := &Context{Prompt: strings.Repeat("a", 16000) + strings.Repeat("b", 400)}
+		if got := b.Pick(req, nil, Set{}); got != tc.want {
+			t.Fatalf("%d of 100 first tokens waited for a slot: picked %d, want %d (saturation %.2f)", tc.waited, got, tc.want, b.slotSaturation())
+		}
+	}
+}
