@@ -79,14 +79,17 @@ type LawReporter interface {
 // prompt tokens / 1,000 + OwnMSPer1K × this request's uncached prompt
 // tokens / 1,000. Until Fitted the balancer routes on a unit law whose
 // weights are not milliseconds, and the weights here are zero.
+// DecodeMSPer1K is what an answer that came back whole (a client that does
+// not stream) took per 1,000 output tokens beyond its first token: the
+// decode the fit separates from it (0 while no such answer was seen).
 type LawState struct {
 	Fitted bool
-	// Samples is the number of first tokens the fit in use was made on
-	// (0 until fitted); FirstTokens counts every first token reported,
-	// those that teach the law nothing included (see predicted_ttft's
-	// FirstToken).
-	Samples, FirstTokens                       int
-	BaseMS, AheadMS, QueuedMSPer1K, OwnMSPer1K float64
+	// Samples is the number of first tokens and whole answers the fit in
+	// use was made on (0 until fitted); FirstTokens counts every first
+	// token reported, those that teach the law nothing included (see
+	// predicted_ttft's FirstToken), and WholeAnswers every whole answer.
+	Samples, FirstTokens, WholeAnswers                        int
+	BaseMS, AheadMS, QueuedMSPer1K, OwnMSPer1K, DecodeMSPer1K float64
 	// BytesPerToken is the learned ratio of prompt bytes to the engine's
 	// prompt tokens (the default until an engine reported a count).
 	BytesPerToken float64

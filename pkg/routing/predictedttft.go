@@ -38,6 +38,12 @@ type TTFTObserver interface {
 	// dispatch, and the engine's prompt token count (usage.prompt_tokens),
 	// or 0 when not known.
 	FirstToken(target int, ctx *Context, ttft time.Duration, promptTokens int)
+	// WholeAnswer reports that the answer of an attempt whose client does
+	// not stream (Context.Buffered) arrived whole, latency after dispatch,
+	// with the engine's prompt and output token counts (usage; 0 when not
+	// known). Such an attempt shows no first token: the proxy reports this
+	// instead of FirstToken, before Learn.
+	WholeAnswer(target int, ctx *Context, latency time.Duration, promptTokens, outputTokens int)
 	// Abandon reports that the attempt ended without completing, before
 	// or after its first token.
 	Abandon(target int, ctx *Context)
@@ -214,8 +220,15 @@ type predictedTTFT struct {
 	gapN      int
 	reportGap atomic.Int64
 
-	mu        sync.Mutex
-	pending   []map[*Context]pendingPrefill
+	mu      sync.Mutex
+	pending []map[*Context]pendingPrefill
+	// Attempts whose answers come back whole (Context.Buffered): their
+	// predicted first tokens in time order, the earliest (ns; MaxInt64:
+	// none), and per target those past it, out of the queue until their
+	// answer teaches the law (see expireDue).
+	dues      dueHeap
+	nextDue   atomic.Int64
+	answered  []map[*Context]pendingPrefill
 	slotPend  []atomic.Int64 // per target, the pending requests waiting for a batch slot (written under mu)
 	lastSweep time.Duration
 	unsent    map[unsentKey]*unsentHashes // what each (target, prompt) has to publish, until RecordLocal hands it over
@@ -252,6 +265,7 @@ type predictedTTFT struct {
 	// tokens and Σ TTFT of those that did not wait for a batch slot (ns),
 	// and their counts: how long a request holds its slot (slotHold).
 	doneSum, doneN, firstSum, firstN, freeSum, freeN atomic.Int64
+	wholeN                                           atomic.Int64 // whole answers reported (WholeAnswer)
 
 	unitLaw ttftLaw
 }
@@ -274,6 +288,10 @@ type pendingPrefill struct {
 	// the target more since its previous report, some of it perhaps
 	// ahead of this request, so x may miss it (see FoldPeerQueue).
 	unseen bool
+	// due: for an attempt whose answer comes back whole (Context.Buffered),
+	// when its first token is predicted, and it leaves the queue (see
+	// expireDue); 0 for the others.
+	due time.Duration
 }
 
 // peerQueue is a peer's pending prefill at a target, on this balancer's
@@ -340,8 +358,9 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
 		peerQueues: map[string][]peerQueue{}, peerLast: map[string]time.Duration{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
 		pending: make([]map[*Context]pendingPrefill, n), slotPend: make([]atomic.Int64, n),
-		unsent:  map[unsentKey]*unsentHashes{},
-		unitLaw: ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1}, samples: PredictorMinSamples},
+		answered: make([]map[*Context]pendingPrefill, n),
+		unsent:   map[unsentKey]*unsentHashes{},
+		unitLaw:  ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1, 0}, samples: PredictorMinSamples},
 	}
 	if t.specTTL == 0 {
 		t.specTTL = DefaultSpeculativeTTL
@@ -352,12 +371,14 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	}
 	for i := range t.pending {
 		t.pending[i] = map[*Context]pendingPrefill{}
+		t.answered[i] = map[*Context]pendingPrefill{}
 		t.busySince[i].Store(-1)
 		t.headAt[i].Store(-1)
 		t.lastLeave[i].Store(-1)
 		t.peerLeave[i].Store(-1)
 	}
 	t.start.Store(-1)
+	t.nextDue.Store(math.MaxInt64)
 	t.peerHeard.Store(-1)
 	t.bytesPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.indexedPerToken.Store(math.Float64bits(DefaultBytesPerToken))
@@ -575,15 +596,20 @@ func (m *ttftLaw) predict(x [lawFeatures]float64) float64 {
 
 // The inputs of predicted_ttft's latency law, by index: 1, the requests
 // ahead, the queued prefill tokens ahead (thousands), this request's own
-// uncached tokens (thousands). Queued and own work have their own weights:
-// an engine that prefills one request at a time (vLLM's token budget per
+// uncached tokens (thousands), and the output tokens (thousands) of an
+// answer that arrived whole (see WholeAnswer; 0 for a first token, and in
+// every prediction). Queued and own work have their own weights: an
+// engine that prefills one request at a time (vLLM's token budget per
 // step) charges both, one that prefills every request on its own (vllmsim)
-// only the own, and the fit learns which.
+// only the own, and the fit learns which. The decode weight lets the
+// latency of a whole answer teach the rest: its first token is that
+// latency less the decode, which the fit separates.
 const (
 	lawBase = iota
 	lawAhead
 	lawQueued
 	lawOwn
+	lawDecode
 	lawFeatures
 )
 
@@ -683,7 +709,11 @@ func (f *lawFit) normal(active [lawFeatures]bool) ([lawFeatures][lawFeatures]flo
 	for i := range a {
 		trace += a[i][i]
 	}
-	ridge := 1e-9 * trace / lawFeatures
+	inputs := float64(lawFeatures)
+	if a[lawDecode][lawDecode] == 0 {
+		inputs-- // no whole answer: the decode input is not there
+	}
+	ridge := 1e-9 * trace / inputs
 	if ridge <= 0 {
 		return a, false
 	}
@@ -908,6 +938,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		}
 	}
 	now := t.now()
+	t.expireDue(now)
 	m := t.law()
 	fitted := m != t.unitLaw
 	placed := match // read by the waste term and the follow-up wait's bound, which need the law
@@ -1273,11 +1304,27 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	t.matched(ctx, tokens, match)
 	own := max(float64(tokens)-match[target], 0)
 	now := t.now()
+	t.expireDue(now)
 	m := t.law()
 	c := t.counts(target)
 	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens, &m, now, c), at: now,
 		bytes: promptBytes(ctx), indexed: indexedBytes(ctx), knownTok: len(ctx.TokenIDs), blind: t.peerHeard.Load() < 0,
 		slot: t.slotWaiter(target, c)}
+	if ctx.Buffered && !e.slot {
+		// No first token will be seen: the request leaves the queue when
+		// the law says it has one, less its fixed part, where a fit of
+		// answers that all have about one length puts their decode (which
+		// it cannot tell from a fixed cost); before the law (no time
+		// scale) at once.
+		// Kept until its answer, the queue it showed was mostly decode,
+		// a law fitted on it predicted that, and its dues kept it so (gsp
+		// --rate 20: every target ~4,900 ms, where the truth is 20).
+		// Waiting for a slot, it leaves at its answer.
+		e.due = now + 1
+		if m != t.unitLaw {
+			e.due = now + max(time.Duration((m.predict(e.x)-m.w[lawBase])*float64(time.Millisecond)), 1)
+		}
+	}
 
 	held := 0.0
 	for _, v := range match {
@@ -1303,6 +1350,9 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	}
 	t.pending[target][ctx] = e
 	t.pendLocked(target, 1, e.tokens, e.slot, now)
+	if e.due > 0 {
+		t.pushDueLocked(dueItem{at: e.due, target: target, ctx: ctx, seq: e.seq})
+	}
 	if now-t.lastSweep > time.Second {
 		t.lastSweep = now
 		t.sweepLocked(now)
@@ -1333,6 +1383,13 @@ func (t *predictedTTFT) sweepLocked(now time.Duration) {
 			if now-e.at > TTFTPendingTimeout {
 				delete(m, k)
 				t.pendLocked(i, -1, -e.tokens, e.slot, now)
+			}
+		}
+	}
+	for _, m := range t.answered {
+		for k, e := range m {
+			if now-e.at > TTFTPendingTimeout {
+				delete(m, k)
 			}
 		}
 	}
@@ -1399,7 +1456,7 @@ func (t *predictedTTFT) busyLocked(target int, now time.Duration) {
 		t.busySince[target].Store(int64(now))
 	case after <= 0:
 		if since := t.busySince[target].Load(); since >= 0 {
-			t.busyTotal[target].Add(int64(now) - since)
+			t.busyTotal[target].Add(max(int64(now)-since, 0))
 			t.busySince[target].Store(-1)
 		}
 	}
@@ -1430,6 +1487,7 @@ func (t *predictedTTFT) LocalQueue(target int) QueueState {
 		return QueueState{LeaveAge: -1}
 	}
 	now := t.now()
+	t.expireDue(now)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	q := QueueState{Requests: int(t.pendCount[target].Load()), Tokens: int(t.pendTokens[target].Load()), LeaveAge: -1}
@@ -1945,20 +2003,24 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 		t.learnRatios(e, promptTokens)
 		return
 	}
+	t.fit(e.x, y)
+	t.learnRatios(e, promptTokens)
+}
+
+// fit adds the sample (x, y ms) to the law. The law replaces the unit law
+// once it is fitted and its own-work weight (the engine's prefill rate,
+// which the pick and the served credit rest on) is determined; a later fit
+// that is not keeps the last one that was.
+func (t *predictedTTFT) fit(x [lawFeatures]float64, y float64) {
 	t.fitMu.Lock()
+	defer t.fitMu.Unlock()
 	pooled := &t.pooled
-	pooled.add(e.x, y)
+	pooled.add(x, y)
 	if pooled.n >= PredictorMinSamples {
-		// The law replaces the unit law once it is fitted and its own-work
-		// weight (the engine's prefill rate, which the pick and the served
-		// credit rest on) is determined; a later fit that is not keeps the
-		// last one that was.
 		if w, ok := pooled.solve(); ok && pooled.determined(w, lawOwn) {
 			t.fleet.Store(&ttftLaw{w: w, samples: pooled.n})
 		}
 	}
-	t.fitMu.Unlock()
-	t.learnRatios(e, promptTokens)
 }
 
 // learnRatios teaches the bytes-per-token ratios from an attempt's prompt
@@ -1991,7 +2053,9 @@ func (t *predictedTTFT) Abandon(target int, ctx *Context) {
 	if target < 0 || target >= t.n {
 		return
 	}
-	t.take(target, ctx)
+	if _, ok := t.take(target, ctx); !ok {
+		t.takeAnswered(target, ctx)
+	}
 	t.inflight[target].Add(-1)
 }
 
@@ -2244,10 +2308,11 @@ func (t *predictedTTFT) Decisions() map[string]uint64 {
 
 // Law implements [LawReporter].
 func (t *predictedTTFT) Law() LawState {
-	s := LawState{FirstTokens: int(t.firstN.Load()), BytesPerToken: loadFloat(&t.bytesPerToken)}
+	s := LawState{FirstTokens: int(t.firstN.Load()), WholeAnswers: int(t.wholeN.Load()), BytesPerToken: loadFloat(&t.bytesPerToken)}
 	if m := t.fleet.Load(); m != nil {
 		s.Fitted, s.Samples = true, m.samples
 		s.BaseMS, s.AheadMS, s.QueuedMSPer1K, s.OwnMSPer1K = m.w[lawBase], m.w[lawAhead], m.w[lawQueued], m.w[lawOwn]
+		s.DecodeMSPer1K = m.w[lawDecode]
 	}
 	return s
 }

@@ -783,3 +783,86 @@ func TestPredictedTTFTSlotExternality(t *testing.T) {
 		}
 	}
 }
+
+// randomPrompt is n bytes of random lowercase letters: a prompt no other
+// shares any chunk of.
+func randomPrompt(rng *rand.Rand, n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte('a' + rng.IntN(26))
+	}
+	return string(b)
+}
+
+// A request whose client does not stream shows no first token: once the
+// law is fitted it leaves the queue when the law predicts its first token
+// (less the law's fixed part), as if it had come then, and its whole
+// answer, arriving later, still teaches the law.
+func TestPredictedTTFTBufferedLeavesAtItsDue(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+	rng := rand.New(rand.NewPCG(1, 2))
+	ctx := &Context{Prompt: randomPrompt(rng, 16000), Buffered: true} // 4,000 tokens: 5 + 200 ms
+	b.Observe(0, ctx)
+	if got := b.pendCount[0].Load(); got != 1 {
+		t.Fatalf("after Observe: %d pending, want 1", got)
+	}
+	now += 150 * time.Millisecond
+	b.Pick(&Context{Prompt: "y"}, nil, Set{})
+	if got := b.pendCount[0].Load(); got != 1 {
+		t.Fatalf("150 ms later (due at 200 ms): %d pending, want 1", got)
+	}
+	now += 100 * time.Millisecond
+	b.Pick(&Context{Prompt: "y"}, nil, Set{})
+	if got, leave := b.pendCount[0].Load(), b.lastLeave[0].Load(); got != 0 || leave != int64(time.Second+200*time.Millisecond) {
+		t.Fatalf("250 ms later: %d pending, left at %v; want 0, at its due 1.2 s", got, time.Duration(leave))
+	}
+	samples := b.pooled.n
+	b.WholeAnswer(0, ctx, 1500*time.Millisecond, 4000, 65)
+	if b.pooled.n != samples+1 || b.wholeN.Load() != 1 {
+		t.Fatalf("the whole answer added %d law samples (%d whole answers); want 1 (1)", b.pooled.n-samples, b.wholeN.Load())
+	}
+	if len(b.answered[0]) != 0 {
+		t.Fatalf("%d answered attempts kept after the answer, want none", len(b.answered[0]))
+	}
+	// Streaming requests are not affected: a first token ends them.
+	s := &Context{Prompt: randomPrompt(rng, 16000)}
+	b.Observe(1, s)
+	now += time.Hour
+	b.Pick(&Context{Prompt: "y"}, nil, Set{})
+	if got := b.pendCount[1].Load(); got != 1 {
+		t.Fatalf("a streamed request an hour on: %d pending, want 1 until its first token", got)
+	}
+}
+
+// Whole answers teach the law with their output tokens as a fifth input:
+// answers of varying length recover the engine's prefill law and its
+// decode rate apart (the routing simulator's 5 ms + 50 ms per 1,000
+// tokens, 20 ms a token after the first), where taken as first tokens
+// their latency would be the law.
+func TestPredictedTTFTWholeAnswersTeachTheLaw(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 4 * PredictorMinSamples {
+		now += 10 * time.Millisecond // the previous one left the queue (no law yet: at once)
+		toks := 200 + rng.IntN(4000)
+		out := 16 + rng.IntN(500)
+		ctx := &Context{Prompt: randomPrompt(rng, 4*toks), Buffered: true}
+		b.Observe(rng.IntN(2), ctx)
+		ms := 5 + 50*float64(toks)/1000 + 20*float64(out-1)
+		i := 0
+		if _, ok := b.pending[1][ctx]; ok {
+			i = 1
+		}
+		b.WholeAnswer(i, ctx, time.Duration(ms*float64(time.Millisecond)), toks, out)
+	}
+	l := b.Law()
+	if !l.Fitted || math.Abs(l.BaseMS-5) > 0.5 || math.Abs(l.OwnMSPer1K-50) > 0.5 || math.Abs(l.DecodeMSPer1K-20000) > 5 {
+		t.Fatalf("law %+v, want fitted at 5 ms + 50 per 1,000 own tokens, 20,000 per 1,000 output tokens", l)
+	}
+	if l.WholeAnswers != 4*PredictorMinSamples || l.FirstTokens != 0 {
+		t.Fatalf("%d whole answers, %d first tokens; want %d, 0", l.WholeAnswers, l.FirstTokens, 4*PredictorMinSamples)
+	}
+}

@@ -33,6 +33,10 @@ type Context struct {
 	// TokenIDs come from the x-rolter-vllm-token-ids header; nil when absent
 	// or unparsable.
 	TokenIDs []uint32
+	// Buffered marks a request whose answer comes back whole (its client
+	// does not stream): the proxy sees no first token, only the complete
+	// answer (predicted_ttft: TTFTObserver.WholeAnswer).
+	Buffered bool
 }
 
 // Balancer picks a target for one attempt of a request.

@@ -18,11 +18,14 @@ import (
 // /tokenize). Options: predicted_ttft:kv_events=0 has neither token ids
 // nor KV events (the approximate index only); :engine=0 scrapes nothing
 // (no waiting counts; the approximate index falls back to the seed's
-// ceiling).
+// ceiling); :stream=0 has clients that do not stream (Context.Buffered):
+// the proxy sees no first token, and tells the balancer the whole answer
+// (WholeAnswer) at completion.
 type ttftPolicy struct {
 	*balancer
-	src    *kvSource // nil without KV events
-	engine *simEngine
+	src      *kvSource // nil without KV events
+	engine   *simEngine
+	noStream bool
 }
 
 // simEngine is routing.EngineState over the View of the current pick.
@@ -40,8 +43,8 @@ func (e *simEngine) Counts(i int) (waiting, running int, ok bool) {
 
 func (e *simEngine) KVCapacityTokens(int) int { return e.capacity }
 
-func newTTFTPolicy(spec routing.Spec, env Env, events, engine bool) (Policy, error) {
-	p := &ttftPolicy{}
+func newTTFTPolicy(spec routing.Spec, env Env, events, engine, stream bool) (Policy, error) {
+	p := &ttftPolicy{noStream: !stream}
 	if events {
 		p.src = &kvSource{reps: make([]kvindex.Residency, env.Replicas), memo: identities{bs: env.BlockSize}}
 		spec.KV = p.src
@@ -70,6 +73,7 @@ func (p *ttftPolicy) sync(v *View) {
 
 func (p *ttftPolicy) Pick(f *Flight, v *View) int {
 	p.sync(v)
+	f.Ctx.Buffered = p.noStream
 	return p.balancer.Pick(f, v)
 }
 
@@ -79,9 +83,21 @@ func (p *ttftPolicy) Observe(target int, f *Flight, v *View) {
 }
 
 func (p *ttftPolicy) FirstToken(f *Flight, now time.Duration) {
+	if p.noStream {
+		return
+	}
 	if o, ok := p.b.(routing.TTFTObserver); ok {
 		o.FirstToken(f.Target, &f.Ctx, now-f.Issued, len(f.Req.Tokens()))
 	}
+}
+
+// Done tells a non-streaming answer whole, then its completion, as the
+// proxy does when the JSON body arrives.
+func (p *ttftPolicy) Done(f *Flight, now time.Duration) {
+	if o, ok := p.b.(routing.TTFTObserver); ok && p.noStream {
+		o.WholeAnswer(f.Target, &f.Ctx, now-f.Issued, len(f.Req.Tokens()), f.Req.Output)
+	}
+	p.balancer.Done(f, now)
 }
 
 func (p *ttftPolicy) applyKV(replica int, ops []kvdelta.Op) {

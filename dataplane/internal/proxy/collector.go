@@ -26,12 +26,14 @@ var (
 	lawFittedDesc = prometheus.NewDesc("rolter_predicted_ttft_law_fitted",
 		"1 once predicted_ttft routes on its fitted latency law, 0 while on the unit law.", []string{"model", "variant"}, nil)
 	lawTermDesc = prometheus.NewDesc("rolter_predicted_ttft_law_ms",
-		"predicted_ttft's fitted law, TTFT ms = base + per_request_ahead x requests ahead + per_1k_queued_tokens x queued tokens/1000 + per_1k_own_tokens x own uncached tokens/1000 (exported once fitted).",
+		"predicted_ttft's fitted law, TTFT ms = base + per_request_ahead x requests ahead + per_1k_queued_tokens x queued tokens/1000 + per_1k_own_tokens x own uncached tokens/1000; a whole answer (a client that does not stream) takes per_1k_decode_tokens x its output tokens after the first/1000 more (exported once fitted).",
 		[]string{"model", "variant", "term"}, nil)
 	lawSamplesDesc = prometheus.NewDesc("rolter_predicted_ttft_law_samples",
 		"First tokens the fitted law in use was made on.", []string{"model", "variant"}, nil)
 	lawFirstTokensDesc = prometheus.NewDesc("rolter_predicted_ttft_first_tokens_total",
 		"First tokens reported to predicted_ttft, those that teach its law nothing included.", []string{"model", "variant"}, nil)
+	lawWholeAnswersDesc = prometheus.NewDesc("rolter_predicted_ttft_whole_answers_total",
+		"Answers that came back whole (clients that do not stream) reported to predicted_ttft, in place of first tokens.", []string{"model", "variant"}, nil)
 	lawBytesPerTokenDesc = prometheus.NewDesc("rolter_predicted_ttft_bytes_per_token",
 		"Prompt bytes per engine prompt token, as predicted_ttft learned it (its default until an engine reported a count).", []string{"model", "variant"}, nil)
 )
@@ -80,6 +82,7 @@ func (c *inflightCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- lawTermDesc
 	ch <- lawSamplesDesc
 	ch <- lawFirstTokensDesc
+	ch <- lawWholeAnswersDesc
 	ch <- lawBytesPerTokenDesc
 }
 
@@ -162,6 +165,7 @@ func collectLaw(ch chan<- prometheus.Metric, l routing.LawState, model, variant 
 		for term, v := range map[string]float64{
 			"base": l.BaseMS, "per_request_ahead": l.AheadMS,
 			"per_1k_queued_tokens": l.QueuedMSPer1K, "per_1k_own_tokens": l.OwnMSPer1K,
+			"per_1k_decode_tokens": l.DecodeMSPer1K,
 		} {
 			ch <- prometheus.MustNewConstMetric(lawTermDesc, prometheus.GaugeValue, v, model, variant, term)
 		}
@@ -169,5 +173,6 @@ func collectLaw(ch chan<- prometheus.Metric, l routing.LawState, model, variant 
 	ch <- prometheus.MustNewConstMetric(lawFittedDesc, prometheus.GaugeValue, fitted, model, variant)
 	ch <- prometheus.MustNewConstMetric(lawSamplesDesc, prometheus.GaugeValue, float64(l.Samples), model, variant)
 	ch <- prometheus.MustNewConstMetric(lawFirstTokensDesc, prometheus.CounterValue, float64(l.FirstTokens), model, variant)
+	ch <- prometheus.MustNewConstMetric(lawWholeAnswersDesc, prometheus.CounterValue, float64(l.WholeAnswers), model, variant)
 	ch <- prometheus.MustNewConstMetric(lawBytesPerTokenDesc, prometheus.GaugeValue, l.BytesPerToken, model, variant)
 }

@@ -235,6 +235,9 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	// The route context is built from the body as it will be forwarded, in
 	// one pass (the conversation text, its whole length and digest).
 	x.rctx = affinity.Build(ep.path, raw, r.Header)
+	// A client that does not stream gets the answer whole: no first token
+	// reaches the proxy (predicted_ttft hears of the whole answer instead).
+	x.rctx.Buffered = !x.body.Stream
 	x.ctx = ctx
 	if x.rt.cache != nil {
 		cctx, cspan := p.tracer.Start(ctx, "cache.lookup")
@@ -365,7 +368,8 @@ func (p *Proxy) firstToken(x *exchange, status int) {
 	if x.observed < 0 || x.firstSeen || x.route == nil || status >= 300 {
 		return
 	}
-	if o, ok := x.pool().balancer.(routing.TTFTObserver); ok {
+	if o, ok := x.pool().balancer.(routing.TTFTObserver); ok && !x.rctx.Buffered {
+		// A buffered answer's first bytes are its end: see wholeAnswer.
 		o.FirstToken(x.observed, &x.rctx, time.Since(x.sent), len(x.rctx.TokenIDs))
 	}
 	x.firstSeen = true
@@ -582,6 +586,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 				x.status = x.eventErr
 			}
 			p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, outcome).Inc()
+		}
+		if o, ok := pl.balancer.(routing.TTFTObserver); ok && x.rctx.Buffered && end == relayDone && resp.StatusCode < 300 && x.eventErr == 0 {
+			prompt := int(x.usage.PromptTokens)
+			if prompt == 0 {
+				prompt = len(x.rctx.TokenIDs)
+			}
+			o.WholeAnswer(idx, &x.rctx, time.Since(sent), prompt, int(x.usage.CompletionTokens))
 		}
 		if l, ok := pl.balancer.(routing.Learner); ok && end == relayDone && resp.StatusCode < 300 && x.eventErr == 0 {
 			l.Learn(idx, &x.rctx, queueDepth, time.Since(sent))

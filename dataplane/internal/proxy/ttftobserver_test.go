@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +23,7 @@ type recordingBalancer struct {
 	mu       sync.Mutex
 	observed int
 	first    int
+	whole    []int                    // output tokens of each WholeAnswer
 	ends     map[*routing.Context]int // Learn or Abandon calls per attempt
 }
 
@@ -37,6 +39,13 @@ func (b *recordingBalancer) FirstToken(target int, ctx *routing.Context, ttft ti
 	b.first++
 	b.mu.Unlock()
 	b.Balancer.(routing.TTFTObserver).FirstToken(target, ctx, ttft, promptTokens)
+}
+
+func (b *recordingBalancer) WholeAnswer(target int, ctx *routing.Context, latency time.Duration, promptTokens, outputTokens int) {
+	b.mu.Lock()
+	b.whole = append(b.whole, outputTokens)
+	b.mu.Unlock()
+	b.Balancer.(routing.TTFTObserver).WholeAnswer(target, ctx, latency, promptTokens, outputTokens)
 }
 
 func (b *recordingBalancer) Abandon(target int, ctx *routing.Context) {
@@ -59,28 +68,39 @@ func (b *recordingBalancer) end(ctx *routing.Context) {
 // refused before its first token, cut by the upstream after it), the
 // balancer hears exactly one Learn or Abandon for it. An attempt cut after
 // its first token used to hear nothing more, and predicted_ttft counted it
-// in flight for good (its fleet scale drifted).
+// in flight for good (its fleet scale drifted). An answer that a client
+// not streaming gets whole is reported whole, with its usage's output
+// tokens, and no first token (its first bytes are its end).
 func TestEveryObservedAttemptEnds(t *testing.T) {
 	d := dialects[0]
 	for _, tc := range []struct {
 		name      string
 		handler   func(die chan struct{}) func(w http.ResponseWriter, r *http.Request) bool
 		wantFirst int
+		buffered  bool
+		wantWhole []int
 	}{
+		{"completed, not streamed", func(chan struct{}) func(http.ResponseWriter, *http.Request) bool {
+			return func(w http.ResponseWriter, _ *http.Request) bool {
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":7,"total_tokens":16}}`)
+				return true
+			}
+		}, 0, true, []int{7}},
 		{"completed", func(chan struct{}) func(http.ResponseWriter, *http.Request) bool {
 			return func(w http.ResponseWriter, _ *http.Request) bool {
 				w.Header().Set("Content-Type", "text/event-stream")
 				_, _ = io.WriteString(w, d.firstSSE+d.terminal)
 				return true
 			}
-		}, 1},
+		}, 1, false, nil},
 		{"refused", func(chan struct{}) func(http.ResponseWriter, *http.Request) bool {
 			return func(w http.ResponseWriter, _ *http.Request) bool {
 				w.WriteHeader(http.StatusBadRequest)
 				_, _ = io.WriteString(w, `{"error":{"message":"no"}}`)
 				return true
 			}
-		}, 0},
+		}, 0, false, nil},
 		{"cut after the first token", func(die chan struct{}) func(http.ResponseWriter, *http.Request) bool {
 			return func(w http.ResponseWriter, r *http.Request) bool {
 				w.Header().Set("Content-Type", "text/event-stream")
@@ -92,7 +112,7 @@ func TestEveryObservedAttemptEnds(t *testing.T) {
 				}
 				panic(http.ErrAbortHandler)
 			}
-		}, 1},
+		}, 1, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			die := make(chan struct{})
@@ -105,7 +125,7 @@ func TestEveryObservedAttemptEnds(t *testing.T) {
 			pl.balancer = rec
 			url, client := serveProxy(t, p, false)
 
-			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+d.path, strings.NewReader(d.body(true)))
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+d.path, strings.NewReader(d.body(!tc.buffered)))
 			resp, err := client.Do(req)
 			if err != nil {
 				t.Fatal(err)
@@ -127,6 +147,9 @@ func TestEveryObservedAttemptEnds(t *testing.T) {
 			defer rec.mu.Unlock()
 			if rec.observed != 1 || rec.first != tc.wantFirst {
 				t.Fatalf("observed %d attempts, %d first tokens; want 1, %d", rec.observed, rec.first, tc.wantFirst)
+			}
+			if !slices.Equal(rec.whole, tc.wantWhole) {
+				t.Fatalf("whole answers with output tokens %v, want %v", rec.whole, tc.wantWhole)
 			}
 			if len(rec.ends) != 1 {
 				t.Fatalf("ends heard for %d attempts, want 1", len(rec.ends))
