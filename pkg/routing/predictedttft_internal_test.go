@@ -803,7 +803,7 @@ func TestPredictedTTFTBufferedLeavesAtItsDue(t *testing.T) {
 	b := newTwoTargetTTFT(t, &now)
 	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
 	rng := rand.New(rand.NewPCG(1, 2))
-	ctx := &Context{Prompt: randomPrompt(rng, 16000), Buffered: true} // 4,000 tokens: 5 + 200 ms
+	ctx := &Context{Prompt: randomPrompt(rng, 16000), Buffered: true} // 4,000 tokens: 5 + 200 ms, due in 200 (the fixed part left out)
 	b.Observe(0, ctx)
 	if got := b.pendCount[0].Load(); got != 1 {
 		t.Fatalf("after Observe: %d pending, want 1", got)
@@ -864,5 +864,19 @@ func TestPredictedTTFTWholeAnswersTeachTheLaw(t *testing.T) {
 	}
 	if l.WholeAnswers != 4*PredictorMinSamples || l.FirstTokens != 0 {
 		t.Fatalf("%d whole answers, %d first tokens; want %d, 0", l.WholeAnswers, l.FirstTokens, 4*PredictorMinSamples)
+	}
+
+	// Answers all of one length cannot tell their decode from a fixed
+	// part, which carries it; the own prefill is still found.
+	b = newTwoTargetTTFT(t, &now)
+	for range 4 * PredictorMinSamples {
+		now += 10 * time.Millisecond
+		toks := 200 + rng.IntN(4000)
+		ctx := &Context{Prompt: randomPrompt(rng, 4*toks), Buffered: true}
+		b.Observe(0, ctx)
+		b.WholeAnswer(0, ctx, time.Duration((5+50*float64(toks)/1000+20*255)*float64(time.Millisecond)), toks, 256)
+	}
+	if l := b.Law(); !l.Fitted || math.Abs(l.OwnMSPer1K-50) > 0.5 || math.Abs(l.BaseMS+l.DecodeMSPer1K*0.255-(5+20*255)) > 1 {
+		t.Fatalf("law %+v from 256-token answers, want 50 ms per 1,000 own tokens, and the fixed part and the decode together 5,105 ms", l)
 	}
 }

@@ -53,19 +53,21 @@ func TestProxiesShareQueuedPrefill(t *testing.T) {
 	}
 	requests := func() []uint64 { return []uint64{rs[0].sim.Stats().Requests, rs[1].sim.Stats().Requests} }
 
-	// A long decode (1,000 tokens at 100 ms), its first token out at once.
-	background(`{"model":"m","prompt":"decode for a while","max_tokens":1000,"ignore_eos":true}`)
-	waitFor(t, "the decode runs", func() bool {
-		r := requests()
-		return r[0]+r[1] == 1 && rs[0].sim.Stats().Running+rs[1].sim.Stats().Running == 1
-	})
+	// A long decode (1,000 tokens at 100 ms) after a prefill of a few
+	// seconds. Both of A's requests stream: one that does not is out of
+	// the queue at once until A's law is fitted (predicted_ttft's whole
+	// answers), and this test sends too few for that.
+	background(fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1000,"ignore_eos":true,"stream":true}`,
+		"decode for a while: "+strings.Repeat("a short prompt. ", 100)))
+	waitFor(t, "the decode is admitted", func() bool { r := requests(); return r[0]+r[1] == 1 })
 	decoding := 0
 	if requests()[1] == 1 {
 		decoding = 1
 	}
-	// A's next pick is the other replica (least loaded among equal costs).
+	// A's next pick is the other replica: the first one's prefill is
+	// queued ahead there.
 	long := strings.Repeat("an unrelated long document sentence. ", 800)
-	background(fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, "summarise: "+long))
+	background(fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1,"stream":true}`, "summarise: "+long))
 	waitFor(t, "the long prefill is admitted", func() bool { r := requests(); return r[0] == 1 && r[1] == 1 })
 	queued := 1 - decoding
 	// Not just any report of A's: the one after the decode's first token

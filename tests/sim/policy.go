@@ -190,7 +190,7 @@ func ParseStrategy(s string) (Strategy, error) {
 		return st, fmt.Errorf("unknown strategy %q (want one of %s)", base, strings.Join(AllStrategies(), ", "))
 	}
 	spec := routing.Spec{Strategy: base}
-	ttftEvents, ttftEngine, ttftStream := true, true, true
+	ttftEvents, ttftEngine, ttftStream := true, true, 1.0
 	if params != "" {
 		for kv := range strings.SplitSeq(params, ":") {
 			k, v, ok := strings.Cut(kv, "=")
@@ -214,18 +214,20 @@ func ParseStrategy(s string) (Strategy, error) {
 				spec.SignalWeight = f
 			case "load_weight":
 				spec.LoadWeight = f
-			case "kv_events", "engine", "stream":
+			case "kv_events", "engine":
 				if base != routing.PredictedTTFT || (f != 0 && f != 1) {
 					return st, fmt.Errorf("strategy %q: %s: want 0 or 1 on %s", s, k, routing.PredictedTTFT)
 				}
-				switch k {
-				case "kv_events":
+				if k == "kv_events" {
 					ttftEvents = f == 1
-				case "engine":
+				} else {
 					ttftEngine = f == 1
-				default:
-					ttftStream = f == 1
 				}
+			case "stream":
+				if base != routing.PredictedTTFT || f < 0 || f > 1 {
+					return st, fmt.Errorf("strategy %q: stream: want a share from 0 to 1 on %s", s, routing.PredictedTTFT)
+				}
+				ttftStream = f
 			case "speculate_ms":
 				if (base != routing.PreciseCacheAware && base != routing.PredictedTTFT) || f < 0 {
 					return st, fmt.Errorf("strategy %q: speculate_ms: want a number >= 0 on %s or %s", s, routing.PreciseCacheAware, routing.PredictedTTFT)

@@ -90,6 +90,7 @@ const (
 	kindUnique
 	kindTraceBlock
 	kindMTThink // not a segment: the stream of multiturn's random think times
+	kindStream  // not a segment: whether a session streams (predicted_ttft:stream=P)
 )
 
 // Segment is N words (N tokens) of the word stream named by Key.

@@ -18,14 +18,15 @@ import (
 // /tokenize). Options: predicted_ttft:kv_events=0 has neither token ids
 // nor KV events (the approximate index only); :engine=0 scrapes nothing
 // (no waiting counts; the approximate index falls back to the seed's
-// ceiling); :stream=0 has clients that do not stream (Context.Buffered):
-// the proxy sees no first token, and tells the balancer the whole answer
+// ceiling); :stream=P has only the share P of the sessions stream (a
+// session's draw is fixed), the others not (Context.Buffered): the proxy
+// sees no first token of theirs, and tells the balancer the whole answer
 // (WholeAnswer) at completion.
 type ttftPolicy struct {
 	*balancer
-	src      *kvSource // nil without KV events
-	engine   *simEngine
-	noStream bool
+	src    *kvSource // nil without KV events
+	engine *simEngine
+	stream float64
 }
 
 // simEngine is routing.EngineState over the View of the current pick.
@@ -43,8 +44,8 @@ func (e *simEngine) Counts(i int) (waiting, running int, ok bool) {
 
 func (e *simEngine) KVCapacityTokens(int) int { return e.capacity }
 
-func newTTFTPolicy(spec routing.Spec, env Env, events, engine, stream bool) (Policy, error) {
-	p := &ttftPolicy{noStream: !stream}
+func newTTFTPolicy(spec routing.Spec, env Env, events, engine bool, stream float64) (Policy, error) {
+	p := &ttftPolicy{stream: stream}
 	if events {
 		p.src = &kvSource{reps: make([]kvindex.Residency, env.Replicas), memo: identities{bs: env.BlockSize}}
 		spec.KV = p.src
@@ -73,7 +74,7 @@ func (p *ttftPolicy) sync(v *View) {
 
 func (p *ttftPolicy) Pick(f *Flight, v *View) int {
 	p.sync(v)
-	f.Ctx.Buffered = p.noStream
+	f.Ctx.Buffered = p.stream < 1 && float64(Key(kindStream, uint64(f.sess.s.ID))>>11)/(1<<53) >= p.stream
 	return p.balancer.Pick(f, v)
 }
 
@@ -83,7 +84,7 @@ func (p *ttftPolicy) Observe(target int, f *Flight, v *View) {
 }
 
 func (p *ttftPolicy) FirstToken(f *Flight, now time.Duration) {
-	if p.noStream {
+	if f.Ctx.Buffered {
 		return
 	}
 	if o, ok := p.b.(routing.TTFTObserver); ok {
@@ -94,7 +95,7 @@ func (p *ttftPolicy) FirstToken(f *Flight, now time.Duration) {
 // Done tells a non-streaming answer whole, then its completion, as the
 // proxy does when the JSON body arrives.
 func (p *ttftPolicy) Done(f *Flight, now time.Duration) {
-	if o, ok := p.b.(routing.TTFTObserver); ok && p.noStream {
+	if o, ok := p.b.(routing.TTFTObserver); ok && f.Ctx.Buffered {
 		o.WholeAnswer(f.Target, &f.Ctx, now-f.Issued, len(f.Req.Tokens()), f.Req.Output)
 	}
 	p.balancer.Done(f, now)
