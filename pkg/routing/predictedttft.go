@@ -1312,14 +1312,13 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 		slot: t.slotWaiter(target, c)}
 	if ctx.Buffered && !e.slot {
 		// No first token will be seen: the request leaves the queue when
-		// the law says it has one, less its fixed part, where a fit of
-		// answers that all have about one length puts their decode (which
-		// it cannot tell from a fixed cost); before the law (no time
-		// scale) at once.
-		// Kept until its answer, the queue it showed was mostly decode,
-		// a law fitted on it predicted that, and its dues kept it so (gsp
-		// --rate 20: every target ~4,900 ms, where the truth is 20).
-		// Waiting for a slot, it leaves at its answer.
+		// the law says it has one, less the law's fixed part (where whole
+		// answers of about one length put their decode, which no fit can
+		// tell from a fixed cost). Before the law (no time scale), at
+		// once: kept until its answer, the queue it showed was mostly
+		// decode, and a law fitted on it learned that (gsp --rate 20, no
+		// client streaming: imbalance 2.66, TTFT mean 25.9 ms against 19.4
+		// streaming). Waiting for a slot, it leaves at its answer.
 		e.due = now + 1
 		if m != t.unitLaw {
 			e.due = now + max(time.Duration((m.predict(e.x)-m.w[lawBase])*float64(time.Millisecond)), 1)

@@ -369,7 +369,8 @@ func (p *Proxy) firstToken(x *exchange, status int) {
 		return
 	}
 	if o, ok := x.pool().balancer.(routing.TTFTObserver); ok && !x.rctx.Buffered {
-		// A buffered answer's first bytes are its end: see wholeAnswer.
+		// A buffered answer's first bytes are its end: forward reports it
+		// whole (WholeAnswer) when it completes.
 		o.FirstToken(x.observed, &x.rctx, time.Since(x.sent), len(x.rctx.TokenIDs))
 	}
 	x.firstSeen = true
