@@ -90,6 +90,8 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 		x.rctx.TokenIDs = ids
 	case errors.Is(err, context.DeadlineExceeded) || cctx.Err() != nil && ctx.Err() == nil:
 		outcome = "timeout"
+	case errors.Is(err, tokenize.ErrRejected):
+		outcome = "rejected"
 	default:
 		outcome = "error"
 	}

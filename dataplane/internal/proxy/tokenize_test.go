@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -51,6 +52,40 @@ func TestEmptyTokenizeAnswerIsNoIDs(t *testing.T) {
 		t.Fatalf("/tokenize asked %d times, want 2 (an empty answer is not cached)", n)
 	}
 	for outcome, want := range map[string]float64{"error": 2, "engine": 0, "cached": 0} {
+		if n := testutil.ToFloat64(p.metrics.Tokenize.WithLabelValues("m", outcome)); n != want {
+			t.Errorf("rolter_tokenize_total{outcome=%q} = %v, want %v", outcome, n, want)
+		}
+	}
+}
+
+// TestRejectedTokenizeIsNotAnError: a /tokenize the engine refuses as a
+// client error (vLLM's 400 for an empty prompt) is counted rejected, not
+// error: the engine refuses the request itself the same way, and the
+// client gets that answer.
+func TestRejectedTokenizeIsNotAnError(t *testing.T) {
+	up := newUpstream(t, "v")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, `{"error":{"message":"prompt: must not be empty","type":"BadRequestError","param":null,"code":400}}`)
+		return true
+	}
+	ix, err := kvindex.New(natstest.Connect(t, natstest.Start(t)), nil, kvindex.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ix.Close)
+	p := New(Options{KVIndex: ix})
+	t.Cleanup(func() { _ = p.Close() })
+	applyDoc(t, p, openAuth+fmt.Sprintf("\n[[providers]]\nname = \"v\"\nkind = \"openai_compatible\"\napi_base = %q\n"+
+		"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\ntokenize_timeout_ms = 10000\n\n"+
+		"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"v\" }]\n", up.URL))
+	url := newServer(t, p)
+	resp, body := post(t, url+"/v1/completions", "", `{"model":"m","prompt":""}`)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "must not be empty") {
+		t.Fatalf("status %d: %s; want the engine's 400", resp.StatusCode, body)
+	}
+	for outcome, want := range map[string]float64{"rejected": 1, "error": 0} {
 		if n := testutil.ToFloat64(p.metrics.Tokenize.WithLabelValues("m", outcome)); n != want {
 			t.Errorf("rolter_tokenize_total{outcome=%q} = %v, want %v", outcome, n, want)
 		}

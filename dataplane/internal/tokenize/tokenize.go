@@ -189,6 +189,12 @@ var ErrResponse = errors.New("tokenize: malformed response")
 // nothing to match: it is an error, and is not cached.
 var ErrNoTokens = errors.New("tokenize: the answer has no token ids")
 
+// ErrRejected is the error of a /tokenize the engine refused as a client
+// error (4xx: an empty prompt, a conversation its chat template rejects):
+// the request itself will be refused the same way, so it says nothing of
+// the tokenizer's health.
+var ErrRejected = errors.New("tokenize: the engine rejected the request")
+
 // Decode reads vLLM's TokenizeResponse {"count","max_model_len","tokens",
 // "token_strs"}: the token ids, which must be unsigned 32-bit integers and
 // as many as count says.
@@ -261,6 +267,9 @@ func (c *Client) Tokenize(ctx context.Context, base, apiKey string, tok []byte) 
 	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponse+1))
 	if err != nil {
 		return nil, err
+	}
+	if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests {
+		return nil, fmt.Errorf("%w: status %d", ErrRejected, resp.StatusCode)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("tokenize: status %d", resp.StatusCode)
