@@ -31,17 +31,7 @@ func TestEmptyTokenizeAnswerIsNoIDs(t *testing.T) {
 		_, _ = io.WriteString(w, `{"count":0,"max_model_len":100,"tokens":[],"token_strs":null}`)
 		return true
 	}
-	ix, err := kvindex.New(natstest.Connect(t, natstest.Start(t)), nil, kvindex.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ix.Close)
-	p := New(Options{KVIndex: ix})
-	t.Cleanup(func() { _ = p.Close() })
-	applyDoc(t, p, openAuth+fmt.Sprintf("\n[[providers]]\nname = \"v\"\nkind = \"openai_compatible\"\napi_base = %q\n"+
-		"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\ntokenize_timeout_ms = 10000\n\n"+
-		"[[routes]]\nmodel = \"m\"\nstrategy = \"precise_cache_aware\"\ntargets = [{ provider = \"v\" }]\n", up.URL))
-	url := newServer(t, p)
+	p, url := kvRouteProxy(t, up, "precise_cache_aware")
 	for i := range 2 {
 		resp, body := post(t, url+"/v1/chat/completions", "", `{"model":"m","messages":[{"role":"user","content":"hello there"}]}`)
 		if resp.StatusCode != 200 {
@@ -70,17 +60,7 @@ func TestRejectedTokenizeIsNotAnError(t *testing.T) {
 		_, _ = io.WriteString(w, `{"error":{"message":"prompt: must not be empty","type":"BadRequestError","param":null,"code":400}}`)
 		return true
 	}
-	ix, err := kvindex.New(natstest.Connect(t, natstest.Start(t)), nil, kvindex.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ix.Close)
-	p := New(Options{KVIndex: ix})
-	t.Cleanup(func() { _ = p.Close() })
-	applyDoc(t, p, openAuth+fmt.Sprintf("\n[[providers]]\nname = \"v\"\nkind = \"openai_compatible\"\napi_base = %q\n"+
-		"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\ntokenize_timeout_ms = 10000\n\n"+
-		"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"v\" }]\n", up.URL))
-	url := newServer(t, p)
+	p, url := kvRouteProxy(t, up, "predicted_ttft")
 	resp, body := post(t, url+"/v1/completions", "", `{"model":"m","prompt":""}`)
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "must not be empty") {
 		t.Fatalf("status %d: %s; want the engine's 400", resp.StatusCode, body)
@@ -90,4 +70,21 @@ func TestRejectedTokenizeIsNotAnError(t *testing.T) {
 			t.Errorf("rolter_tokenize_total{outcome=%q} = %v, want %v", outcome, n, want)
 		}
 	}
+}
+
+// kvRouteProxy serves a proxy whose route m, of strategy, has the one
+// provider up with KV events (so it asks up's /tokenize).
+func kvRouteProxy(t *testing.T, up *upstream, strategy string) (*Proxy, string) {
+	t.Helper()
+	ix, err := kvindex.New(natstest.Connect(t, natstest.Start(t)), nil, kvindex.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ix.Close)
+	p := New(Options{KVIndex: ix})
+	t.Cleanup(func() { _ = p.Close() })
+	applyDoc(t, p, openAuth+fmt.Sprintf("\n[[providers]]\nname = \"v\"\nkind = \"openai_compatible\"\napi_base = %q\n"+
+		"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\ntokenize_timeout_ms = 10000\n\n"+
+		"[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [{ provider = \"v\" }]\n", up.URL, strategy))
+	return p, newServer(t, p)
 }
