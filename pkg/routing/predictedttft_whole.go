@@ -16,7 +16,7 @@ import (
 // predicts its first token (its due, set at Observe), and its answer
 // teaches the law with its output tokens as a fifth input (lawDecode), so
 // that the fit separates the decode from the first token. Before the law
-// has a time scale it stays pending until its answer, as before.
+// has a time scale it leaves the queue at once (see Observe).
 
 // dueItem is an attempt's predicted first token: when, at which target,
 // and the attempt (its context and dispatch order, which tell a later
