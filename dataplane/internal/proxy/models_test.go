@@ -74,6 +74,11 @@ func TestModelsShapeFollowsTheClient(t *testing.T) {
 			if status != 200 || h.Get("Content-Type") != "application/json" || strings.TrimSpace(string(b)) != tc.want {
 				t.Fatalf("%d %s\n got %s\nwant %s", status, h.Get("Content-Type"), b, tc.want)
 			}
+			// HEAD answers as GET does, without the body.
+			status, h, b = getModels(t, http.MethodHead, srv.URL+tc.path, tc.key, tc.anthropic)
+			if status != 200 || h.Get("Content-Type") != "application/json" || len(b) != 0 {
+				t.Fatalf("HEAD: %d %s, %d body bytes; want 200, application/json, none", status, h.Get("Content-Type"), len(b))
+			}
 		})
 	}
 }

@@ -249,6 +249,10 @@ func (p *Proxy) Halt() { p.haltNow() }
 // transport error of send, or the read error of the response body.
 var errHalted = errors.New("proxy: halted: the proxy shut down before the response finished")
 
+// allowRead is the Allow header of the paths that are read: HEAD as GET
+// (net/http sends a HEAD answer's headers without its body).
+const allowRead = "GET, HEAD"
+
 // drainAwareWriter adds "Connection: close" to a response whose headers are
 // written while the proxy drains. Deciding when the headers go out, not when
 // the request arrived, covers a request already in flight when draining
@@ -370,8 +374,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/models":
 		w.Header().Set("X-Request-Id", requestID(r))
-		if r.Method != http.MethodGet {
-			w.Header().Set("Allow", http.MethodGet)
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", allowRead)
 			writeError(w, clientDialect(r), errMethodNotAllowed, "use GET /v1/models")
 			return
 		}
@@ -389,8 +393,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if id, ok := strings.CutPrefix(r.URL.Path, "/v1/models/"); ok && id != "" {
 		w.Header().Set("X-Request-Id", requestID(r))
-		if r.Method != http.MethodGet {
-			w.Header().Set("Allow", http.MethodGet)
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", allowRead)
 			writeError(w, clientDialect(r), errMethodNotAllowed, "use GET /v1/models/{model}")
 			return
 		}
