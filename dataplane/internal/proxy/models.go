@@ -64,23 +64,38 @@ func anthropicModelOf(e modelEntry) anthropicModel {
 func listedModels(rt *runtime, key *config.Key) []string {
 	var ids []string
 	for _, m := range rt.modelNames() {
-		if key == nil || key.AllowsModel(m) {
+		if keyMayUse(key, m) {
 			ids = append(ids, m)
 		}
 	}
 	return ids
 }
 
-func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request) {
+// keyMayUse reports whether key (nil: no key, authentication off) may use
+// model: what decides, for both paths, whether a model exists for it.
+func keyMayUse(key *config.Key, model string) bool { return key == nil || key.AllowsModel(model) }
+
+// modelsCaller is what both models paths start with: the caller's dialect,
+// the configuration and the caller's key; false when it answered already
+// (no configuration yet, a key refused).
+func (p *Proxy) modelsCaller(w http.ResponseWriter, r *http.Request) (dialect, *runtime, *config.Key, bool) {
 	d := clientDialect(r)
 	rt := p.rt.Load()
 	if rt == nil {
 		writeError(w, d, errNoTarget, "no configuration loaded yet")
-		return
+		return d, nil, nil, false
 	}
 	key, aerr, msg := p.authenticate(rt, r)
 	if aerr != nil {
 		writeError(w, d, *aerr, msg)
+		return d, nil, nil, false
+	}
+	return d, rt, key, true
+}
+
+func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request) {
+	d, rt, key, ok := p.modelsCaller(w, r)
+	if !ok {
 		return
 	}
 	ids := listedModels(rt, key)
@@ -118,18 +133,11 @@ func (p *Proxy) serveModels(w http.ResponseWriter, r *http.Request) {
 // serveModel answers GET /v1/models/{id} from the route table, filtered by
 // the key as the list is: a model the key may not use does not exist for it.
 func (p *Proxy) serveModel(w http.ResponseWriter, r *http.Request, id string) {
-	d := clientDialect(r)
-	rt := p.rt.Load()
-	if rt == nil {
-		writeError(w, d, errNoTarget, "no configuration loaded yet")
+	d, rt, key, ok := p.modelsCaller(w, r)
+	if !ok {
 		return
 	}
-	key, aerr, msg := p.authenticate(rt, r)
-	if aerr != nil {
-		writeError(w, d, *aerr, msg)
-		return
-	}
-	if rt.routes[id] == nil || key != nil && !key.AllowsModel(id) {
+	if rt.routes[id] == nil || !keyMayUse(key, id) {
 		writeError(w, d, errModelNotFound, fmt.Sprintf("The model %q does not exist", id))
 		return
 	}
