@@ -965,8 +965,8 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	var sbuf [MaxTargets]float64
 	slots := sbuf[:t.n]
 	el = t.slotWaits(el, loads, counts, slotWait, slots)
-	var saturation float64 // slotExternality's busy-period factor, once per pick
-	if rates.timed {
+	var saturation float64              // slotExternality's busy-period factor, once per pick
+	if rates.timed && t.engine != nil { // no engine counts: no slot waits
 		saturation = t.slotSaturation()
 	}
 	rank, size := t.placeOf()
@@ -1397,8 +1397,10 @@ func (t *predictedTTFT) sweepLocked(now time.Duration) {
 	}
 }
 
-// take removes and returns the pending prefill of (target, ctx).
-func (t *predictedTTFT) take(target int, ctx *Context) (pendingPrefill, bool) {
+// take removes and returns the pending prefill of (target, ctx), or with
+// answered, if it is not pending, the attempt that left the queue at its
+// due (see expireDue).
+func (t *predictedTTFT) take(target int, ctx *Context, answered bool) (pendingPrefill, bool) {
 	if target < 0 || target >= t.n || ctx == nil {
 		return pendingPrefill{}, false
 	}
@@ -1408,6 +1410,12 @@ func (t *predictedTTFT) take(target int, ctx *Context) (pendingPrefill, bool) {
 	if ok {
 		delete(t.pending[target], ctx)
 		t.pendLocked(target, -1, -e.tokens, e.slot, t.now())
+		return e, true
+	}
+	if answered {
+		if e, ok = t.answered[target][ctx]; ok {
+			delete(t.answered[target], ctx)
+		}
 	}
 	return e, ok
 }
@@ -1981,7 +1989,7 @@ func (t *predictedTTFT) fleetScale(loads []int) float64 {
 // prefill, target's law learns its TTFT, and the prompt's token count
 // teaches the bytes-per-token ratios.
 func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration, promptTokens int) {
-	e, ok := t.take(target, ctx)
+	e, ok := t.take(target, ctx, false)
 	if !ok || ttft < 0 {
 		return
 	}
@@ -2055,9 +2063,7 @@ func (t *predictedTTFT) Abandon(target int, ctx *Context) {
 	if target < 0 || target >= t.n {
 		return
 	}
-	if _, ok := t.take(target, ctx); !ok {
-		t.takeAnswered(target, ctx)
-	}
+	t.take(target, ctx, true)
 	t.inflight[target].Add(-1)
 }
 

@@ -76,21 +76,6 @@ func (t *predictedTTFT) expireDue(now time.Duration) {
 	t.nextDue.Store(next)
 }
 
-// takeAnswered removes and returns the attempt of (target, ctx) that left
-// the queue at its due.
-func (t *predictedTTFT) takeAnswered(target int, ctx *Context) (pendingPrefill, bool) {
-	if target < 0 || target >= t.n || ctx == nil {
-		return pendingPrefill{}, false
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e, ok := t.answered[target][ctx]
-	if ok {
-		delete(t.answered[target], ctx)
-	}
-	return e, ok
-}
-
 // WholeAnswer implements [TTFTObserver]: the attempt leaves the queue if
 // its due had not come yet, and its latency, with its output tokens, teaches
 // the law (unless its first token would not have: see FirstToken); its
@@ -98,10 +83,7 @@ func (t *predictedTTFT) takeAnswered(target int, ctx *Context) (pendingPrefill, 
 // output tokens are not known teaches the law nothing: its latency cannot
 // be split.
 func (t *predictedTTFT) WholeAnswer(target int, ctx *Context, latency time.Duration, promptTokens, outputTokens int) {
-	e, ok := t.take(target, ctx)
-	if !ok {
-		e, ok = t.takeAnswered(target, ctx)
-	}
+	e, ok := t.take(target, ctx, true)
 	if !ok || latency < 0 {
 		return
 	}

@@ -589,11 +589,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, outcome).Inc()
 		}
 		if o, ok := pl.balancer.(routing.TTFTObserver); ok && x.rctx.Buffered && end == relayDone && resp.StatusCode < 300 && x.eventErr == 0 {
-			prompt := int(x.usage.PromptTokens)
-			if prompt == 0 {
-				prompt = len(x.rctx.TokenIDs)
-			}
-			o.WholeAnswer(idx, &x.rctx, time.Since(sent), prompt, int(x.usage.CompletionTokens))
+			// Without usage the balancer counts the request's token ids.
+			o.WholeAnswer(idx, &x.rctx, time.Since(sent), int(x.usage.PromptTokens), int(x.usage.CompletionTokens))
 		}
 		if l, ok := pl.balancer.(routing.Learner); ok && end == relayDone && resp.StatusCode < 300 && x.eventErr == 0 {
 			l.Learn(idx, &x.rctx, queueDepth, time.Since(sent))
