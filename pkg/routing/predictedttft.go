@@ -1012,11 +1012,12 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 				// its slot: it starts its own after both.
 				alone := x
 				alone[lawAhead], alone[lawQueued] = 0, 0
-				pred[i] += max(0, slot+max(0, m.predict(alone))-ttft)
+				first := slot + max(0, m.predict(alone)) // its first token there
+				pred[i] += max(0, first-ttft)
 				// Its own prefill holds the slot longer, at the engine's
 				// own-prefill rate whether or not it prefills requests
 				// one at a time.
-				pred[i] += slotExternality(max(0, m.w[lawOwn])*own/1000, slots[i], slot+max(0, m.predict(alone)), rates.lambda, saturation)
+				pred[i] += slotExternality(max(0, m.w[lawOwn])*own/1000, slots[i], first, rates.lambda, saturation)
 			}
 			best = min(best, pred[i])
 		}
