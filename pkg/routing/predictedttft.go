@@ -226,12 +226,16 @@ type predictedTTFT struct {
 	// predicted first tokens in time order, the earliest (ns; MaxInt64:
 	// none), and per target those past it, out of the queue until their
 	// answer teaches the law (see expireDue).
-	dues      dueHeap
-	nextDue   atomic.Int64
-	answered  []map[*Context]pendingPrefill
-	slotPend  []atomic.Int64 // per target, the pending requests waiting for a batch slot (written under mu)
-	lastSweep time.Duration
-	unsent    map[unsentKey]*unsentHashes // what each (target, prompt) has to publish, until RecordLocal hands it over
+	dues     dueHeap
+	nextDue  atomic.Int64
+	answered []map[*Context]pendingPrefill
+	// Per target, the dispatch of the oldest attempt in answered (ns, -1:
+	// none), and the latest answer there, a first token or a completion
+	// (ns, -1: none): see silence.
+	answeredAt, lastBack []atomic.Int64
+	slotPend             []atomic.Int64 // per target, the pending requests waiting for a batch slot (written under mu)
+	lastSweep            time.Duration
+	unsent               map[unsentKey]*unsentHashes // what each (target, prompt) has to publish, until RecordLocal hands it over
 
 	// Learned text/token ratios: Σ whole-prompt bytes, Σ bounded (indexed)
 	// bytes and Σ engine prompt tokens of the attempts that reported them.
@@ -265,7 +269,7 @@ type predictedTTFT struct {
 	// tokens and Σ TTFT of those that did not wait for a batch slot (ns),
 	// and their counts: how long a request holds its slot (slotHold).
 	doneSum, doneN, firstSum, firstN, freeSum, freeN atomic.Int64
-	wholeN                                           atomic.Int64 // whole answers reported (WholeAnswer)
+	wholeSum, wholeN                                 atomic.Int64 // Σ latency (ns) and count of the whole answers (WholeAnswer)
 
 	unitLaw ttftLaw
 }
@@ -358,9 +362,9 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
 		peerQueues: map[string][]peerQueue{}, peerLast: map[string]time.Duration{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
 		pending: make([]map[*Context]pendingPrefill, n), slotPend: make([]atomic.Int64, n),
-		answered: make([]map[*Context]pendingPrefill, n),
-		unsent:   map[unsentKey]*unsentHashes{},
-		unitLaw:  ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1, 0}, samples: PredictorMinSamples},
+		answered: make([]map[*Context]pendingPrefill, n), answeredAt: make([]atomic.Int64, n), lastBack: make([]atomic.Int64, n),
+		unsent:  map[unsentKey]*unsentHashes{},
+		unitLaw: ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1, 0}, samples: PredictorMinSamples},
 	}
 	if t.specTTL == 0 {
 		t.specTTL = DefaultSpeculativeTTL
@@ -376,6 +380,8 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		t.headAt[i].Store(-1)
 		t.lastLeave[i].Store(-1)
 		t.peerLeave[i].Store(-1)
+		t.answeredAt[i].Store(-1)
+		t.lastBack[i].Store(-1)
 	}
 	t.start.Store(-1)
 	t.nextDue.Store(math.MaxInt64)
@@ -941,6 +947,9 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	t.expireDue(now)
 	m := t.law()
 	fitted := m != t.unitLaw
+	if !fitted {
+		el = t.withoutQuiet(el, now)
+	}
 	placed := match // read by the waste term and the follow-up wait's bound, which need the law
 	if precise && fitted {
 		placed = hbuf[:t.n]
@@ -992,9 +1001,9 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	if follow.wait > 0 {
 		t.followWaits(el, follow, now, placed, followed)
 	}
-	var typical float64 // overdue's margin, once per pick
+	var typical, typicalWhole float64 // overdue's and silence's margins, once per pick
 	if fitted {
-		typical = t.typicalFirst()
+		typical, typicalWhole = t.typicalFirst(), t.typicalWhole()
 	}
 	best := math.Inf(1)
 	for wi, w := range el.w {
@@ -1004,9 +1013,11 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			x := t.features(i, own, tokens, &m, now, counts[i])
 			ttft := max(0, m.predict(x))
 			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-max(placed[i], shared)) + followed[i]
+			stall := t.silence(i, now, typicalWhole)
 			if slotWait[i] == 0 {
-				pred[i] += t.overdue(i, &m, now, typical)
+				stall = max(stall, t.overdue(i, &m, now, typical))
 			}
+			pred[i] += stall
 			if slot := slotWait[i]; slot > 0 {
 				// The prefill ahead proceeds while the request waits for
 				// its slot: it starts its own after both.
@@ -1389,12 +1400,13 @@ func (t *predictedTTFT) sweepLocked(now time.Duration) {
 			}
 		}
 	}
-	for _, m := range t.answered {
+	for i, m := range t.answered {
 		for k, e := range m {
 			if now-e.at > TTFTPendingTimeout {
 				delete(m, k)
 			}
 		}
+		t.answeredAtLocked(i)
 	}
 }
 
@@ -1416,6 +1428,9 @@ func (t *predictedTTFT) take(target int, ctx *Context, answered bool) (pendingPr
 	if answered {
 		if e, ok = t.answered[target][ctx]; ok {
 			delete(t.answered[target], ctx)
+			if e.at <= time.Duration(t.answeredAt[target].Load()) {
+				t.answeredAtLocked(target)
+			}
 		}
 	}
 	return e, ok
@@ -1883,6 +1898,7 @@ type rateBase struct {
 	first, firstN      int64
 	free, freeN        int64
 	done, doneN        int64
+	whole, wholeN      int64
 }
 
 // windowMean is (sum − base) / (n − baseN), the mean over the window, or
@@ -1923,7 +1939,7 @@ func (t *predictedTTFT) snapshotLocked(now time.Duration) {
 	b := &rateBase{at: int64(now), novelty: t.noveltySum, busy: make([]float64, t.n),
 		uncached: t.uncachedSum.Load(), observes: int64(t.observes.Load()),
 		first: t.firstSum.Load(), firstN: t.firstN.Load(), free: t.freeSum.Load(), freeN: t.freeN.Load(),
-		done: t.doneSum.Load(), doneN: t.doneN.Load()}
+		done: t.doneSum.Load(), doneN: t.doneN.Load(), whole: t.wholeSum.Load(), wholeN: t.wholeN.Load()}
 	for j := range t.n {
 		b.arrivals += float64(t.arrivals[j].Load())
 		b.busy[j] = t.busyAt(j, now)
@@ -1994,6 +2010,7 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 	if !ok || ttft < 0 {
 		return
 	}
+	t.lastBack[target].Store(int64(t.now()))
 	t.firstSum.Add(int64(ttft))
 	t.firstN.Add(1)
 	if !e.slot {
@@ -2085,6 +2102,7 @@ func (t *predictedTTFT) Learn(target int, ctx *Context, _ int, latency time.Dura
 			t.touchCompleted(target, ctx)
 		}
 		t.inflight[target].Add(-1)
+		t.lastBack[target].Store(int64(t.now()))
 		if latency > 0 {
 			t.doneSum.Add(int64(latency))
 			t.doneN.Add(1)

@@ -880,3 +880,119 @@ func TestPredictedTTFTWholeAnswersTeachTheLaw(t *testing.T) {
 		t.Fatalf("law %+v from 256-token answers, want 50 ms per 1,000 own tokens, and the fixed part and the decode together 5,105 ms", l)
 	}
 }
+
+// A replica that stops answering while it holds requests whose answers come
+// back whole (they left the queue at their due, so no head is late) costs
+// the time it has been silent beyond twice the mean whole answer: a prompt
+// it holds goes elsewhere, and returns once an answer comes back.
+func TestPredictedTTFTSilentTargetCosts(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+	rng := rand.New(rand.NewPCG(5, 6))
+	held := randomPrompt(rng, 16000)
+	// Whole answers of 1 s lately, one from each target; target 0 holds
+	// the prompt.
+	for i, prompt := range []string{held, randomPrompt(rng, 16000)} {
+		ctx := &Context{Prompt: prompt, Buffered: true}
+		b.Observe(i, ctx)
+		now += time.Second
+		b.WholeAnswer(i, ctx, time.Second, 4000, 50)
+		b.Learn(i, ctx, 0, time.Second)
+	}
+	if got := b.typicalWhole(); got != 1000 {
+		t.Fatalf("typical whole answer %v ms, want 1000", got)
+	}
+	pick := func() int { return b.Pick(&Context{Prompt: held}, nil, Set{}) }
+	if got := pick(); got != 0 {
+		t.Fatalf("target 0 holds the prompt, both quiet: picked %d, want 0", got)
+	}
+	// Target 0 takes a request and says nothing for 2.5 s: its due passes
+	// (out of the queue), then twice the typical answer.
+	stuck := &Context{Prompt: randomPrompt(rng, 400), Buffered: true}
+	b.Observe(0, stuck)
+	now += 1500 * time.Millisecond
+	if got := pick(); got != 0 {
+		t.Fatalf("silent 1.5 s (under twice the typical 1 s answer): picked %d, want 0", got)
+	}
+	if len(b.answered[0]) != 1 || b.pendCount[0].Load() != 0 {
+		t.Fatalf("past its due: %d answered, %d pending; want 1, 0", len(b.answered[0]), b.pendCount[0].Load())
+	}
+	now += time.Second
+	if got, silent := pick(), b.silence(0, now, b.typicalWhole()); got != 1 || silent != 500 {
+		t.Fatalf("silent 2.5 s: picked %d, silence %v ms; want 1, 500", got, silent)
+	}
+	// Target 1 answering does not speak for target 0.
+	other := &Context{Prompt: randomPrompt(rng, 400)}
+	b.Observe(1, other)
+	b.FirstToken(1, other, 10*time.Millisecond, 100)
+	if got := pick(); got != 1 {
+		t.Fatalf("target 1 answered, target 0 still silent: picked %d, want 1", got)
+	}
+	// Target 0 answers: the silence ends.
+	b.WholeAnswer(0, stuck, 2500*time.Millisecond, 100, 50)
+	if got, silent := pick(), b.silence(0, now, b.typicalWhole()); got != 0 || silent != 0 {
+		t.Fatalf("target 0 answered: picked %d, silence %v ms; want 0, 0", got, silent)
+	}
+	if at := b.answeredAt[0].Load(); at != -1 {
+		t.Fatalf("nothing left awaiting an answer at target 0, but its oldest is at %v", time.Duration(at))
+	}
+}
+
+// Before the law is fitted (no time scale to price a stall in), a target
+// that has answered nothing for twice the typical wait for what it owes is
+// left out of the pick while another is not: streaming first tokens and
+// whole answers alike.
+func TestPredictedTTFTQuietTargetLeftOutBeforeTheLaw(t *testing.T) {
+	for _, buffered := range []bool{false, true} {
+		now := time.Second
+		b := newTwoTargetTTFT(t, &now)
+		rng := rand.New(rand.NewPCG(7, 8))
+		held := randomPrompt(rng, 16000)
+		// Answers of 10 ms lately, one from each target; target 0 holds the
+		// prompt.
+		for i, prompt := range []string{held, randomPrompt(rng, 16000)} {
+			ctx := &Context{Prompt: prompt, Buffered: buffered}
+			b.Observe(i, ctx)
+			now += 10 * time.Millisecond
+			if buffered {
+				b.WholeAnswer(i, ctx, 10*time.Millisecond, 4000, 1)
+			} else {
+				b.FirstToken(i, ctx, 10*time.Millisecond, 4000)
+			}
+			b.Learn(i, ctx, 0, 10*time.Millisecond)
+		}
+		if b.law() != b.unitLaw {
+			t.Fatal("the law is fitted after two answers")
+		}
+		pick := func() int { return b.Pick(&Context{Prompt: held}, nil, Set{}) }
+		if got := pick(); got != 0 {
+			t.Fatalf("buffered %v: target 0 holds the prompt: picked %d, want 0", buffered, got)
+		}
+		stuck := &Context{Prompt: randomPrompt(rng, 400), Buffered: buffered}
+		b.Observe(0, stuck)
+		now += 15 * time.Millisecond
+		if got := pick(); got != 0 {
+			t.Fatalf("buffered %v: 15 ms without an answer (typical 10): picked %d, want 0", buffered, got)
+		}
+		now += 10 * time.Millisecond
+		if got := pick(); got != 1 {
+			t.Fatalf("buffered %v: 25 ms without an answer (typical 10): picked %d, want 1", buffered, got)
+		}
+		// Left out only while another target is not.
+		stuck1 := &Context{Prompt: randomPrompt(rng, 400), Buffered: buffered}
+		b.Observe(1, stuck1)
+		now += 25 * time.Millisecond
+		if got := pick(); got != 0 {
+			t.Fatalf("buffered %v: both quiet: picked %d, want 0 (holds the prompt)", buffered, got)
+		}
+		if buffered {
+			b.WholeAnswer(1, stuck1, 25*time.Millisecond, 100, 1)
+		} else {
+			b.FirstToken(1, stuck1, 25*time.Millisecond, 100)
+		}
+		if got := pick(); got != 1 {
+			t.Fatalf("buffered %v: target 1 answered, target 0 still quiet: picked %d, want 1", buffered, got)
+		}
+	}
+}

@@ -68,6 +68,9 @@ func (t *predictedTTFT) expireDue(now time.Duration) {
 		delete(t.pending[d.target], d.ctx)
 		t.pendLocked(d.target, -1, -e.tokens, e.slot, d.at)
 		t.answered[d.target][d.ctx] = e
+		if at := t.answeredAt[d.target].Load(); at < 0 || int64(e.at) < at {
+			t.answeredAt[d.target].Store(int64(e.at))
+		}
 	}
 	next := int64(math.MaxInt64)
 	if len(t.dues) > 0 {
@@ -87,6 +90,8 @@ func (t *predictedTTFT) WholeAnswer(target int, ctx *Context, latency time.Durat
 	if !ok || latency < 0 {
 		return
 	}
+	t.lastBack[target].Store(int64(t.now()))
+	t.wholeSum.Add(int64(latency))
 	t.wholeN.Add(1)
 	if !(e.blind && t.peerHeard.Load() >= 0 || e.slot || e.unseen) && outputTokens > 0 {
 		x := e.x
@@ -94,4 +99,93 @@ func (t *predictedTTFT) WholeAnswer(target int, ctx *Context, latency time.Durat
 		t.fit(x, float64(latency)/float64(time.Millisecond))
 	}
 	t.learnRatios(e, promptTokens)
+}
+
+// answeredAtLocked finds the dispatch of target's oldest attempt that left
+// the queue at its due without an answer yet; t.mu must be held.
+func (t *predictedTTFT) answeredAtLocked(target int) {
+	oldest := int64(-1)
+	for _, e := range t.answered[target] {
+		if oldest < 0 || int64(e.at) < oldest {
+			oldest = int64(e.at)
+		}
+	}
+	t.answeredAt[target].Store(oldest)
+}
+
+// silence is how long target i has sent nothing back (no first token, no
+// completion) while holding an attempt that left the queue at its due,
+// since that attempt's dispatch or the latest answer there, whichever is
+// later, beyond twice the mean whole answer lately (typical, ms; see
+// typicalWhole); 0 when it has not, and when no whole answer has come yet.
+// It is overdue's counterpart for clients that do not stream: their
+// requests leave the queue at a predicted first token, so a replica that
+// froze (its connections open, nothing answered) showed no late head and
+// kept drawing its prefixes' traffic (rolter-outage, a replica frozen for
+// 8 s under clients 7 in 8 of which do not stream: 5–8 requests failed
+// against 2–3 with whole answers left queued; docs/routing.md). A busy
+// replica answers every mean/in-flight; one that holds a single answer
+// longer than twice the mean, with nothing else in flight, is the case it
+// mistakes, and only while nothing else comes back.
+func (t *predictedTTFT) silence(i int, now time.Duration, typical float64) float64 {
+	at := t.answeredAt[i].Load()
+	if at < 0 || typical <= 0 {
+		return 0
+	}
+	waited := float64(int64(now)-max(at, t.lastBack[i].Load())) / float64(time.Millisecond)
+	return max(0, waited-2*typical)
+}
+
+// typicalWhole is the mean whole answer (ms) over the rates' window, 0
+// before any.
+func (t *predictedTTFT) typicalWhole() float64 {
+	b := t.means()
+	mean, _ := windowMean(t.wholeSum.Load(), t.wholeN.Load(), b.whole, b.wholeN)
+	return mean / float64(time.Millisecond)
+}
+
+// withoutQuiet returns el without its quiet targets (see quiet), or el when
+// every one is. It stands in for overdue and silence while the law has no
+// time scale to price a stall in: where prefill is fast, the law may never
+// fit (its own-prefill weight stays within its noise), and a replica that
+// froze kept drawing the traffic of the prefixes it held, which waited
+// there until the client gave up (rolter-outage, a replica frozen for 8 s:
+// 22–26 requests failed; docs/operations.md).
+func (t *predictedTTFT) withoutQuiet(el Set, now time.Duration) Set {
+	first, whole := t.typicalFirst(), t.typicalWhole()
+	if first <= 0 && whole <= 0 {
+		return el
+	}
+	var quiet Set
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			if i := wi*64 + bitIndex(w); t.quiet(i, now, first, whole) {
+				quiet.Add(i)
+			}
+		}
+	}
+	if rest := el.without(quiet); !quiet.Empty() && !rest.Empty() {
+		return rest
+	}
+	return el
+}
+
+// quiet reports whether target i has sent nothing back (no first token,
+// no completion) for more than twice the typical wait (ms) for the answers
+// it owes this balancer since the oldest of them was sent: first tokens
+// (first) for the pending, whole answers (whole) for those past their
+// due.
+func (t *predictedTTFT) quiet(i int, now time.Duration, first, whole float64) bool {
+	oldest, margin := t.headAt[i].Load(), first
+	if at := t.answeredAt[i].Load(); at >= 0 {
+		if oldest < 0 || at < oldest {
+			oldest = at
+		}
+		margin = max(margin, whole)
+	}
+	if oldest < 0 || margin <= 0 {
+		return false
+	}
+	waited := float64(int64(now)-max(oldest, t.lastBack[i].Load())) / float64(time.Millisecond)
+	return waited > 2*margin
 }
