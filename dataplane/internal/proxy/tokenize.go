@@ -27,8 +27,10 @@ func routesOnKV(strategy string) bool {
 // route serves the same model with the same tokenizer and chat template
 // (docs/routing.md), so any one of them answers for all: a uniformly
 // random target that publishes KV events and allows tokenize, among those
-// the key may use and that are healthy and not cooling down. A failure or a
-// timeout leaves the ids unset: the route decides on its approximate
+// the key may use and that are healthy and not cooling down, and whose
+// /tokenize did not time out or go unanswered lately (parked for the
+// cooldown's base time; asked anyway when every candidate is). A failure or
+// a timeout leaves the ids unset: the route decides on its approximate
 // state, and rolter_tokenize_total counts why.
 func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 	if p.kv == nil || len(x.rctx.TokenIDs) > 0 || len(x.pools) == 0 || !routesOnKV(x.pools[0].pool.strategy) {
@@ -40,8 +42,8 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 	model := x.route.cfg.Model
 	count := func(outcome string) { p.metrics.Tokenize.WithLabelValues(model, outcome).Inc() }
 	now := time.Now()
-	var cands [routing.MaxTargets]int
-	n := 0
+	var cands, parked [routing.MaxTargets]int
+	n, np := 0, 0
 	for i := range ps.pool.targets {
 		t := &ps.pool.targets[i]
 		kv := t.cfg.Provider.KVEvents
@@ -51,8 +53,18 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 		if !t.health.Healthy() || (x.rt.snap.Cooldown.BaseSecs > 0 && t.state.CoolingDown(now)) {
 			continue
 		}
+		if p.tok.Parked(t.cfg.Provider.APIBase, now) {
+			parked[np] = i
+			np++
+			continue
+		}
 		cands[n] = i
 		n++
+	}
+	if n == 0 {
+		// Every candidate's /tokenize failed lately: ask one anyway, which
+		// tells when it is back.
+		cands, n = parked, np
 	}
 	if n == 0 {
 		count("none")
@@ -94,6 +106,13 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 		outcome = "rejected"
 	default:
 		outcome = "error"
+	}
+	if park := time.Duration(x.rt.snap.Cooldown.BaseSecs) * time.Second; park > 0 && ctx.Err() == nil &&
+		(outcome == "timeout" || errors.Is(err, tokenize.ErrUnavailable)) {
+		// Not asked again for a cooldown's base time while another
+		// replica can answer (the request itself is not failed over: the
+		// replica may still be serving).
+		p.tok.Park(t.cfg.Provider.APIBase, time.Now().Add(park))
 	}
 	span.SetAttributes(attribute.String("rolter.provider", t.cfg.Provider.Name), attribute.String("rolter.tokenize", outcome),
 		attribute.Int("rolter.tokens", len(ids)))

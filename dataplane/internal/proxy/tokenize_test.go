@@ -76,6 +76,17 @@ func TestRejectedTokenizeIsNotAnError(t *testing.T) {
 // provider up with KV events (so it asks up's /tokenize).
 func kvRouteProxy(t *testing.T, up *upstream, strategy string) (*Proxy, string) {
 	t.Helper()
+	p := newKVProxy(t)
+	applyDoc(t, p, openAuth+fmt.Sprintf("\n[[providers]]\nname = \"v\"\nkind = \"openai_compatible\"\napi_base = %q\n"+
+		"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\ntokenize_timeout_ms = 10000\n\n"+
+		"[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [{ provider = \"v\" }]\n", up.URL, strategy))
+	return p, newServer(t, p)
+}
+
+// newKVProxy returns a proxy following the KV events of a NATS server of
+// its own.
+func newKVProxy(t *testing.T) *Proxy {
+	t.Helper()
 	ix, err := kvindex.New(natstest.Connect(t, natstest.Start(t)), nil, kvindex.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -83,8 +94,66 @@ func kvRouteProxy(t *testing.T, up *upstream, strategy string) (*Proxy, string) 
 	t.Cleanup(ix.Close)
 	p := New(Options{KVIndex: ix})
 	t.Cleanup(func() { _ = p.Close() })
-	applyDoc(t, p, openAuth+fmt.Sprintf("\n[[providers]]\nname = \"v\"\nkind = \"openai_compatible\"\napi_base = %q\n"+
-		"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\ntokenize_timeout_ms = 10000\n\n"+
-		"[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [{ provider = \"v\" }]\n", up.URL, strategy))
-	return p, newServer(t, p)
+	return p
+}
+
+// TestTokenizeSkipsAReplicaThatTimedOut: a replica whose /tokenize timed
+// out (a frozen engine: connections open, nothing answered) is not asked
+// again for the cooldown's base time while another replica can answer, so
+// one request pays the timeout, not every other one.
+func TestTokenizeSkipsAReplicaThatTimedOut(t *testing.T) {
+	var hungCalls, calls atomic.Int32
+	hung, ok := newUpstream(t, "hung"), newUpstream(t, "ok")
+	hung.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/tokenize" {
+			return false
+		}
+		hungCalls.Add(1)
+		<-r.Context().Done()
+		return true
+	}
+	ok.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/tokenize" {
+			return false
+		}
+		calls.Add(1)
+		_, _ = io.WriteString(w, `{"count":2,"max_model_len":100,"tokens":[1,2],"token_strs":null}`)
+		return true
+	}
+	p := newKVProxy(t)
+	provider := "\n[[providers]]\nname = %q\nkind = \"openai_compatible\"\napi_base = %q\n" +
+		"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:%d\"\ntokenize_timeout_ms = 20\n"
+	applyDoc(t, p, openAuth+fmt.Sprintf(provider, "hung", hung.URL, 5557)+fmt.Sprintf(provider, "ok", ok.URL, 5558)+
+		"\n[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"ok\" }, { provider = \"hung\" }]\n")
+	url := newServer(t, p)
+	send := func(i int) {
+		t.Helper()
+		resp, body := post(t, url+"/v1/completions", "", fmt.Sprintf(`{"model":"m","prompt":"prompt %d"}`, i))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, body)
+		}
+	}
+	timeouts := func() float64 { return testutil.ToFloat64(p.metrics.Tokenize.WithLabelValues("m", "timeout")) }
+	// Until the hung replica is asked once (each request asks one of the
+	// two at random).
+	i := 0
+	for ; timeouts() == 0; i++ {
+		if i == 64 {
+			t.Fatal("the hung replica's /tokenize was never asked in 64 requests")
+		}
+		send(i)
+	}
+	before, okBefore := hungCalls.Load(), calls.Load()
+	for j := range 16 {
+		send(i + j)
+	}
+	if n := hungCalls.Load() - before; n != 0 {
+		t.Fatalf("the replica whose /tokenize timed out was asked %d more times in 16 requests, want 0", n)
+	}
+	if n := calls.Load() - okBefore; n != 16 {
+		t.Fatalf("the other replica was asked %d times for 16 requests, want 16", n)
+	}
+	if n := timeouts(); n != 1 {
+		t.Fatalf("rolter_tokenize_total{outcome=\"timeout\"} = %v, want 1", n)
+	}
 }

@@ -60,6 +60,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/zeebo/xxh3"
 )
@@ -195,6 +196,12 @@ var ErrNoTokens = errors.New("tokenize: the answer has no token ids")
 // the tokenizer's health.
 var ErrRejected = errors.New("tokenize: the engine rejected the request")
 
+// ErrUnavailable is returned when the engine did not answer /tokenize: the
+// call failed to connect or broke off, or the answer was a 5xx, 408 or
+// 429. Unlike a malformed answer it says the replica may not be serving
+// (see Park).
+var ErrUnavailable = errors.New("tokenize: the engine did not answer")
+
 // Decode reads vLLM's TokenizeResponse {"count","max_model_len","tokens",
 // "token_strs"}: the token ids, which must be unsigned 32-bit integers and
 // as many as count says.
@@ -217,6 +224,11 @@ type Client struct {
 	http  *http.Client
 	limit int // the cache's bound, in token ids: CacheTokens
 
+	// parked holds, per /tokenize endpoint, until when it is not asked
+	// (see Park).
+	parkMu sync.Mutex
+	parked map[string]time.Time
+
 	mu     sync.Mutex
 	lru    list.List // of *entry, most recent first
 	byKey  map[xxh3.Uint128]*list.Element
@@ -231,7 +243,33 @@ type entry struct {
 
 // New returns a client sending with hc.
 func New(hc *http.Client) *Client {
-	return &Client{http: hc, limit: CacheTokens, byKey: map[xxh3.Uint128]*list.Element{}}
+	return &Client{http: hc, limit: CacheTokens, byKey: map[xxh3.Uint128]*list.Element{}, parked: map[string]time.Time{}}
+}
+
+// Park marks base's /tokenize as not to be asked until until (see Parked):
+// a call there timed out or was not answered. Asked again at once, a
+// frozen or overloaded replica cost each request its whole timeout
+// (rolter-outage, a replica frozen for 8 s: about 20 calls timed out;
+// docs/operations.md).
+func (c *Client) Park(base string, until time.Time) {
+	c.parkMu.Lock()
+	defer c.parkMu.Unlock()
+	if k := Endpoint(base); until.After(c.parked[k]) {
+		c.parked[k] = until
+	}
+}
+
+// Parked reports whether base's /tokenize is parked at now.
+func (c *Client) Parked(base string, now time.Time) bool {
+	c.parkMu.Lock()
+	defer c.parkMu.Unlock()
+	k := Endpoint(base)
+	until, ok := c.parked[k]
+	if ok && !now.Before(until) {
+		delete(c.parked, k)
+		return false
+	}
+	return ok
 }
 
 // Cached returns the ids cached for the /tokenize body tok.
@@ -261,18 +299,18 @@ func (c *Client) Tokenize(ctx context.Context, base, apiKey string, tok []byte) 
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponse+1))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests {
 		return nil, fmt.Errorf("%w: status %d", ErrRejected, resp.StatusCode)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("tokenize: status %d", resp.StatusCode)
+		return nil, fmt.Errorf("%w: status %d", ErrUnavailable, resp.StatusCode)
 	}
 	if len(b) > MaxResponse {
 		return nil, fmt.Errorf("%w: over %d bytes", ErrResponse, MaxResponse)

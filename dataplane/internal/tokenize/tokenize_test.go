@@ -292,8 +292,8 @@ func TestClient(t *testing.T) {
 	if _, ok := c.Cached([]byte(`{"model":"other","prompt":"a b c"}`)); ok {
 		t.Fatal("another model hit the cache")
 	}
-	if _, err := c.Tokenize(ctx, srv.URL, "k", []byte(`{"model":"m","prompt":"fail"}`)); err == nil {
-		t.Fatal("a 400 gave ids")
+	if _, err := c.Tokenize(ctx, srv.URL, "k", []byte(`{"model":"m","prompt":"fail"}`)); !errors.Is(err, tokenize.ErrRejected) || errors.Is(err, tokenize.ErrUnavailable) {
+		t.Fatalf("a 400: %v, want ErrRejected only", err)
 	}
 	if _, err := c.Tokenize(ctx, srv.URL, "wrong", body); err == nil {
 		t.Fatal("a 404 gave ids")
@@ -301,8 +301,8 @@ func TestClient(t *testing.T) {
 	delay.Store(int64(time.Minute))
 	tctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	if _, err := c.Tokenize(tctx, srv.URL, "k", []byte(`{"model":"m","prompt":"slow"}`)); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("slow engine: %v, want a deadline error", err)
+	if _, err := c.Tokenize(tctx, srv.URL, "k", []byte(`{"model":"m","prompt":"slow"}`)); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, tokenize.ErrUnavailable) {
+		t.Fatalf("slow engine: %v, want a deadline error, unavailable", err)
 	}
 	delay.Store(0)
 	// Bounded (here at 64 token ids and two answers' bookkeeping): answers
@@ -389,5 +389,60 @@ func TestClientShortAnswersBounded(t *testing.T) {
 	}
 	if n, _ := c.Len(); n != limit/(1+tokenize.EntryOverhead) {
 		t.Fatalf("the cache holds %d one-token answers under a bound of %d, want %d", n, limit, limit/(1+tokenize.EntryOverhead))
+	}
+}
+
+// TestClientUnavailable: a 5xx and a refused connection are ErrUnavailable
+// (the replica may not be serving), unlike a malformed answer.
+func TestClientUnavailable(t *testing.T) {
+	var status atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s := status.Load(); s != 0 {
+			w.WriteHeader(int(s))
+			return
+		}
+		_, _ = io.WriteString(w, `{"count":1,"tokens":"x"}`)
+	}))
+	c := tokenize.New(srv.Client())
+	body := []byte(`{"model":"m","prompt":"a"}`)
+	if _, err := c.Tokenize(context.Background(), srv.URL, "", body); err == nil || errors.Is(err, tokenize.ErrUnavailable) {
+		t.Fatalf("a malformed answer: %v, want an error, not unavailable", err)
+	}
+	for _, s := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusRequestTimeout} {
+		status.Store(int64(s))
+		if _, err := c.Tokenize(context.Background(), srv.URL, "", body); !errors.Is(err, tokenize.ErrUnavailable) {
+			t.Fatalf("status %d: %v, want unavailable", s, err)
+		}
+	}
+	srv.Close()
+	if _, err := c.Tokenize(context.Background(), srv.URL, "", body); !errors.Is(err, tokenize.ErrUnavailable) {
+		t.Fatalf("connection refused: %v, want unavailable", err)
+	}
+}
+
+// TestPark: a parked endpoint stays parked until its time, whatever form
+// of its api_base names it, and a later Park never shortens it.
+func TestPark(t *testing.T) {
+	c := tokenize.New(http.DefaultClient)
+	t0 := time.Unix(1000, 0)
+	if c.Parked("http://a:8000/v1", t0) {
+		t.Fatal("parked before any Park")
+	}
+	c.Park("http://a:8000/v1", t0.Add(5*time.Second))
+	c.Park("http://a:8000", t0.Add(time.Second))
+	for _, tc := range []struct {
+		base string
+		at   time.Duration
+		want bool
+	}{
+		{"http://a:8000", 0, true},
+		{"http://a:8000/v1/", 4 * time.Second, true},
+		{"http://b:8000/v1", 0, false},
+		{"http://a:8000/v1", 5 * time.Second, false},
+		{"http://a:8000/v1", 0, false}, // forgotten once expired
+	} {
+		if got := c.Parked(tc.base, t0.Add(tc.at)); got != tc.want {
+			t.Errorf("Parked(%s, +%v) = %v, want %v", tc.base, tc.at, got, tc.want)
+		}
 	}
 }
