@@ -74,6 +74,18 @@ type LawReporter interface {
 	Law() LawState
 }
 
+// SilenceReporter is implemented by balancers that watch what comes back
+// from each target (predicted_ttft). Silent appends to dst, per target,
+// how long the target has owed the balancer an answer (a first token, or a
+// whole answer for a client that does not stream) without sending any
+// back: since the later of the oldest owed request's dispatch and the
+// target's latest answer, 0 when it owes none. A replica that froze grows
+// it without bound; a healthy busy one keeps it near the gap between its
+// answers.
+type SilenceReporter interface {
+	Silent(dst []time.Duration) []time.Duration
+}
+
 // LawState is a learned time-to-first-token law: TTFT (ms) = BaseMS +
 // AheadMS × the requests queued ahead + QueuedMSPer1K × their uncached
 // prompt tokens / 1,000 + OwnMSPer1K × this request's uncached prompt

@@ -342,6 +342,7 @@ var (
 	_ TTFTObserver    = (*predictedTTFT)(nil)
 	_ Learner         = (*predictedTTFT)(nil)
 	_ DecisionCounter = (*predictedTTFT)(nil)
+	_ SilenceReporter = (*predictedTTFT)(nil)
 	_ SharedAffinity  = (*predictedTTFT)(nil)
 	_ SharedQueue     = (*predictedTTFT)(nil)
 )

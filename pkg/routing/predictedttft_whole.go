@@ -189,3 +189,21 @@ func (t *predictedTTFT) quiet(i int, now time.Duration, first, whole float64) bo
 	waited := float64(int64(now)-max(oldest, t.lastBack[i].Load())) / float64(time.Millisecond)
 	return waited > 2*margin
 }
+
+// Silent implements [SilenceReporter].
+func (t *predictedTTFT) Silent(dst []time.Duration) []time.Duration {
+	now := t.now()
+	t.expireDue(now)
+	for i := range t.n {
+		oldest := t.headAt[i].Load()
+		if at := t.answeredAt[i].Load(); at >= 0 && (oldest < 0 || at < oldest) {
+			oldest = at
+		}
+		var d time.Duration
+		if oldest >= 0 {
+			d = max(0, now-time.Duration(max(oldest, t.lastBack[i].Load())))
+		}
+		dst = append(dst, d)
+	}
+	return dst
+}

@@ -34,6 +34,9 @@ var (
 		"First tokens reported to predicted_ttft, those that teach its law nothing included.", []string{"model", "variant"}, nil)
 	lawWholeAnswersDesc = prometheus.NewDesc("rolter_predicted_ttft_whole_answers_total",
 		"Answers that came back whole (clients that do not stream) reported to predicted_ttft, in place of first tokens.", []string{"model", "variant"}, nil)
+	silentDesc = prometheus.NewDesc("rolter_predicted_ttft_silent_seconds",
+		"How long a target has owed predicted_ttft an answer (a first token, or a whole answer for a client that does not stream) without sending any back; 0 when it owes none. A frozen replica grows it without bound: past twice the typical answer predicted_ttft routes around it.",
+		[]string{"model", "provider"}, nil)
 	lawBytesPerTokenDesc = prometheus.NewDesc("rolter_predicted_ttft_bytes_per_token",
 		"Prompt bytes per engine prompt token, as predicted_ttft learned it (its default until an engine reported a count).", []string{"model", "variant"}, nil)
 )
@@ -84,6 +87,7 @@ func (c *inflightCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- lawFirstTokensDesc
 	ch <- lawWholeAnswersDesc
 	ch <- lawBytesPerTokenDesc
+	ch <- silentDesc
 }
 
 func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
@@ -121,6 +125,7 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 		// the label set is (model, provider).
 		nodes := map[string]float64{}
 		evictions := map[string]float64{}
+		silent := map[string]float64{}
 		seen := map[string]bool{}
 		for _, pl := range r.pools {
 			if dc, ok := pl.balancer.(routing.DecisionCounter); ok {
@@ -131,6 +136,14 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 			if lr, ok := pl.balancer.(routing.LawReporter); ok {
 				collectLaw(ch, lr.Law(), rc.Model, pl.variant)
 			}
+			if sr, ok := pl.balancer.(routing.SilenceReporter); ok {
+				for i, d := range sr.Silent(nil) {
+					if i < len(pl.targets) {
+						name := pl.targets[i].cfg.Provider.Name
+						silent[name] = max(silent[name], d.Seconds())
+					}
+				}
+			}
 			if ts, ok := pl.balancer.(routing.TrieStats); ok {
 				for i, st := range ts.TrieStats() {
 					if i < len(pl.targets) {
@@ -140,6 +153,9 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 					}
 				}
 			}
+		}
+		for name, d := range silent {
+			ch <- prometheus.MustNewConstMetric(silentDesc, prometheus.GaugeValue, d, rc.Model, name)
 		}
 		for name, n := range nodes {
 			ch <- prometheus.MustNewConstMetric(treeNodesDesc, prometheus.GaugeValue, n, rc.Model, name)

@@ -163,13 +163,44 @@ func TestEveryObservedAttemptEnds(t *testing.T) {
 	}
 }
 
-// TestLawMetrics: a predicted_ttft route exports its law: not fitted and
-// no first token at first, then the first tokens it was told of. (Whether
-// and what it fits is routing's TestPredictedTTFTReportsItsLaw.)
-func TestLawMetrics(t *testing.T) {
-	d := dialects[0]
+// routeMetric returns the value of the metric name of route m (variant
+// none), false when it is not exported.
+func routeMetric(t *testing.T, reg *prometheus.Registry, name string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["model"] == "m" && labels["variant"] == "" {
+				if c := m.GetCounter(); c != nil {
+					return c.GetValue(), true
+				}
+				return m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// ttftRouteProxy returns a proxy, and the registry of its metrics, whose
+// route m is predicted_ttft over one upstream that streams d's first
+// event and terminal, once release is closed (nil: at once).
+func ttftRouteProxy(t *testing.T, d dialectCase, release <-chan struct{}) (*Proxy, *prometheus.Registry) {
+	t.Helper()
 	up := newUpstream(t, "u")
 	up.handler = func(w http.ResponseWriter, _ *http.Request) bool {
+		if release != nil {
+			<-release
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, d.firstSSE+d.terminal)
 		return true
@@ -177,30 +208,45 @@ func TestLawMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	p := New(Options{Logger: slog.New(slog.DiscardHandler), Registerer: reg, Gatherer: reg})
 	applyDoc(t, p, openAuth+providers(up)+"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"p0\" }]\n")
-	value := func(name string) (float64, bool) {
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				labels := map[string]string{}
-				for _, l := range m.GetLabel() {
-					labels[l.GetName()] = l.GetValue()
-				}
-				if labels["model"] == "m" && labels["variant"] == "" {
-					if c := m.GetCounter(); c != nil {
-						return c.GetValue(), true
-					}
-					return m.GetGauge().GetValue(), true
-				}
-			}
-		}
-		return 0, false
+	return p, reg
+}
+
+// TestSilentMetric: rolter_predicted_ttft_silent_seconds shows a target
+// that owes an answer and sends none back, and returns to 0 once it has
+// answered.
+func TestSilentMetric(t *testing.T) {
+	d := dialects[0]
+	release := make(chan struct{})
+	p, reg := ttftRouteProxy(t, d, release)
+	silent := func() float64 { v, _ := routeMetric(t, reg, "rolter_predicted_ttft_silent_seconds"); return v }
+	if v, ok := routeMetric(t, reg, "rolter_predicted_ttft_silent_seconds"); !ok || v != 0 {
+		t.Fatalf("silent %v s (exported %v) before any request, want 0", v, ok)
 	}
+	url, client := serveProxy(t, p, false)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+d.path, strings.NewReader(d.body(true)))
+		if resp, err := client.Do(req); err == nil {
+			_, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, func() bool { return silent() > 0 })
+	close(release)
+	<-done
+	if v := silent(); v != 0 {
+		t.Fatalf("silent %v s after the answer, want 0", v)
+	}
+}
+
+// TestLawMetrics: a predicted_ttft route exports its law: not fitted and
+// no first token at first, then the first tokens it was told of. (Whether
+// and what it fits is routing's TestPredictedTTFTReportsItsLaw.)
+func TestLawMetrics(t *testing.T) {
+	d := dialects[0]
+	p, reg := ttftRouteProxy(t, d, nil)
+	value := func(name string) (float64, bool) { return routeMetric(t, reg, name) }
 	if v, ok := value("rolter_predicted_ttft_law_fitted"); !ok || v != 0 {
 		t.Fatalf("law fitted = %v (exported %v), want 0", v, ok)
 	}
