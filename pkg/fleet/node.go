@@ -392,6 +392,9 @@ func (n *Node) takeQueues(r *Route) *fleetv1.RouteQueues {
 		if q.LeaveAge >= 0 {
 			tq.LeaveAgeUs = proto.Uint64(uint64(q.LeaveAge / time.Microsecond))
 		}
+		if q.AnswerAge >= 0 {
+			tq.AnswerAgeUs = proto.Uint64(uint64(q.AnswerAge / time.Microsecond))
+		}
 		if rq == nil {
 			rq = &fleetv1.RouteQueues{Route: r.key.name, Layout: r.key.layout}
 		}
@@ -477,9 +480,12 @@ func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.D
 				continue
 			}
 			st := routing.QueueState{Requests: int(tq.Requests), Tokens: clampInt(tq.Tokens), HeadTokens: clampInt(tq.HeadTokens),
-				HeadAge: micros(tq.HeadAgeUs), LeaveAge: -1}
+				HeadAge: micros(tq.HeadAgeUs), LeaveAge: -1, AnswerAge: -1}
 			if tq.LeaveAgeUs != nil {
 				st.LeaveAge = micros(*tq.LeaveAgeUs)
+			}
+			if tq.AnswerAgeUs != nil {
+				st.AnswerAge = micros(*tq.AnswerAgeUs)
 			}
 			folds = append(folds, fold{box.Queue, int(tq.Target), st})
 		}

@@ -315,6 +315,37 @@ func TestQueuesReachPeers(t *testing.T) {
 	}
 }
 
+// A peer's answers from a target reach the proxies whose own requests there
+// have been silent: the target is serving (see routing.SilenceReporter).
+func TestPeersAnswersEndSilence(t *testing.T) {
+	now := time.Second
+	a, b := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now)
+	owed := &routing.Context{Prompt: conversation(1)}
+	b.b.Observe(1, owed)
+	mine := &routing.Context{Prompt: conversation(2)}
+	a.b.Observe(1, mine)
+	now += 3 * time.Second
+	silent := func() time.Duration { return b.b.(routing.SilenceReporter).Silent(nil)[1] }
+	if got := silent(); got != 3*time.Second {
+		t.Fatalf("b's request at target 1 unanswered for 3 s: silent %v", got)
+	}
+	a.b.(routing.TTFTObserver).FirstToken(1, mine, 3*time.Second, 0)
+	raw := a.node.FlushQueues()
+	msg, err := fleet.DecodeObservations(raw)
+	if err != nil || len(msg.Queues) != 1 || msg.Queues[0].Targets[0].AnswerAgeUs == nil {
+		t.Fatalf("flush after a's first token published %v (%v), want target 1 with its answer's age", msg, err)
+	}
+	now += 100 * time.Millisecond
+	b.node.HandleObservations(raw, time.Now())
+	if got := silent(); got != 0 {
+		t.Fatalf("a heard from target 1 at its flush: b's silent %v, want 0 (the trip is not subtracted)", got)
+	}
+	now += 100 * time.Millisecond
+	if got := silent(); got != 100*time.Millisecond {
+		t.Fatalf("100 ms later: b's silent %v, want 100ms", got)
+	}
+}
+
 // A node's place among the nodes serving a route (its rank by id, their
 // number) follows the peers whose loads are live, and reaches the
 // predicted_ttft balancer: c, third of three by id on 4 targets, keeps its

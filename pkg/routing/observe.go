@@ -78,8 +78,9 @@ type LawReporter interface {
 // from each target (predicted_ttft). Silent appends to dst, per target,
 // how long the target has owed the balancer an answer (a first token, or a
 // whole answer for a client that does not stream) without sending any
-// back: since the later of the oldest owed request's dispatch and the
-// target's latest answer, 0 when it owes none. A replica that froze grows
+// back, to it or, as their reports tell, to its peers: since the later of
+// the oldest owed request's dispatch and the target's latest answer, 0
+// when it owes none. A replica that froze grows
 // it without bound; a healthy busy one keeps it near the gap between its
 // answers.
 type SilenceReporter interface {

@@ -230,8 +230,9 @@ type predictedTTFT struct {
 	nextDue  atomic.Int64
 	answered []map[*Context]pendingPrefill
 	// Per target, the dispatch of the oldest attempt in answered (ns, -1:
-	// none), and the latest answer there, a first token or a completion
-	// (ns, -1: none): see silence.
+	// none), and the latest answer there, a first token or a completion,
+	// to this balancer or, as its reports tell, to a peer (ns, -1: none):
+	// see silence.
 	answeredAt, lastBack []atomic.Int64
 	slotPend             []atomic.Int64 // per target, the pending requests waiting for a batch slot (written under mu)
 	lastSweep            time.Duration
@@ -1511,18 +1512,21 @@ func (t *predictedTTFT) headLocked(target int) {
 // LocalQueue implements [SharedQueue].
 func (t *predictedTTFT) LocalQueue(target int) QueueState {
 	if target < 0 || target >= t.n {
-		return QueueState{LeaveAge: -1}
+		return QueueState{LeaveAge: -1, AnswerAge: -1}
 	}
 	now := t.now()
 	t.expireDue(now)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	q := QueueState{Requests: int(t.pendCount[target].Load()), Tokens: int(t.pendTokens[target].Load()), LeaveAge: -1}
+	q := QueueState{Requests: int(t.pendCount[target].Load()), Tokens: int(t.pendTokens[target].Load()), LeaveAge: -1, AnswerAge: -1}
 	if at := t.headAt[target].Load(); at >= 0 {
 		q.HeadTokens, q.HeadAge = int(t.headTokens[target].Load()), max(now-time.Duration(at), 0)
 	}
 	if at := t.lastLeave[target].Load(); at >= 0 {
 		q.LeaveAge = max(now-time.Duration(at), 0)
+	}
+	if at := t.lastBack[target].Load(); at >= 0 {
+		q.AnswerAge = max(now-time.Duration(at), 0)
 	}
 	return q
 }
@@ -1530,10 +1534,10 @@ func (t *predictedTTFT) LocalQueue(target int) QueueState {
 // PeerQueue implements [SharedQueue].
 func (t *predictedTTFT) PeerQueue(target int) QueueState {
 	if target < 0 || target >= t.n {
-		return QueueState{LeaveAge: -1}
+		return QueueState{LeaveAge: -1, AnswerAge: -1}
 	}
 	p := t.peersAt(target, t.now())
-	return QueueState{Requests: int(p.requests), Tokens: int(p.tokens), LeaveAge: -1}
+	return QueueState{Requests: int(p.requests), Tokens: int(p.tokens), LeaveAge: -1, AnswerAge: -1}
 }
 
 // FoldPeerQueue implements [SharedQueue]: the report's ages become instants
@@ -1549,6 +1553,9 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 		headTokens: int64(max(q.HeadTokens, 0)), headAt: now - max(q.HeadAge, 0), until: now + ttl}
 	if q.LeaveAge >= 0 {
 		raise(&t.peerLeave[target], int64(now-q.LeaveAge))
+	}
+	if q.AnswerAge >= 0 {
+		raise(&t.lastBack[target], int64(now-q.AnswerAge))
 	}
 	pq.at = now
 	t.peerMu.Lock()

@@ -205,7 +205,7 @@ func TestPredictedTTFTCreditsPrefillInProgress(t *testing.T) {
 func TestPredictedTTFTPeerHeadServedSinceLastLeave(t *testing.T) {
 	now := time.Second
 	b := newTwoTargetTTFT(t, &now)
-	q := QueueState{Requests: 1, Tokens: 2000, HeadTokens: 2000, HeadAge: 100 * time.Millisecond, LeaveAge: -1}
+	q := QueueState{Requests: 1, Tokens: 2000, HeadTokens: 2000, HeadAge: 100 * time.Millisecond, LeaveAge: -1, AnswerAge: -1}
 	b.FoldPeerQueue("peer", 0, q, time.Minute)
 	// Served since its dispatch 100 ms ago: (100 - 5) / 50 × 1,000 = 1,900.
 	if x := b.features(0, 0, 0, &simLaw, now, b.counts(0)); math.Abs(x[lawQueued]-0.1) > 1e-9 || x[lawAhead] != 1 {
@@ -404,7 +404,7 @@ func TestPredictedTTFTBlindCollision(t *testing.T) {
 	const ttl = 30 * time.Millisecond
 	report := func() {
 		for target := range 4 {
-			p.FoldPeerQueue("peer", target, QueueState{LeaveAge: -1}, ttl)
+			p.FoldPeerQueue("peer", target, QueueState{LeaveAge: -1, AnswerAge: -1}, ttl)
 		}
 	}
 	report()
@@ -550,8 +550,8 @@ func TestPredictedTTFTUnseenPeerWorkTeachesNothing(t *testing.T) {
 	now := time.Second
 	b := newTwoTargetTTFT(t, &now)
 	ttl := time.Minute
-	empty := QueueState{LeaveAge: -1}
-	one := QueueState{Requests: 1, Tokens: 500, HeadTokens: 500, LeaveAge: -1}
+	empty := QueueState{LeaveAge: -1, AnswerAge: -1}
+	one := QueueState{Requests: 1, Tokens: 500, HeadTokens: 500, LeaveAge: -1, AnswerAge: -1}
 	learned := func() int { b.fitMu.Lock(); defer b.fitMu.Unlock(); return b.pooled.n }
 
 	// Target 0: the peer reports an empty queue, then one request sent

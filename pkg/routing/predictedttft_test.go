@@ -463,7 +463,7 @@ func TestPredictedTTFTFoldsPeerQueue(t *testing.T) {
 	if got := pickedTargets(a, 2, 40); got[0] {
 		t.Fatalf("with the peer's 2,000 tokens queued at 0: picked %v, want 1 only", got)
 	}
-	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, routing.QueueState{LeaveAge: 0}, ttl)
+	a.(routing.SharedQueue).FoldPeerQueue("peer", 0, routing.QueueState{LeaveAge: 0, AnswerAge: -1}, ttl)
 	if got := pickedTargets(a, 2, 40); !got[0] || !got[1] {
 		t.Fatalf("after the peer reported its queue empty: picked %v, want both", got)
 	}
@@ -619,7 +619,7 @@ func TestPredictedTTFTBurstsPreferHomeWithPeers(t *testing.T) {
 		b.(routing.SharedQueue).SetPlace(0, 2) // home: 0 and 2
 		// A peer reporting every 20 ms: its picks are invisible for that long.
 		for range 2 {
-			b.(routing.SharedQueue).FoldPeerQueue("peer", 3, routing.QueueState{LeaveAge: -1}, 60*time.Millisecond)
+			b.(routing.SharedQueue).FoldPeerQueue("peer", 3, routing.QueueState{LeaveAge: -1, AnswerAge: -1}, 60*time.Millisecond)
 			clock.now += 20 * time.Millisecond
 		}
 		// Fresh prompts 2 ms apart plus spacing (fewer than the law's

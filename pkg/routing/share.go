@@ -212,4 +212,8 @@ type QueueState struct {
 	// its first token at the target (the target then began serving the
 	// next), negative when none has.
 	LeaveAge time.Duration
+	// AnswerAge is the time since the target last sent this proxy an answer,
+	// a first token or a completion, negative when it has not: a peer whose
+	// own requests there are silent learns the target is serving.
+	AnswerAge time.Duration
 }

@@ -312,7 +312,12 @@ type TargetQueue struct {
 	// leave_age_us is the microseconds since a request of this proxy last
 	// produced its first token at the target (unset: never), which is when the
 	// target began serving the next one.
-	LeaveAgeUs    *uint64 `protobuf:"varint,6,opt,name=leave_age_us,json=leaveAgeUs,proto3,oneof" json:"leave_age_us,omitempty"`
+	LeaveAgeUs *uint64 `protobuf:"varint,6,opt,name=leave_age_us,json=leaveAgeUs,proto3,oneof" json:"leave_age_us,omitempty"`
+	// answer_age_us is the microseconds since the target last sent this proxy
+	// an answer, a first token or a completion (unset: never): evidence that it
+	// is serving, which a proxy whose own requests there are silent reads
+	// before it routes around the target.
+	AnswerAgeUs   *uint64 `protobuf:"varint,7,opt,name=answer_age_us,json=answerAgeUs,proto3,oneof" json:"answer_age_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -385,6 +390,13 @@ func (x *TargetQueue) GetHeadAgeUs() uint64 {
 func (x *TargetQueue) GetLeaveAgeUs() uint64 {
 	if x != nil && x.LeaveAgeUs != nil {
 		return *x.LeaveAgeUs
+	}
+	return 0
+}
+
+func (x *TargetQueue) GetAnswerAgeUs() uint64 {
+	if x != nil && x.AnswerAgeUs != nil {
+		return *x.AnswerAgeUs
 	}
 	return 0
 }
@@ -663,7 +675,7 @@ const file_rolter_fleet_v1_fleet_proto_rawDesc = "" +
 	"\vRouteQueues\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x16\n" +
 	"\x06layout\x18\x02 \x01(\x06R\x06layout\x126\n" +
-	"\atargets\x18\x03 \x03(\v2\x1c.rolter.fleet.v1.TargetQueueR\atargets\"\xd2\x01\n" +
+	"\atargets\x18\x03 \x03(\v2\x1c.rolter.fleet.v1.TargetQueueR\atargets\"\x8d\x02\n" +
 	"\vTargetQueue\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\rR\x06target\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\rR\brequests\x12\x16\n" +
@@ -672,8 +684,10 @@ const file_rolter_fleet_v1_fleet_proto_rawDesc = "" +
 	"headTokens\x12\x1e\n" +
 	"\vhead_age_us\x18\x05 \x01(\x04R\theadAgeUs\x12%\n" +
 	"\fleave_age_us\x18\x06 \x01(\x04H\x00R\n" +
-	"leaveAgeUs\x88\x01\x01B\x0f\n" +
-	"\r_leave_age_us\"{\n" +
+	"leaveAgeUs\x88\x01\x01\x12'\n" +
+	"\ranswer_age_us\x18\a \x01(\x04H\x01R\vanswerAgeUs\x88\x01\x01B\x0f\n" +
+	"\r_leave_age_usB\x10\n" +
+	"\x0e_answer_age_us\"{\n" +
 	"\x05Loads\x12\x14\n" +
 	"\x05proxy\x18\x01 \x01(\tR\x05proxy\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x15\n" +
