@@ -172,22 +172,36 @@ func (t *predictedTTFT) withoutQuiet(el Set, now time.Duration) Set {
 
 // quiet reports whether target i has sent nothing back (no first token,
 // no completion) for more than twice the typical wait (ms) for the answers
-// it owes this balancer since the oldest of them was sent: first tokens
-// (first) for the pending, whole answers (whole) for those past their
-// due.
+// it owes this balancer (see owed): first tokens (first) for the pending,
+// whole answers (whole) for those past their due.
 func (t *predictedTTFT) quiet(i int, now time.Duration, first, whole float64) bool {
-	oldest, margin := t.headAt[i].Load(), first
+	since, owesWhole := t.owed(i)
+	margin := first
+	if owesWhole {
+		margin = max(margin, whole)
+	}
+	if since < 0 || margin <= 0 {
+		return false
+	}
+	return float64(int64(now)-since)/float64(time.Millisecond) > 2*margin
+}
+
+// owed returns when target i last answered while owing this balancer an
+// answer: the later of the oldest owed attempt's dispatch (pending, or past
+// its due) and the target's latest answer (ns; -1 when it owes none), and
+// whether whole answers past their due are among the owed.
+func (t *predictedTTFT) owed(i int) (since int64, whole bool) {
+	oldest := t.headAt[i].Load()
 	if at := t.answeredAt[i].Load(); at >= 0 {
+		whole = true
 		if oldest < 0 || at < oldest {
 			oldest = at
 		}
-		margin = max(margin, whole)
 	}
-	if oldest < 0 || margin <= 0 {
-		return false
+	if oldest < 0 {
+		return -1, whole
 	}
-	waited := float64(int64(now)-max(oldest, t.lastBack[i].Load())) / float64(time.Millisecond)
-	return waited > 2*margin
+	return max(oldest, t.lastBack[i].Load()), whole
 }
 
 // Silent implements [SilenceReporter].
@@ -195,13 +209,9 @@ func (t *predictedTTFT) Silent(dst []time.Duration) []time.Duration {
 	now := t.now()
 	t.expireDue(now)
 	for i := range t.n {
-		oldest := t.headAt[i].Load()
-		if at := t.answeredAt[i].Load(); at >= 0 && (oldest < 0 || at < oldest) {
-			oldest = at
-		}
 		var d time.Duration
-		if oldest >= 0 {
-			d = max(0, now-time.Duration(max(oldest, t.lastBack[i].Load())))
+		if since, _ := t.owed(i); since >= 0 {
+			d = max(0, now-time.Duration(since))
 		}
 		dst = append(dst, d)
 	}
