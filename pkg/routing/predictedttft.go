@@ -229,14 +229,14 @@ type predictedTTFT struct {
 	dues     dueHeap
 	nextDue  atomic.Int64
 	answered []map[*Context]pendingPrefill
-	// Per target, the dispatch of the oldest attempt in answered (ns, -1:
+	// Per target, the earliest due of the attempts in answered (ns, -1:
 	// none), and the latest answer there, a first token or a completion,
 	// to this balancer or, as its reports tell, to a peer (ns, -1: none):
 	// see silence.
-	answeredAt, lastBack []atomic.Int64
-	slotPend             []atomic.Int64 // per target, the pending requests waiting for a batch slot (written under mu)
-	lastSweep            time.Duration
-	unsent               map[unsentKey]*unsentHashes // what each (target, prompt) has to publish, until RecordLocal hands it over
+	answeredDue, lastBack []atomic.Int64
+	slotPend              []atomic.Int64 // per target, the pending requests waiting for a batch slot (written under mu)
+	lastSweep             time.Duration
+	unsent                map[unsentKey]*unsentHashes // what each (target, prompt) has to publish, until RecordLocal hands it over
 
 	// Learned text/token ratios: Σ whole-prompt bytes, Σ bounded (indexed)
 	// bytes and Σ engine prompt tokens of the attempts that reported them.
@@ -270,7 +270,11 @@ type predictedTTFT struct {
 	// tokens and Σ TTFT of those that did not wait for a batch slot (ns),
 	// and their counts: how long a request holds its slot (slotHold).
 	doneSum, doneN, firstSum, firstN, freeSum, freeN atomic.Int64
-	wholeSum, wholeN                                 atomic.Int64 // Σ latency (ns) and count of the whole answers (WholeAnswer)
+	wholeN                                           atomic.Int64 // whole answers reported (WholeAnswer)
+	// The longest first token and whole answer (ns) since the latest
+	// snapshot (see snapshotLocked) and in the step before it: how long a
+	// target may rightly take to answer (see quiet and silence).
+	longFirst, longWhole, prevLongFirst, prevLongWhole atomic.Int64
 
 	unitLaw ttftLaw
 }
@@ -364,7 +368,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
 		peerQueues: map[string][]peerQueue{}, peerLast: map[string]time.Duration{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
 		pending: make([]map[*Context]pendingPrefill, n), slotPend: make([]atomic.Int64, n),
-		answered: make([]map[*Context]pendingPrefill, n), answeredAt: make([]atomic.Int64, n), lastBack: make([]atomic.Int64, n),
+		answered: make([]map[*Context]pendingPrefill, n), answeredDue: make([]atomic.Int64, n), lastBack: make([]atomic.Int64, n),
 		unsent:  map[unsentKey]*unsentHashes{},
 		unitLaw: ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1, 0}, samples: PredictorMinSamples},
 	}
@@ -382,7 +386,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		t.headAt[i].Store(-1)
 		t.lastLeave[i].Store(-1)
 		t.peerLeave[i].Store(-1)
-		t.answeredAt[i].Store(-1)
+		t.answeredDue[i].Store(-1)
 		t.lastBack[i].Store(-1)
 	}
 	t.start.Store(-1)
@@ -1003,9 +1007,9 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	if follow.wait > 0 {
 		t.followWaits(el, follow, now, placed, followed)
 	}
-	var typical, typicalWhole float64 // overdue's and silence's margins, once per pick
+	var typical, longWhole float64 // overdue's and silence's margins, once per pick
 	if fitted {
-		typical, typicalWhole = t.typicalFirst(), t.typicalWhole()
+		typical, longWhole = t.typicalFirst(), t.longest(&t.longWhole, &t.prevLongWhole)
 	}
 	best := math.Inf(1)
 	for wi, w := range el.w {
@@ -1015,7 +1019,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			x := t.features(i, own, tokens, &m, now, counts[i])
 			ttft := max(0, m.predict(x))
 			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-max(placed[i], shared)) + followed[i]
-			stall := t.silence(i, now, typicalWhole)
+			stall := t.silence(i, now, longWhole)
 			if slotWait[i] == 0 {
 				stall = max(stall, t.overdue(i, &m, now, typical))
 			}
@@ -1408,7 +1412,7 @@ func (t *predictedTTFT) sweepLocked(now time.Duration) {
 				delete(m, k)
 			}
 		}
-		t.answeredAtLocked(i)
+		t.answeredDueLocked(i)
 	}
 }
 
@@ -1430,8 +1434,8 @@ func (t *predictedTTFT) take(target int, ctx *Context, answered bool) (pendingPr
 	if answered {
 		if e, ok = t.answered[target][ctx]; ok {
 			delete(t.answered[target], ctx)
-			if e.at <= time.Duration(t.answeredAt[target].Load()) {
-				t.answeredAtLocked(target)
+			if e.due <= time.Duration(t.answeredDue[target].Load()) {
+				t.answeredDueLocked(target)
 			}
 		}
 	}
@@ -1906,7 +1910,6 @@ type rateBase struct {
 	first, firstN      int64
 	free, freeN        int64
 	done, doneN        int64
-	whole, wholeN      int64
 }
 
 // windowMean is (sum − base) / (n − baseN), the mean over the window, or
@@ -1947,7 +1950,9 @@ func (t *predictedTTFT) snapshotLocked(now time.Duration) {
 	b := &rateBase{at: int64(now), novelty: t.noveltySum, busy: make([]float64, t.n),
 		uncached: t.uncachedSum.Load(), observes: int64(t.observes.Load()),
 		first: t.firstSum.Load(), firstN: t.firstN.Load(), free: t.freeSum.Load(), freeN: t.freeN.Load(),
-		done: t.doneSum.Load(), doneN: t.doneN.Load(), whole: t.wholeSum.Load(), wholeN: t.wholeN.Load()}
+		done: t.doneSum.Load(), doneN: t.doneN.Load()}
+	t.prevLongFirst.Store(t.longFirst.Swap(0))
+	t.prevLongWhole.Store(t.longWhole.Swap(0))
 	for j := range t.n {
 		b.arrivals += float64(t.arrivals[j].Load())
 		b.busy[j] = t.busyAt(j, now)
@@ -2019,6 +2024,7 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 		return
 	}
 	t.lastBack[target].Store(int64(t.now()))
+	raise(&t.longFirst, int64(ttft))
 	t.firstSum.Add(int64(ttft))
 	t.firstN.Add(1)
 	if !e.slot {

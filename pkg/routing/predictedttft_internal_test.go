@@ -883,7 +883,7 @@ func TestPredictedTTFTWholeAnswersTeachTheLaw(t *testing.T) {
 
 // A replica that stops answering while it holds requests whose answers come
 // back whole (they left the queue at their due, so no head is late) costs
-// the time it has been silent beyond twice the mean whole answer: a prompt
+// the time it has been silent beyond twice the longest whole answer lately: a prompt
 // it holds goes elsewhere, and returns once an answer comes back.
 func TestPredictedTTFTSilentTargetCosts(t *testing.T) {
 	now := time.Second
@@ -900,27 +900,30 @@ func TestPredictedTTFTSilentTargetCosts(t *testing.T) {
 		b.WholeAnswer(i, ctx, time.Second, 4000, 50)
 		b.Learn(i, ctx, 0, time.Second)
 	}
-	if got := b.typicalWhole(); got != 1000 {
-		t.Fatalf("typical whole answer %v ms, want 1000", got)
+	if got := b.longest(&b.longWhole, &b.prevLongWhole); got != 1000 {
+		t.Fatalf("longest whole answer lately %v ms, want 1000", got)
 	}
 	pick := func() int { return b.Pick(&Context{Prompt: held}, nil, Set{}) }
 	if got := pick(); got != 0 {
 		t.Fatalf("target 0 holds the prompt, both quiet: picked %d, want 0", got)
 	}
-	// Target 0 takes a request and says nothing for 2.5 s: its due passes
-	// (out of the queue), then twice the typical answer.
+	// Target 0 takes a request and says nothing for 2.5 s past its due
+	// (when it left the queue): under twice the longest answer lately, it
+	// is not silent; past it, it is.
 	stuck := &Context{Prompt: randomPrompt(rng, 400), Buffered: true}
 	b.Observe(0, stuck)
-	now += 1500 * time.Millisecond
+	due := time.Duration(b.pending[0][stuck].due)
+	now = due + 1500*time.Millisecond
 	if got := pick(); got != 0 {
-		t.Fatalf("silent 1.5 s (under twice the typical 1 s answer): picked %d, want 0", got)
+		t.Fatalf("silent 1.5 s past its due (under twice the longest answer, 1 s): picked %d, want 0", got)
 	}
-	if len(b.answered[0]) != 1 || b.pendCount[0].Load() != 0 {
-		t.Fatalf("past its due: %d answered, %d pending; want 1, 0", len(b.answered[0]), b.pendCount[0].Load())
+	if len(b.answered[0]) != 1 || b.pendCount[0].Load() != 0 || b.answeredDue[0].Load() != int64(due) {
+		t.Fatalf("past its due: %d answered, %d pending, earliest due %v; want 1, 0, %v", len(b.answered[0]), b.pendCount[0].Load(),
+			time.Duration(b.answeredDue[0].Load()), due)
 	}
-	now += time.Second
-	if got, silent := pick(), b.silence(0, now, b.typicalWhole()); got != 1 || silent != 500 {
-		t.Fatalf("silent 2.5 s: picked %d, silence %v ms; want 1, 500", got, silent)
+	now = due + 2500*time.Millisecond
+	if got, silent := pick(), b.silence(0, now, b.longest(&b.longWhole, &b.prevLongWhole)); got != 1 || silent != 500 {
+		t.Fatalf("silent 2.5 s past its due: picked %d, silence %v ms; want 1, 500", got, silent)
 	}
 	// Target 1 answering does not speak for target 0.
 	other := &Context{Prompt: randomPrompt(rng, 400)}
@@ -931,18 +934,18 @@ func TestPredictedTTFTSilentTargetCosts(t *testing.T) {
 	}
 	// Target 0 answers: the silence ends.
 	b.WholeAnswer(0, stuck, 2500*time.Millisecond, 100, 50)
-	if got, silent := pick(), b.silence(0, now, b.typicalWhole()); got != 0 || silent != 0 {
+	if got, silent := pick(), b.silence(0, now, b.longest(&b.longWhole, &b.prevLongWhole)); got != 0 || silent != 0 {
 		t.Fatalf("target 0 answered: picked %d, silence %v ms; want 0, 0", got, silent)
 	}
-	if at := b.answeredAt[0].Load(); at != -1 {
+	if at := b.answeredDue[0].Load(); at != -1 {
 		t.Fatalf("nothing left awaiting an answer at target 0, but its oldest is at %v", time.Duration(at))
 	}
 }
 
 // Before the law is fitted (no time scale to price a stall in), a target
-// that has answered nothing for twice the typical wait for what it owes is
-// left out of the pick while another is not: streaming first tokens and
-// whole answers alike.
+// that has answered nothing for twice the longest wait lately for what it
+// owes is left out of the pick while another is not: streaming first
+// tokens and whole answers alike.
 func TestPredictedTTFTQuietTargetLeftOutBeforeTheLaw(t *testing.T) {
 	for _, buffered := range []bool{false, true} {
 		now := time.Second
@@ -973,11 +976,11 @@ func TestPredictedTTFTQuietTargetLeftOutBeforeTheLaw(t *testing.T) {
 		b.Observe(0, stuck)
 		now += 15 * time.Millisecond
 		if got := pick(); got != 0 {
-			t.Fatalf("buffered %v: 15 ms without an answer (typical 10): picked %d, want 0", buffered, got)
+			t.Fatalf("buffered %v: 15 ms without an answer (the longest lately 10): picked %d, want 0", buffered, got)
 		}
 		now += 10 * time.Millisecond
 		if got := pick(); got != 1 {
-			t.Fatalf("buffered %v: 25 ms without an answer (typical 10): picked %d, want 1", buffered, got)
+			t.Fatalf("buffered %v: 25 ms without an answer (the longest lately 10): picked %d, want 1", buffered, got)
 		}
 		// Left out only while another target is not.
 		stuck1 := &Context{Prompt: randomPrompt(rng, 400), Buffered: buffered}
@@ -987,9 +990,9 @@ func TestPredictedTTFTQuietTargetLeftOutBeforeTheLaw(t *testing.T) {
 			t.Fatalf("buffered %v: both quiet: picked %d, want 0 (holds the prompt)", buffered, got)
 		}
 		if buffered {
-			b.WholeAnswer(1, stuck1, 25*time.Millisecond, 100, 1)
+			b.WholeAnswer(1, stuck1, 10*time.Millisecond, 100, 1) // a latency as long as the others': the longest stays 10 ms
 		} else {
-			b.FirstToken(1, stuck1, 25*time.Millisecond, 100)
+			b.FirstToken(1, stuck1, 10*time.Millisecond, 100)
 		}
 		if got := pick(); got != 1 {
 			t.Fatalf("buffered %v: target 1 answered, target 0 still quiet: picked %d, want 1", buffered, got)

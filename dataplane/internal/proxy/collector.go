@@ -35,7 +35,7 @@ var (
 	lawWholeAnswersDesc = prometheus.NewDesc("rolter_predicted_ttft_whole_answers_total",
 		"Answers that came back whole (clients that do not stream) reported to predicted_ttft, in place of first tokens.", []string{"model", "variant"}, nil)
 	silentDesc = prometheus.NewDesc("rolter_predicted_ttft_silent_seconds",
-		"How long a target has owed predicted_ttft an answer (a first token, or a whole answer for a client that does not stream) without answering it or, as their reports tell, its peers; 0 when it owes none. A frozen replica grows it without bound: past twice the typical answer predicted_ttft routes around it.",
+		"How long a target has owed predicted_ttft an answer (a first token, or a whole answer for a client that does not stream) without answering it or, as their reports tell, its peers; 0 when it owes none. A frozen replica grows it without bound: past twice the longest answer lately predicted_ttft routes around it.",
 		[]string{"model", "provider"}, nil)
 	lawBytesPerTokenDesc = prometheus.NewDesc("rolter_predicted_ttft_bytes_per_token",
 		"Prompt bytes per engine prompt token, as predicted_ttft learned it (its default until an engine reported a count).", []string{"model", "variant"}, nil)

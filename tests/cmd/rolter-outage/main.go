@@ -210,15 +210,20 @@ func (l *load) run(ctx context.Context, proxy string, rate int, sendIDs bool) {
 		case <-tick.C:
 		}
 		// Mostly repeated prompts (precise routing sends each to the
-		// replica holding it), a quarter through the response cache, and
-		// one in four a new prompt (no replica holds it: spread by load),
-		// half of them streams.
+		// replica holding it), a quarter through the response cache, one
+		// in eight a new prompt (no replica holds it: spread by load), and
+		// one in eight a stream of a repeated prompt, cycling through them
+		// so that both replicas run some. (New prompts' ties go by index
+		// size, and this fixed pattern could lock them in phase: every
+		// new stream on one replica, none left to cut on the other.)
 		route, prompt, toks := "m", prompts[n%len(prompts)], tokens[n%len(prompts)]
 		stream := n%8 == 1
 		switch {
 		case n%4 == 3:
 			route = "c"
-		case n%8 == 6 || stream: // streams too, so that both replicas run some
+		case stream:
+			prompt, toks = prompts[(n/8)%len(prompts)], tokens[(n/8)%len(prompts)]
+		case n%8 == 6:
 			prompt = fmt.Sprintf("fresh prompt %d %s", n, prompts[0][:400])
 			var ids []string
 			for _, t := range vllmsim.Tokenize(prompt) {
@@ -457,6 +462,15 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 				_, page := get("http://" + r.port(6) + "/metrics")
 				return l.servedBy("vllm-a", since) && metric(page, "vllm:num_requests_running", "") >= 2
 			}); err != nil {
+				// Say why: what the proxy sent where, and what it thinks of
+				// the replicas.
+				_, page := get(proxy + "/metrics")
+				for line := range strings.SplitSeq(page, "\n") {
+					if strings.HasPrefix(line, "rolter_target_requests_total") || strings.HasPrefix(line, "rolter_predicted_ttft_silent_seconds") ||
+						strings.HasPrefix(line, "rolter_predicted_ttft_law_fitted") || strings.HasPrefix(line, "rolter_provider_healthy") {
+						fmt.Fprintln(os.Stderr, line)
+					}
+				}
 				return err
 			}
 		}
