@@ -292,6 +292,20 @@ func (l *load) between(from, to time.Time) (total, failed, silent int) {
 	return total, failed, silent
 }
 
+// explain prints, when a wait failed, what the proxy sent where and what it
+// thinks of the replicas.
+func explain(proxy string) {
+	_, page := get(proxy + "/metrics")
+	for line := range strings.SplitSeq(page, "\n") {
+		for _, name := range []string{"rolter_target_requests_total", "rolter_predicted_ttft_silent_seconds", "rolter_predicted_ttft_law_fitted",
+			"rolter_provider_healthy", "rolter_target_inflight_requests", "rolter_cooldowns_tripped_total", "rolter_breaker"} {
+			if strings.HasPrefix(line, name) {
+				fmt.Fprintln(os.Stderr, line)
+			}
+		}
+	}
+}
+
 func waitFor(what string, within time.Duration, cond func() bool) (time.Time, error) {
 	deadline := time.Now().Add(within)
 	for {
@@ -462,15 +476,7 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 				_, page := get("http://" + r.port(6) + "/metrics")
 				return l.servedBy("vllm-a", since) && metric(page, "vllm:num_requests_running", "") >= 2
 			}); err != nil {
-				// Say why: what the proxy sent where, and what it thinks of
-				// the replicas.
-				_, page := get(proxy + "/metrics")
-				for line := range strings.SplitSeq(page, "\n") {
-					if strings.HasPrefix(line, "rolter_target_requests_total") || strings.HasPrefix(line, "rolter_predicted_ttft_silent_seconds") ||
-						strings.HasPrefix(line, "rolter_predicted_ttft_law_fitted") || strings.HasPrefix(line, "rolter_provider_healthy") {
-						fmt.Fprintln(os.Stderr, line)
-					}
-				}
+				explain(proxy)
 				return err
 			}
 		}
@@ -498,6 +504,7 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		}
 		t2, err := waitFor(c.name+" recovered", within, c.recovered)
 		if err != nil {
+			explain(proxy)
 			return err
 		}
 		total, failed, silent := l.between(t0, t2)
