@@ -271,10 +271,9 @@ type predictedTTFT struct {
 	// and their counts: how long a request holds its slot (slotHold).
 	doneSum, doneN, firstSum, firstN, freeSum, freeN atomic.Int64
 	wholeN                                           atomic.Int64 // whole answers reported (WholeAnswer)
-	// The longest first token and whole answer (ns) since the latest
-	// snapshot (see snapshotLocked) and in the step before it: how long a
-	// target may rightly take to answer (see quiet and silence).
-	longFirst, longWhole, prevLongFirst, prevLongWhole atomic.Int64
+	// The longest first token and whole answer lately: how long a target
+	// may rightly take to answer (see quiet and silence).
+	longFirst, longWhole longestAnswer
 
 	unitLaw ttftLaw
 }
@@ -1009,7 +1008,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	}
 	var typical, longWhole float64 // overdue's and silence's margins, once per pick
 	if fitted {
-		typical, longWhole = t.typicalFirst(), t.longest(&t.longWhole, &t.prevLongWhole)
+		typical, longWhole = t.typicalFirst(), t.longWhole.ms()
 	}
 	best := math.Inf(1)
 	for wi, w := range el.w {
@@ -1951,8 +1950,8 @@ func (t *predictedTTFT) snapshotLocked(now time.Duration) {
 		uncached: t.uncachedSum.Load(), observes: int64(t.observes.Load()),
 		first: t.firstSum.Load(), firstN: t.firstN.Load(), free: t.freeSum.Load(), freeN: t.freeN.Load(),
 		done: t.doneSum.Load(), doneN: t.doneN.Load()}
-	t.prevLongFirst.Store(t.longFirst.Swap(0))
-	t.prevLongWhole.Store(t.longWhole.Swap(0))
+	t.longFirst.step()
+	t.longWhole.step()
 	for j := range t.n {
 		b.arrivals += float64(t.arrivals[j].Load())
 		b.busy[j] = t.busyAt(j, now)
@@ -2024,7 +2023,7 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 		return
 	}
 	t.lastBack[target].Store(int64(t.now()))
-	raise(&t.longFirst, int64(ttft))
+	t.longFirst.add(ttft)
 	t.firstSum.Add(int64(ttft))
 	t.firstN.Add(1)
 	if !e.slot {

@@ -900,7 +900,7 @@ func TestPredictedTTFTSilentTargetCosts(t *testing.T) {
 		b.WholeAnswer(i, ctx, time.Second, 4000, 50)
 		b.Learn(i, ctx, 0, time.Second)
 	}
-	if got := b.longest(&b.longWhole, &b.prevLongWhole); got != 1000 {
+	if got := b.longWhole.ms(); got != 1000 {
 		t.Fatalf("longest whole answer lately %v ms, want 1000", got)
 	}
 	pick := func() int { return b.Pick(&Context{Prompt: held}, nil, Set{}) }
@@ -922,7 +922,7 @@ func TestPredictedTTFTSilentTargetCosts(t *testing.T) {
 			time.Duration(b.answeredDue[0].Load()), due)
 	}
 	now = due + 2500*time.Millisecond
-	if got, silent := pick(), b.silence(0, now, b.longest(&b.longWhole, &b.prevLongWhole)); got != 1 || silent != 500 {
+	if got, silent := pick(), b.silence(0, now, b.longWhole.ms()); got != 1 || silent != 500 {
 		t.Fatalf("silent 2.5 s past its due: picked %d, silence %v ms; want 1, 500", got, silent)
 	}
 	// Target 1 answering does not speak for target 0.
@@ -934,7 +934,7 @@ func TestPredictedTTFTSilentTargetCosts(t *testing.T) {
 	}
 	// Target 0 answers: the silence ends.
 	b.WholeAnswer(0, stuck, 2500*time.Millisecond, 100, 50)
-	if got, silent := pick(), b.silence(0, now, b.longest(&b.longWhole, &b.prevLongWhole)); got != 0 || silent != 0 {
+	if got, silent := pick(), b.silence(0, now, b.longWhole.ms()); got != 0 || silent != 0 {
 		t.Fatalf("target 0 answered: picked %d, silence %v ms; want 0, 0", got, silent)
 	}
 	if at := b.answeredDue[0].Load(); at != -1 {
@@ -952,50 +952,46 @@ func TestPredictedTTFTQuietTargetLeftOutBeforeTheLaw(t *testing.T) {
 		b := newTwoTargetTTFT(t, &now)
 		rng := rand.New(rand.NewPCG(7, 8))
 		held := randomPrompt(rng, 16000)
+		// answer reports ctx's answer from target i, taking 10 ms (so the
+		// longest stays 10 ms).
+		answer := func(i int, ctx *Context, promptTokens int) {
+			if buffered {
+				b.WholeAnswer(i, ctx, 10*time.Millisecond, promptTokens, 1)
+			} else {
+				b.FirstToken(i, ctx, 10*time.Millisecond, promptTokens)
+			}
+		}
 		// Answers of 10 ms lately, one from each target; target 0 holds the
 		// prompt.
 		for i, prompt := range []string{held, randomPrompt(rng, 16000)} {
 			ctx := &Context{Prompt: prompt, Buffered: buffered}
 			b.Observe(i, ctx)
 			now += 10 * time.Millisecond
-			if buffered {
-				b.WholeAnswer(i, ctx, 10*time.Millisecond, 4000, 1)
-			} else {
-				b.FirstToken(i, ctx, 10*time.Millisecond, 4000)
-			}
+			answer(i, ctx, 4000)
 			b.Learn(i, ctx, 0, 10*time.Millisecond)
 		}
 		if b.law() != b.unitLaw {
 			t.Fatal("the law is fitted after two answers")
 		}
-		pick := func() int { return b.Pick(&Context{Prompt: held}, nil, Set{}) }
-		if got := pick(); got != 0 {
-			t.Fatalf("buffered %v: target 0 holds the prompt: picked %d, want 0", buffered, got)
+		picks := func(want int, when string) {
+			t.Helper()
+			if got := b.Pick(&Context{Prompt: held}, nil, Set{}); got != want {
+				t.Fatalf("buffered %v: %s: picked %d, want %d", buffered, when, got, want)
+			}
 		}
+		picks(0, "target 0 holds the prompt")
 		stuck := &Context{Prompt: randomPrompt(rng, 400), Buffered: buffered}
 		b.Observe(0, stuck)
 		now += 15 * time.Millisecond
-		if got := pick(); got != 0 {
-			t.Fatalf("buffered %v: 15 ms without an answer (the longest lately 10): picked %d, want 0", buffered, got)
-		}
+		picks(0, "15 ms without an answer (the longest lately 10)")
 		now += 10 * time.Millisecond
-		if got := pick(); got != 1 {
-			t.Fatalf("buffered %v: 25 ms without an answer (the longest lately 10): picked %d, want 1", buffered, got)
-		}
+		picks(1, "25 ms without an answer (the longest lately 10)")
 		// Left out only while another target is not.
 		stuck1 := &Context{Prompt: randomPrompt(rng, 400), Buffered: buffered}
 		b.Observe(1, stuck1)
 		now += 25 * time.Millisecond
-		if got := pick(); got != 0 {
-			t.Fatalf("buffered %v: both quiet: picked %d, want 0 (holds the prompt)", buffered, got)
-		}
-		if buffered {
-			b.WholeAnswer(1, stuck1, 10*time.Millisecond, 100, 1) // a latency as long as the others': the longest stays 10 ms
-		} else {
-			b.FirstToken(1, stuck1, 10*time.Millisecond, 100)
-		}
-		if got := pick(); got != 1 {
-			t.Fatalf("buffered %v: target 1 answered, target 0 still quiet: picked %d, want 1", buffered, got)
-		}
+		picks(0, "both quiet (target 0 holds the prompt)")
+		answer(1, stuck1, 100)
+		picks(1, "target 1 answered, target 0 still quiet")
 	}
 }

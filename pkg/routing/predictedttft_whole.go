@@ -92,7 +92,7 @@ func (t *predictedTTFT) WholeAnswer(target int, ctx *Context, latency time.Durat
 		return
 	}
 	t.lastBack[target].Store(int64(t.now()))
-	raise(&t.longWhole, int64(latency))
+	t.longWhole.add(latency)
 	t.wholeN.Add(1)
 	if !(e.blind && t.peerHeard.Load() >= 0 || e.slot || e.unseen) && outputTokens > 0 {
 		x := e.x
@@ -117,7 +117,7 @@ func (t *predictedTTFT) answeredDueLocked(target int) {
 // silence is how long target i has sent nothing back (no first token, no
 // completion) while owing answers past their due, since the earliest of
 // those dues or the latest answer there, whichever is later, beyond twice
-// the longest whole answer lately (long, ms; see longest); 0 when it has
+// the longest whole answer lately (long, ms; see longestAnswer); 0 when it has
 // not, and when no whole answer has come yet. It is overdue's counterpart
 // for clients that do not stream: their requests leave the queue at a
 // predicted first token, so a replica that froze (its connections open,
@@ -138,10 +138,21 @@ func (t *predictedTTFT) silence(i int, now time.Duration, long float64) float64 
 	return max(0, waited-2*long)
 }
 
-// longest is the longer (ms) of cur and prev: the longest answer of a kind
-// over the latest rateStep to 2 × rateStep arrivals; 0 before any.
-func (t *predictedTTFT) longest(cur, prev *atomic.Int64) float64 {
-	return float64(max(cur.Load(), prev.Load())) / float64(time.Millisecond)
+// longestAnswer is the longest of a kind of answer (ns) since the latest
+// rates' snapshot (see snapshotLocked) and in the step before it: over the
+// latest rateStep to 2 × rateStep arrivals.
+type longestAnswer struct{ cur, prev atomic.Int64 }
+
+// add counts an answer that took d.
+func (l *longestAnswer) add(d time.Duration) { raise(&l.cur, int64(d)) }
+
+// step starts a new step (at each snapshot).
+func (l *longestAnswer) step() { l.prev.Store(l.cur.Swap(0)) }
+
+// ms is the longest (ms) over the current step and the one before; 0
+// before any.
+func (l *longestAnswer) ms() float64 {
+	return float64(max(l.cur.Load(), l.prev.Load())) / float64(time.Millisecond)
 }
 
 // withoutQuiet returns el without its quiet targets (see quiet), or el when
@@ -152,7 +163,7 @@ func (t *predictedTTFT) longest(cur, prev *atomic.Int64) float64 {
 // there until the client gave up (rolter-outage, a replica frozen for 8 s:
 // 22–26 requests failed; docs/operations.md).
 func (t *predictedTTFT) withoutQuiet(el Set, now time.Duration) Set {
-	first, whole := t.longest(&t.longFirst, &t.prevLongFirst), t.longest(&t.longWhole, &t.prevLongWhole)
+	first, whole := t.longFirst.ms(), t.longWhole.ms()
 	if first <= 0 && whole <= 0 {
 		return el
 	}
@@ -172,7 +183,7 @@ func (t *predictedTTFT) withoutQuiet(el Set, now time.Duration) Set {
 
 // quiet reports whether target i has sent nothing back (no first token,
 // no completion) for more than twice the longest wait lately (ms; see
-// longest) for the answers it owes this balancer (see owed): first tokens
+// longestAnswer) for the answers it owes this balancer (see owed): first tokens
 // (first) for the pending, whole answers (whole) for those past their due.
 func (t *predictedTTFT) quiet(i int, now time.Duration, first, whole float64) bool {
 	since, owesWhole := t.owed(i)
