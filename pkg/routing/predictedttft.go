@@ -884,8 +884,12 @@ func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration, peers peerQ
 // tokens; false when nothing is pending there.
 func (t *predictedTTFT) head(i int, peers peerQueue) (from, tokens int64, ok bool) {
 	headAt, headTok := t.headAt[i].Load(), t.headTokens[i].Load()
-	if peers.requests > 0 && (headAt < 0 || int64(peers.headAt) < headAt) {
+	switch {
+	case peers.requests <= 0:
+	case headAt < 0 || int64(peers.headAt) < headAt:
 		headAt, headTok = int64(peers.headAt), peers.headTokens
+	case int64(peers.headAt) == headAt:
+		headTok += peers.headTokens // sent in one instant, prefilled together
 	}
 	if headAt < 0 {
 		return 0, 0, false
@@ -1673,8 +1677,14 @@ func (t *predictedTTFT) sumPeersLocked(i int, now time.Duration) {
 		live = true
 		sum.requests += q.requests
 		sum.tokens += q.tokens
-		if q.requests > 0 && (sum.headAt < 0 || q.headAt < sum.headAt) {
+		switch {
+		case q.requests <= 0:
+		case sum.headAt < 0 || q.headAt < sum.headAt:
 			sum.headAt, sum.headTokens = q.headAt, q.headTokens
+		case q.headAt == sum.headAt:
+			// Heads sent in one instant are prefilled together; adding them
+			// also keeps the sum free of the map's order.
+			sum.headTokens += q.headTokens
 		}
 	}
 	if !live {

@@ -541,6 +541,33 @@ func TestPredictedTTFTWasteReadsWhereAPrefixLives(t *testing.T) {
 	}
 }
 
+// Heads sent in one instant, by two peers or by a peer and this balancer,
+// are prefilled together: the head is their sum, whichever order the
+// peers' reports are kept in (a map, so the simulator's 4-proxy runs were
+// not repeatable while the first one found won the tie).
+func TestPredictedTTFTHeadsInOneInstantAdd(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	q := func(tokens int) QueueState {
+		return QueueState{Requests: 1, Tokens: tokens, HeadTokens: tokens, HeadAge: 10 * time.Millisecond, LeaveAge: -1, AnswerAge: -1}
+	}
+	b.FoldPeerQueue("peer-a", 0, q(300), time.Minute)
+	b.FoldPeerQueue("peer-b", 0, q(500), time.Minute)
+	b.FoldPeerQueue("peer-c", 0, QueueState{Requests: 1, Tokens: 700, HeadTokens: 700, HeadAge: 5 * time.Millisecond, LeaveAge: -1, AnswerAge: -1}, time.Minute)
+	from, tokens, ok := b.head(0, b.peersAt(0, now))
+	if !ok || tokens != 800 || from != int64(now-10*time.Millisecond) {
+		t.Fatalf("peers' heads 10 ms old: head from %v with %d tokens (ok %v), want %v with 800", time.Duration(from), tokens, ok, now-10*time.Millisecond)
+	}
+	// This balancer's own head, sent in the same instant, joins them.
+	now -= 10 * time.Millisecond
+	b.Observe(0, &Context{Prompt: strings.Repeat("a", 400)})
+	now += 10 * time.Millisecond
+	own := b.headTokens[0].Load()
+	if _, tokens, _ := b.head(0, b.peersAt(0, now)); own <= 0 || tokens != 800+own {
+		t.Fatalf("own head of %d tokens in the same instant: head %d, want %d", own, tokens, 800+own)
+	}
+}
+
 // A first token whose request a peer's unreported work may have been ahead
 // of teaches the law nothing: the peer's next report showed its queue at
 // the target grown since the report before the dispatch. One whose peer
