@@ -26,7 +26,11 @@
 // a first token there), what that balancer has pending: requests, tokens,
 // the oldest's tokens and age, and the age of its last first token there,
 // as Observations.queues, valid for 3 intervals. A receiver hands each
-// report to its balancer, which adds the peers' queues to its own.
+// report to its balancer, which adds the peers' queues to its own. A
+// balancer that also shares its speculation ([Speculation],
+// routing.SharedSpeculation) adds to each target's report the KV block
+// identities its picks speculated there since the last one, which the
+// receiver's balancer speculates too.
 //
 // Load: every load interval (100 ms) each node publishes its in-flight count
 // per route target (rolter.fleet.v1.Loads, which doubles as a heartbeat).

@@ -81,6 +81,15 @@ type Queue interface {
 	SetPlace(rank, size int)
 }
 
+// Speculation is what a node needs of a queue-sharing balancer that also
+// shares the KV blocks its picks speculated
+// (rolter.dev/pkg/routing.SharedSpeculation); they ride on its queue
+// reports.
+type Speculation interface {
+	TakeSpeculated(target int, dst []uint64) []uint64
+	FoldPeerSpeculated(target int, ids []uint64)
+}
+
 // Node is one proxy's membership in the fleet. Its methods are safe for
 // concurrent use.
 type Node struct {
@@ -377,13 +386,18 @@ func (n *Node) takeQueues(r *Route) *fleetv1.RouteQueues {
 	if box == nil {
 		return nil
 	}
+	spec, _ := box.Queue.(Speculation)
 	var rq *fleetv1.RouteQueues
 	for t := range r.n {
 		q := box.LocalQueue(t)
+		var blocks []uint64
+		if spec != nil {
+			blocks = spec.TakeSpeculated(t, nil)
+		}
 		// Within two intervals, so that a late tick still reports it (a
 		// report twice is harmless: peers keep the latest leave).
 		recent := q.LeaveAge >= 0 && q.LeaveAge < 2*n.opts.QueueInterval
-		if q.Requests <= 0 && !r.reported[t] && !recent {
+		if q.Requests <= 0 && !r.reported[t] && !recent && len(blocks) == 0 {
 			continue
 		}
 		r.reported[t] = q.Requests > 0
@@ -395,6 +409,7 @@ func (n *Node) takeQueues(r *Route) *fleetv1.RouteQueues {
 		if q.AnswerAge >= 0 {
 			tq.AnswerAgeUs = proto.Uint64(uint64(q.AnswerAge / time.Microsecond))
 		}
+		tq.KvBlocks = blocks
 		if rq == nil {
 			rq = &fleetv1.RouteQueues{Route: r.key.name, Layout: r.key.layout}
 		}
@@ -466,6 +481,7 @@ func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.D
 		q      Queue
 		target int
 		state  routing.QueueState
+		blocks []uint64
 	}
 	var folds []fold
 	n.mu.Lock()
@@ -487,12 +503,16 @@ func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.D
 			if tq.AnswerAgeUs != nil {
 				st.AnswerAge = micros(*tq.AnswerAgeUs)
 			}
-			folds = append(folds, fold{box.Queue, int(tq.Target), st})
+			folds = append(folds, fold{box.Queue, int(tq.Target), st, tq.KvBlocks})
 		}
 	}
 	n.mu.Unlock()
 	for _, f := range folds {
 		f.q.FoldPeerQueue(peer, f.target, f.state, ttl)
+		if sp, ok := f.q.(Speculation); ok && len(f.blocks) > 0 {
+			sp.FoldPeerSpeculated(f.target, f.blocks)
+			n.stats.blocksSpeculated.Add(uint64(len(f.blocks)))
+		}
 	}
 	n.stats.queueReports.Add(uint64(len(folds)))
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"rolter.dev/pkg/fleet"
+	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/routing"
 )
 
@@ -373,5 +374,90 @@ func TestPlaceFollowsMembership(t *testing.T) {
 	c.node.Expire(at.Add(time.Minute))
 	if got := picks(); len(got) != targets {
 		t.Fatalf("peers gone: picked %v, want every target again", got)
+	}
+}
+
+// residencySource is a routing.KVSharedSource over one kvindex.Residency
+// per target, on the test's clock: the proxy's KV source without NATS.
+type residencySource struct {
+	reps []kvindex.Residency
+	now  *time.Duration
+}
+
+func (s *residencySource) ids(tokenIDs []uint32) []uint64 {
+	return kvindex.Identities(kvindex.Seed("llama"), tokenIDs, 16)
+}
+
+func (s *residencySource) KVScores(tokenIDs []uint32, scores []float64) bool {
+	ids := s.ids(tokenIDs)
+	for i := range scores {
+		scores[i] = float64(s.reps[i].PrefixMatch(ids, int64(*s.now))) / float64(max(len(ids), 1))
+	}
+	return true
+}
+
+func (s *residencySource) Speculate(target int, tokenIDs []uint32, ttl time.Duration) {
+	s.reps[target].Speculate(s.ids(tokenIDs), int64(*s.now), ttl)
+}
+
+func (s *residencySource) SpeculateAppend(target int, tokenIDs []uint32, ttl time.Duration, dst []uint64) []uint64 {
+	return s.reps[target].SpeculateAppend(s.ids(tokenIDs), int64(*s.now), ttl, dst)
+}
+
+func (s *residencySource) SpeculateIDs(target int, ids []uint64, ttl time.Duration) {
+	s.reps[target].Speculate(ids, int64(*s.now), ttl)
+}
+
+// A predicted_ttft proxy's pick speculates the request's KV blocks at its
+// target, and its next queue report passes them on: the peer counts the
+// prefix there before the engine has prefilled it and its events arrived
+// (in the routing simulator, 4 proxies behind a 1 s client ramp lost 15 %
+// of one proxy's TTFT to picks their peers could not see).
+func TestSpeculationReachesPeers(t *testing.T) {
+	now := time.Second
+	member := func(id string) (ttftMember, *residencySource) {
+		m := newMember(t, id, 9)
+		src := &residencySource{reps: make([]kvindex.Residency, targets), now: &now}
+		b, err := routing.New(routing.Spec{Strategy: routing.PredictedTTFT, Weights: []int{1, 1, 1, 1}, Share: m.route.Record,
+			KV: src, Now: func() time.Duration { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.b = b
+		m.route.SetAffinity(b.(routing.SharedAffinity))
+		m.route.SetQueue(b.(routing.SharedQueue))
+		return ttftMember{m, &now}, src
+	}
+	a, _ := member("a")
+	b, bsrc := member("b")
+	tokens := make([]uint32, 64*16)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	ctx := &routing.Context{Prompt: conversation(1), TokenIDs: tokens}
+	a.b.Observe(2, ctx)
+	raw := a.node.FlushQueues()
+	msg, err := fleet.DecodeObservations(raw)
+	if err != nil || len(msg.Queues) != 1 || len(msg.Queues[0].Targets) != 1 || len(msg.Queues[0].Targets[0].KvBlocks) != 64 {
+		t.Fatalf("a's queue report after its pick: %v (%v), want target 2 with the request's 64 blocks", msg, err)
+	}
+	b.node.HandleObservations(raw, time.Now())
+	if st := b.node.Stats(time.Now()); st.BlocksSpeculated != 64 {
+		t.Fatalf("b folded %d speculated blocks, want 64", st.BlocksSpeculated)
+	}
+	scores := make([]float64, targets)
+	bsrc.KVScores(tokens, scores)
+	if scores[2] != 1 || scores[0]+scores[1]+scores[3] != 0 {
+		t.Fatalf("b's view of the prefix after a's report: %v, want all of it at target 2 only", scores)
+	}
+	// Taken once: the next report carries no blocks.
+	if m, _ := fleet.DecodeObservations(a.node.FlushQueues()); m == nil || len(m.Queues) != 1 || len(m.Queues[0].Targets[0].KvBlocks) != 0 {
+		t.Fatalf("second report: %v, want the pending request without its blocks again", m)
+	}
+	// The speculation lasts b's own TTL.
+	now += routing.DefaultSpeculativeTTL
+	bsrc.KVScores(tokens, scores)
+	if scores[2] != 0 {
+		t.Fatalf("after the speculative TTL b still sees %v of the prefix at target 2", scores[2])
 	}
 }

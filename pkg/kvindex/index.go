@@ -339,6 +339,20 @@ func (ix *Index) Speculate(provider string, ids []uint64, ttl time.Duration) {
 	p.blocks.Speculate(ids, now, ttl)
 }
 
+// SpeculateAppend is Speculate, appending to dst the identities it marked
+// (those not resident): what a balancer shares with its peers so that
+// they count the blocks too before the events arrive.
+func (ix *Index) SpeculateAppend(provider string, ids []uint64, ttl time.Duration, dst []uint64) []uint64 {
+	p := ix.lookup(provider)
+	if p == nil || len(ids) == 0 || ttl <= 0 {
+		return dst
+	}
+	now := time.Now().UnixNano()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.blocks.SpeculateAppend(ids, now, ttl, dst)
+}
+
 // Stats describes one provider's view.
 type Stats struct {
 	// Epoch and Seq are the followed watcher's epoch and the last delta

@@ -275,6 +275,12 @@ func TestSpeculate(t *testing.T) {
 		t.Errorf("after expiry PrefixMatch = %d, want 1", got)
 	}
 	ix.Speculate("unknown", []uint64{1}, time.Second) // ignored
+	if got := ix.SpeculateAppend("p", []uint64{1, 4}, time.Second, nil); len(got) != 1 || got[0] != 4 {
+		t.Errorf("SpeculateAppend = %v, want [4] (1 is resident)", got)
+	}
+	if got := ix.SpeculateAppend("unknown", []uint64{1}, time.Second, nil); got != nil {
+		t.Errorf("SpeculateAppend on an unknown provider = %v", got)
+	}
 }
 
 func TestOccupancy(t *testing.T) {

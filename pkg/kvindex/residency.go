@@ -93,8 +93,19 @@ func (r *Residency) Speculating() bool { return len(r.spec) > 0 }
 // Speculate marks the identities of ids not already resident as held until
 // now+ttl, and drops expired entries at most once a second.
 func (r *Residency) Speculate(ids []uint64, now int64, ttl time.Duration) {
+	r.speculate(ids, now, ttl, nil, false)
+}
+
+// SpeculateAppend is Speculate, appending to dst the identities it marked:
+// what another proxy does not know the provider holds until its events
+// say so (see rolter.dev/pkg/routing.KVSharedSource).
+func (r *Residency) SpeculateAppend(ids []uint64, now int64, ttl time.Duration, dst []uint64) []uint64 {
+	return r.speculate(ids, now, ttl, dst, true)
+}
+
+func (r *Residency) speculate(ids []uint64, now int64, ttl time.Duration, dst []uint64, collect bool) []uint64 {
 	if len(ids) == 0 || ttl <= 0 {
-		return
+		return dst
 	}
 	if r.spec == nil {
 		r.spec = make(map[uint64]int64, len(ids))
@@ -115,10 +126,14 @@ func (r *Residency) Speculate(ids []uint64, now int64, ttl time.Duration) {
 			continue
 		}
 		if _, ok := r.spec[id]; !ok && len(r.spec) >= MaxSpeculative {
-			return // full until the next sweep: a request's leading blocks came first
+			return dst // full until the next sweep: a request's leading blocks came first
 		}
 		r.spec[id] = exp
+		if collect {
+			dst = append(dst, id)
+		}
 	}
+	return dst
 }
 
 // Len returns how many identities are resident and how many speculative

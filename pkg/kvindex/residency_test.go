@@ -76,6 +76,23 @@ func TestResidency(t *testing.T) {
 
 // Speculative entries stop at MaxSpeculative until the next sweep drops the
 // expired ones: a flood of long token-id headers cannot grow them further.
+// SpeculateAppend hands back what it marked: the identities not resident,
+// which a peer does not know of until the engine's events, in order.
+func TestSpeculateAppendReturnsWhatItMarked(t *testing.T) {
+	var r kvindex.Residency
+	r.Apply([]kvdelta.Op{stored(1, 2)})
+	dst := r.SpeculateAppend([]uint64{1, 2, 3, 4}, 0, time.Second, []uint64{7})
+	if len(dst) != 3 || dst[0] != 7 || dst[1] != 3 || dst[2] != 4 {
+		t.Fatalf("SpeculateAppend = %v, want [7 3 4] (1 and 2 are resident)", dst)
+	}
+	if got := r.PrefixMatch([]uint64{1, 2, 3, 4}, int64(time.Millisecond)); got != 4 {
+		t.Fatalf("after SpeculateAppend: match %d, want 4", got)
+	}
+	if dst := r.SpeculateAppend(nil, 0, time.Second, nil); dst != nil {
+		t.Fatalf("nothing to speculate: %v", dst)
+	}
+}
+
 func TestSpeculationIsBounded(t *testing.T) {
 	var r kvindex.Residency
 	const sec = int64(time.Second)

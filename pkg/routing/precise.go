@@ -34,6 +34,22 @@ type KVFreshSource interface {
 	KVScoresFresh(tokenIDs []uint32, scores []float64, fresh []bool) bool
 }
 
+// KVSharedSource is a KVSource whose speculation a balancer can pass to
+// the other proxies of its fleet by block identity (see
+// SharedSpeculation): a pick one proxy made is otherwise invisible to the
+// others until the engine has prefilled the request and its events have
+// arrived, and they send the prefix's next requests elsewhere.
+type KVSharedSource interface {
+	KVSource
+	// SpeculateAppend is Speculate, appending to dst the block identities
+	// it marked (those the target's events have not shown resident).
+	SpeculateAppend(target int, tokenIDs []uint32, ttl time.Duration, dst []uint64) []uint64
+	// SpeculateIDs marks identities another proxy's SpeculateAppend
+	// returned for the same target as held there for ttl, or until an
+	// event for them arrives.
+	SpeculateIDs(target int, ids []uint64, ttl time.Duration)
+}
+
 // LMCacheSource gives lmcache_aware each target's LMCache headroom.
 type LMCacheSource interface {
 	// LMCacheScores sets scores[i] to 1 - occupancy for an available

@@ -237,6 +237,7 @@ type predictedTTFT struct {
 	slotPend              []atomic.Int64 // per target, the pending requests waiting for a batch slot (written under mu)
 	lastSweep             time.Duration
 	unsent                map[unsentKey]*unsentHashes // what each (target, prompt) has to publish, until RecordLocal hands it over
+	shared                sharedSpec                  // the KV blocks speculated for the peers, until TakeSpeculated
 
 	// Learned text/token ratios: Σ whole-prompt bytes, Σ bounded (indexed)
 	// bytes and Σ engine prompt tokens of the attempts that reported them.
@@ -342,13 +343,14 @@ const maxUnsent = 4096
 const recentArrivals = 64
 
 var (
-	_ Balancer        = (*predictedTTFT)(nil)
-	_ TTFTObserver    = (*predictedTTFT)(nil)
-	_ Learner         = (*predictedTTFT)(nil)
-	_ DecisionCounter = (*predictedTTFT)(nil)
-	_ SilenceReporter = (*predictedTTFT)(nil)
-	_ SharedAffinity  = (*predictedTTFT)(nil)
-	_ SharedQueue     = (*predictedTTFT)(nil)
+	_ Balancer          = (*predictedTTFT)(nil)
+	_ TTFTObserver      = (*predictedTTFT)(nil)
+	_ Learner           = (*predictedTTFT)(nil)
+	_ DecisionCounter   = (*predictedTTFT)(nil)
+	_ SilenceReporter   = (*predictedTTFT)(nil)
+	_ SharedAffinity    = (*predictedTTFT)(nil)
+	_ SharedQueue       = (*predictedTTFT)(nil)
+	_ SharedSpeculation = (*predictedTTFT)(nil)
 )
 
 func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
@@ -374,6 +376,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	if t.specTTL == 0 {
 		t.specTTL = DefaultSpeculativeTTL
 	}
+	t.shared.init(n)
 	if t.now == nil {
 		start := time.Now()
 		t.now = func() time.Duration { return time.Since(start) }
@@ -1390,7 +1393,7 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 		}
 	}
 	if t.kv != nil && t.specTTL > 0 && len(ctx.TokenIDs) > 0 {
-		t.kv.Speculate(target, ctx.TokenIDs, t.specTTL)
+		t.speculate(target, ctx.TokenIDs, now)
 	}
 	t.uncachedSum.Add(int64(e.tokens))
 	if t.observes.Add(1)%64 == 0 {

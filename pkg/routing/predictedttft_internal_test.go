@@ -1022,3 +1022,72 @@ func TestPredictedTTFTQuietTargetLeftOutBeforeTheLaw(t *testing.T) {
 		picks(1, "target 1 answered, target 0 still quiet")
 	}
 }
+
+// sharedKV is a KVSharedSource that marks every block of a request as new
+// (block i of n tokens is identity i+1) and records what peers passed on.
+type sharedKV struct {
+	folded map[int][]uint64
+}
+
+func (s *sharedKV) KVScores(_ []uint32, scores []float64) bool { clear(scores); return true }
+func (s *sharedKV) Speculate(int, []uint32, time.Duration)     {}
+func (s *sharedKV) SpeculateIDs(target int, ids []uint64, _ time.Duration) {
+	s.folded[target] = append(s.folded[target], ids...)
+}
+func (s *sharedKV) SpeculateAppend(_ int, tokenIDs []uint32, _ time.Duration, dst []uint64) []uint64 {
+	for i := range len(tokenIDs) / 16 {
+		dst = append(dst, uint64(i+1))
+	}
+	return dst
+}
+
+// A sharing balancer keeps what its picks speculated until the fleet takes
+// it, once; what no fleet took within the speculative TTL is dropped, the
+// total is bounded, and a balancer that does not share keeps nothing.
+func TestPredictedTTFTKeepsSpeculationForPeers(t *testing.T) {
+	now := time.Second
+	kv := &sharedKV{folded: map[int][]uint64{}}
+	newB := func(share func(int, string)) *predictedTTFT {
+		b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1}, KV: kv, Share: share, Now: func() time.Duration { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.(*predictedTTFT)
+	}
+	b := newB(func(int, string) {})
+	send := func(blocks int) {
+		b.Observe(1, &Context{Prompt: "p", TokenIDs: make([]uint32, 16*blocks)})
+	}
+	send(3)
+	send(2)
+	if got := b.TakeSpeculated(1, nil); len(got) != 5 {
+		t.Fatalf("after two picks of 3 and 2 blocks: took %v, want 5 identities", got)
+	}
+	if got := b.TakeSpeculated(1, nil); len(got) != 0 {
+		t.Fatalf("taken twice: %v", got)
+	}
+	if got := b.TakeSpeculated(0, nil); len(got) != 0 {
+		t.Fatalf("target 0, never picked: %v", got)
+	}
+	// Untaken past the TTL (no fleet connected): dropped, not passed on.
+	send(3)
+	now += DefaultSpeculativeTTL + time.Millisecond
+	if got := b.TakeSpeculated(1, nil); len(got) != 0 {
+		t.Fatalf("speculation older than its TTL passed on: %v", got)
+	}
+	// Bounded: a prompt's leading blocks are kept, its tail past the bound not.
+	send(maxSharedSpeculation - 10)
+	send(20)
+	if got := b.TakeSpeculated(1, nil); len(got) != maxSharedSpeculation || got[len(got)-1] != 10 {
+		t.Fatalf("past the bound: took %d identities ending in %d, want %d ending in the second prompt's 10th", len(got), got[len(got)-1], maxSharedSpeculation)
+	}
+	b.FoldPeerSpeculated(0, []uint64{7, 8})
+	if got := kv.folded[0]; len(got) != 2 || got[0] != 7 {
+		t.Fatalf("a peer's identities reached the KV source as %v", got)
+	}
+	solo := newB(nil)
+	solo.Observe(1, &Context{Prompt: "p", TokenIDs: make([]uint32, 48)})
+	if got := solo.TakeSpeculated(1, nil); len(got) != 0 {
+		t.Fatalf("a balancer that does not share kept %v", got)
+	}
+}

@@ -199,6 +199,20 @@ type SharedQueue interface {
 	SetPlace(rank, size int)
 }
 
+// SharedSpeculation is implemented by balancers that pass the KV blocks
+// their picks speculated (see KVSharedSource) to the other proxies, with
+// their queue reports: a prefix one proxy sent to a target counts there at
+// every proxy within a queue interval, not only once the engine has
+// prefilled it and its events have arrived (the routing simulator's
+// default 50 ms; docs/routing.md).
+type SharedSpeculation interface {
+	// TakeSpeculated appends to dst the identities this balancer speculated
+	// at target since the last call, and forgets them.
+	TakeSpeculated(target int, dst []uint64) []uint64
+	// FoldPeerSpeculated speculates a peer's identities at target.
+	FoldPeerSpeculated(target int, ids []uint64)
+}
+
 // QueueState is one proxy's pending prefill at one target: the requests it
 // sent there that have not produced a first token.
 type QueueState struct {

@@ -34,6 +34,8 @@ type kvFleet struct {
 	base     string
 	replicas []*replica
 	watcher  *prometheus.Registry
+	// cfg and natsURL start more proxies over the same replicas and NATS.
+	cfg, natsURL string
 }
 
 // storedEvents is how many BlockStored events the watcher applied for
@@ -115,7 +117,8 @@ func startKVFleet(t testing.TB, n int, strategy, extra, routeExtra string, opts 
 		targets = append(targets, fmt.Sprintf("{ provider = \"vllm-%d\", model = \"sim\" }", i))
 	}
 	fmt.Fprintf(&b, "\n[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [%s]\n%s", strategy, strings.Join(targets, ", "), routeExtra)
-	a, _ := startProxyWith(t, b.String(), app.Options{NATSURL: s.ClientURL(), NoShare: true})
+	f.cfg, f.natsURL = b.String(), s.ClientURL()
+	a, _ := startProxyWith(t, f.cfg, app.Options{NATSURL: f.natsURL, NoShare: true})
 	f.base = a.URL()
 	return f
 }
@@ -227,6 +230,46 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestProxiesShareSpeculatedBlocks: a predicted_ttft proxy that shares
+// passes the KV blocks its pick speculated to its peer with its next queue
+// report, so that the peer counts the prefix at that replica before the
+// engine's events show it. Proxy A routes one chat request (the official
+// SDK, no token-ids header); proxy B, which routed nothing, folds the
+// request's blocks.
+func TestProxiesShareSpeculatedBlocks(t *testing.T) {
+	f := startKVFleet(t, 2, "predicted_ttft", openKVConfig, "", vllmsim.Options{PrefillTokensPerSecond: 20_000})
+	share := app.Options{NATSURL: f.natsURL, ShareGroup: "speculation"}
+	a, _ := startProxyWith(t, f.cfg, share)
+	b, _ := startProxyWith(t, f.cfg, share)
+	for _, u := range []string{a.URL(), b.URL()} {
+		waitFor(t, "proxy sees its peer", func() bool { return metric(t, u, "rolter_fleet_peers") == 1 })
+	}
+	// A proxy speculates at a replica only once it knows the replica's block
+	// size, which the watcher learns from the engine's first events: warm
+	// both replicas up through the proxy that does not share.
+	warm := 0
+	waitFor(t, "both replicas have published blocks", func() bool {
+		warm++
+		f.chat(t, longSystem(fmt.Sprintf("warm%d-", warm), 50), "hello")
+		return f.storedEvents(t, "vllm-0") > 0 && f.storedEvents(t, "vllm-1") > 0
+	})
+	waitFor(t, "the proxies know both block sizes", func() bool {
+		return metric(t, b.URL(), `rolter_kvindex_entries{kind="resident",provider="vllm-0"}`) > 0 &&
+			metric(t, b.URL(), `rolter_kvindex_entries{kind="resident",provider="vllm-1"}`) > 0 &&
+			metric(t, a.URL(), `rolter_kvindex_entries{kind="resident",provider="vllm-0"}`) > 0 &&
+			metric(t, a.URL(), `rolter_kvindex_entries{kind="resident",provider="vllm-1"}`) > 0
+	})
+	received := func() float64 { return metric(t, b.URL(), `rolter_fleet_received_total{unit="kv_blocks"}`) }
+	if n := received(); n != 0 {
+		t.Fatalf("B folded %v speculated blocks before A routed anything", n)
+	}
+	viaA := *f
+	viaA.base = a.URL()
+	viaA.chat(t, longSystem("shared-", 400), "first question")
+	// 400 words of system prompt are hundreds of tokens: tens of blocks of 16.
+	waitFor(t, "B folds A's speculated blocks", func() bool { return received() >= 10 })
 }
 
 // TestResponsesTokenizeMatchesPrompt: for each form of Responses request

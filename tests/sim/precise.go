@@ -25,11 +25,11 @@ import (
 // speculate_ms says otherwise).
 type kvSource struct {
 	reps []kvindex.Residency
-	now  time.Duration
+	now  func() time.Duration // the virtual clock (Env.Now)
 	memo identities
 }
 
-var _ routing.KVSource = (*kvSource)(nil)
+var _ routing.KVSharedSource = (*kvSource)(nil)
 
 // KVScores implements routing.KVSource.
 func (s *kvSource) KVScores(tokenIDs []uint32, scores []float64) bool {
@@ -37,7 +37,7 @@ func (s *kvSource) KVScores(tokenIDs []uint32, scores []float64) bool {
 	for i := range scores {
 		scores[i] = 0
 		if len(ids) > 0 {
-			scores[i] = float64(s.reps[i].PrefixMatch(ids, int64(s.now))) / float64(len(ids))
+			scores[i] = float64(s.reps[i].PrefixMatch(ids, int64(s.now()))) / float64(len(ids))
 		}
 	}
 	return true
@@ -46,7 +46,22 @@ func (s *kvSource) KVScores(tokenIDs []uint32, scores []float64) bool {
 // Speculate implements routing.KVSource.
 func (s *kvSource) Speculate(target int, tokenIDs []uint32, ttl time.Duration) {
 	if target >= 0 && target < len(s.reps) {
-		s.reps[target].Speculate(s.memo.get(tokenIDs), int64(s.now), ttl)
+		s.reps[target].Speculate(s.memo.get(tokenIDs), int64(s.now()), ttl)
+	}
+}
+
+// SpeculateAppend implements routing.KVSharedSource.
+func (s *kvSource) SpeculateAppend(target int, tokenIDs []uint32, ttl time.Duration, dst []uint64) []uint64 {
+	if target < 0 || target >= len(s.reps) {
+		return dst
+	}
+	return s.reps[target].SpeculateAppend(s.memo.get(tokenIDs), int64(s.now()), ttl, dst)
+}
+
+// SpeculateIDs implements routing.KVSharedSource.
+func (s *kvSource) SpeculateIDs(target int, ids []uint64, ttl time.Duration) {
+	if target >= 0 && target < len(s.reps) {
+		s.reps[target].Speculate(ids, int64(s.now()), ttl)
 	}
 }
 
@@ -58,14 +73,8 @@ type precise struct {
 }
 
 func (p *precise) Pick(f *Flight, v *View) int {
-	p.src.now = v.Now
 	p.src.memo.forget()
 	return p.balancer.Pick(f, v)
-}
-
-func (p *precise) Observe(target int, f *Flight, v *View) {
-	p.src.now = v.Now
-	p.balancer.Observe(target, f, v)
 }
 
 func (p *precise) applyKV(replica int, ops []kvdelta.Op) { p.src.reps[replica].Apply(ops) }
@@ -73,7 +82,7 @@ func (p *precise) applyKV(replica int, ops []kvdelta.Op) { p.src.reps[replica].A
 // newPrecise builds precise_cache_aware for one proxy: spec with its KV
 // source set.
 func newPrecise(spec routing.Spec, env Env) (Policy, error) {
-	src := &kvSource{reps: make([]kvindex.Residency, env.Replicas), memo: identities{bs: env.BlockSize}}
+	src := &kvSource{reps: make([]kvindex.Residency, env.Replicas), now: env.Now, memo: identities{bs: env.BlockSize}}
 	spec.KV = src
 	b, err := routing.New(spec)
 	if err != nil {

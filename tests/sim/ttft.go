@@ -47,7 +47,7 @@ func (e *simEngine) KVCapacityTokens(int) int { return e.capacity }
 func newTTFTPolicy(spec routing.Spec, env Env, events, engine bool, stream float64) (Policy, error) {
 	p := &ttftPolicy{stream: stream}
 	if events {
-		p.src = &kvSource{reps: make([]kvindex.Residency, env.Replicas), memo: identities{bs: env.BlockSize}}
+		p.src = &kvSource{reps: make([]kvindex.Residency, env.Replicas), now: env.Now, memo: identities{bs: env.BlockSize}}
 		spec.KV = p.src
 	}
 	if engine {
@@ -64,7 +64,6 @@ func newTTFTPolicy(spec routing.Spec, env Env, events, engine bool, stream float
 
 func (p *ttftPolicy) sync(v *View) {
 	if p.src != nil {
-		p.src.now = v.Now
 		p.src.memo.forget()
 	}
 	if p.engine != nil {

@@ -23,8 +23,9 @@ type kvTarget struct {
 }
 
 var (
-	_ routing.KVFreshSource = (*kvSource)(nil)
-	_ routing.LMCacheSource = (*kvSource)(nil)
+	_ routing.KVFreshSource  = (*kvSource)(nil)
+	_ routing.KVSharedSource = (*kvSource)(nil)
+	_ routing.LMCacheSource  = (*kvSource)(nil)
 )
 
 func newKVSource(ix *kvindex.Index, targets []target) *kvSource {
@@ -88,15 +89,40 @@ func (s *kvSource) KVScoresFresh(tokenIDs []uint32, scores []float64, freshAt []
 // create count as resident on its target for ttl (the route's
 // balancer.speculative_ttl_ms) before the engine's KV events confirm them.
 func (s *kvSource) Speculate(target int, tokenIDs []uint32, ttl time.Duration) {
+	if ids, provider := s.identities(target, tokenIDs); len(ids) > 0 {
+		s.ix.Speculate(provider, ids, ttl)
+	}
+}
+
+// SpeculateAppend implements routing.KVSharedSource.
+func (s *kvSource) SpeculateAppend(target int, tokenIDs []uint32, ttl time.Duration, dst []uint64) []uint64 {
+	if ids, provider := s.identities(target, tokenIDs); len(ids) > 0 {
+		return s.ix.SpeculateAppend(provider, ids, ttl, dst)
+	}
+	return dst
+}
+
+// SpeculateIDs implements routing.KVSharedSource: a peer proxy's
+// identities for the same route's target, seeded and blocked as this
+// proxy's are.
+func (s *kvSource) SpeculateIDs(target int, ids []uint64, ttl time.Duration) {
+	if target >= 0 && target < len(s.targets) {
+		s.ix.Speculate(s.targets[target].provider, ids, ttl)
+	}
+}
+
+// identities returns the block identities of tokenIDs at target and its
+// provider; none for a target out of range or a block size not known yet.
+func (s *kvSource) identities(target int, tokenIDs []uint32) ([]uint64, string) {
 	if target < 0 || target >= len(s.targets) {
-		return
+		return nil, ""
 	}
 	t := s.targets[target]
 	bs := s.ix.BlockSize(t.provider)
 	if bs <= 0 || len(tokenIDs) < bs {
-		return
+		return nil, ""
 	}
-	s.ix.Speculate(t.provider, kvindex.Identities(t.seed, tokenIDs, bs), ttl)
+	return kvindex.Identities(t.seed, tokenIDs, bs), t.provider
 }
 
 // LMCacheScores implements routing.LMCacheSource.

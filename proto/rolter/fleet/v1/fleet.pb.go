@@ -317,7 +317,13 @@ type TargetQueue struct {
 	// an answer, a first token or a completion (unset: never): evidence that it
 	// is serving, which a proxy whose own requests there are silent reads
 	// before it routes around the target.
-	AnswerAgeUs   *uint64 `protobuf:"varint,7,opt,name=answer_age_us,json=answerAgeUs,proto3,oneof" json:"answer_age_us,omitempty"`
+	AnswerAgeUs *uint64 `protobuf:"varint,7,opt,name=answer_age_us,json=answerAgeUs,proto3,oneof" json:"answer_age_us,omitempty"`
+	// kv_blocks are the engine's KV block identities (rolter.dev/pkg/kvindex)
+	// this proxy speculated the target holds, for the requests it sent there
+	// since its last report, that the target's KV events had not shown: a
+	// receiver with the same route counts them as its own speculation until
+	// the events speak for them.
+	KvBlocks      []uint64 `protobuf:"fixed64,8,rep,packed,name=kv_blocks,json=kvBlocks,proto3" json:"kv_blocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -399,6 +405,13 @@ func (x *TargetQueue) GetAnswerAgeUs() uint64 {
 		return *x.AnswerAgeUs
 	}
 	return 0
+}
+
+func (x *TargetQueue) GetKvBlocks() []uint64 {
+	if x != nil {
+		return x.KvBlocks
+	}
+	return nil
 }
 
 // Loads is one proxy's in-flight counts, published on
@@ -675,7 +688,7 @@ const file_rolter_fleet_v1_fleet_proto_rawDesc = "" +
 	"\vRouteQueues\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x16\n" +
 	"\x06layout\x18\x02 \x01(\x06R\x06layout\x126\n" +
-	"\atargets\x18\x03 \x03(\v2\x1c.rolter.fleet.v1.TargetQueueR\atargets\"\x8d\x02\n" +
+	"\atargets\x18\x03 \x03(\v2\x1c.rolter.fleet.v1.TargetQueueR\atargets\"\xaa\x02\n" +
 	"\vTargetQueue\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\rR\x06target\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\rR\brequests\x12\x16\n" +
@@ -685,7 +698,8 @@ const file_rolter_fleet_v1_fleet_proto_rawDesc = "" +
 	"\vhead_age_us\x18\x05 \x01(\x04R\theadAgeUs\x12%\n" +
 	"\fleave_age_us\x18\x06 \x01(\x04H\x00R\n" +
 	"leaveAgeUs\x88\x01\x01\x12'\n" +
-	"\ranswer_age_us\x18\a \x01(\x04H\x01R\vanswerAgeUs\x88\x01\x01B\x0f\n" +
+	"\ranswer_age_us\x18\a \x01(\x04H\x01R\vanswerAgeUs\x88\x01\x01\x12\x1b\n" +
+	"\tkv_blocks\x18\b \x03(\x06R\bkvBlocksB\x0f\n" +
 	"\r_leave_age_usB\x10\n" +
 	"\x0e_answer_age_us\"{\n" +
 	"\x05Loads\x12\x14\n" +
