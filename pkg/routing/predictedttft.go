@@ -1486,9 +1486,15 @@ func (t *predictedTTFT) settleStallLocked(target int, now time.Duration) {
 
 // busyLocked starts or ends target's busy spell: its prefill is busy while
 // it has pending requests that are not waiting for a batch slot (those do
-// not occupy the prefill). t.mu must be held.
+// not occupy the prefill), or while a peer's unexpired report shows
+// requests pending there (FoldPeerQueue calls it too). With the peers'
+// queues counted the busy time is the target's, not this proxy's share,
+// and fleetRates does not scale it (see there). t.mu must be held.
 func (t *predictedTTFT) busyLocked(target int, now time.Duration) {
 	after := t.pendCount[target].Load() - t.slotPend[target].Load()
+	if after <= 0 && t.peersAt(target, now).requests > 0 {
+		after = 1
+	}
 	switch {
 	case after > 0 && t.busySince[target].Load() < 0:
 		t.busySince[target].Store(int64(now))
@@ -1582,6 +1588,9 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 	qs[target] = pq
 	t.sumPeersLocked(target, now)
 	t.peerMu.Unlock()
+	t.mu.Lock()
+	t.busyLocked(target, now)
+	t.mu.Unlock()
 	t.markUnseen(target, prev, pq, now)
 }
 
@@ -1763,7 +1772,17 @@ func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool
 	}
 	k := float64(t.n)
 	r.timed = true
-	r.rho = min(scale*busy/k/float64(time.Millisecond)/elapsed, maxUtilisation)
+	// The busy time counts the peers' reported queues once any peer has
+	// been heard (busyLocked): it is the targets', not this proxy's share,
+	// and scaled like the arrivals it counted overlapping spells up to P
+	// times, so that under load ρ stood near its cap and the externality
+	// scattered prefixes (rolter-sim agent --rate 8 through 4 proxies: 0.78×
+	// of one proxy's TTFT mean with it, 1.03× without; docs/routing.md).
+	rhoScale := scale
+	if t.peerHeard.Load() >= 0 {
+		rhoScale = 1
+	}
+	r.rho = min(rhoScale*busy/k/float64(time.Millisecond)/elapsed, maxUtilisation)
 	r.lambda = scale * r.arrivals / k / elapsed
 	return r
 }
@@ -1774,7 +1793,8 @@ func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool
 // step, the next question to a group's system prompt) follow it to i,
 // since i then holds their prefix. In an M/M/1 queue each of them waits
 // ρ_i/(1 − ρ_i) mean services, ρ_i being the share of time since the first
-// request that this balancer had a prefill pending at i; and its own work
+// request that i had a prefill pending (this balancer's or, as their
+// reports tell, its peers'; see busyLocked); and its own work
 // delays those queued at i meanwhile by b/(1 − b)² times that work (the
 // marginal wait of the others, d(λ·W)/dλ less its own wait), b = ρ_i ×
 // blocking being the share of time i's prefill made others queue. How many
@@ -1794,11 +1814,10 @@ func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool
 // without it, 1.48 with the followers' own waits only, 1.23 with the delay
 // they cause too (16 replicas over 2 s: 1.93, 1.44, 1.20; docs/routing.md).
 // The delay at ρ_i itself, not b, made a replica of vllmsim, which has
-// some prefill pending 90 % of the time, cost 300 ms more per pick. With
-// peers ρ_i is this proxy's own share, a lower bound of the target's:
-// scaled by fleetScale like externality's mean it overstates one target's
-// (multiturn through 4 proxies lost up to 5 % of its hit rate with an
-// earlier form of the term). follow is followCost, computed once per pick.
+// some prefill pending 90 % of the time, cost 300 ms more per pick. Scaled
+// by fleetScale, as an earlier form of the term read ρ_i, this proxy's own
+// share overstated one target's (multiturn through 4 proxies lost up to 5 %
+// of its hit rate). follow is followCost, computed once per pick.
 func (t *predictedTTFT) followWait(i int, follow followFactors, now time.Duration) float64 {
 	base, from := t.rateFrom()
 	if from < 0 || int64(now) <= from {

@@ -1091,3 +1091,39 @@ func TestPredictedTTFTKeepsSpeculationForPeers(t *testing.T) {
 		t.Fatalf("a balancer that does not share kept %v", got)
 	}
 }
+
+// A target is busy while a peer reports requests pending there, not only
+// while this balancer has some: its busy time is the target's, so the
+// utilisation read once peers are heard is not scaled by the fleet's size.
+func TestPredictedTTFTPeersQueueCountsAsBusy(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	pending := QueueState{Requests: 2, Tokens: 800, HeadTokens: 400, LeaveAge: -1, AnswerAge: -1}
+	b.FoldPeerQueue("peer", 0, pending, time.Minute)
+	now += 100 * time.Millisecond
+	if got := time.Duration(b.busyAt(0, now)); got != 100*time.Millisecond {
+		t.Fatalf("a peer's queue pending for 100 ms: target 0 busy %v", got)
+	}
+	// Its own request overlaps the peer's: counted once.
+	ctx := &Context{Prompt: strings.Repeat("a", 400)}
+	b.Observe(0, ctx)
+	now += 50 * time.Millisecond
+	b.FirstToken(0, ctx, 50*time.Millisecond, 100)
+	b.FoldPeerQueue("peer", 0, QueueState{LeaveAge: 0, AnswerAge: 0}, time.Minute)
+	now += 100 * time.Millisecond
+	if got := time.Duration(b.busyAt(0, now)); got != 150*time.Millisecond {
+		t.Fatalf("busy 150 ms, own and the peer's overlapping, then idle 100 ms: busy %v", got)
+	}
+	if got := b.busyAt(1, now); got != 0 {
+		t.Fatalf("target 1, no queue anywhere: busy %v", time.Duration(got))
+	}
+	// Once a peer is heard the busy share is the targets', not scaled: with
+	// the law fitted, ρ is the busy time over the targets and the time since
+	// the first request, whatever the fleet scale.
+	b.fleet.Store(&simLaw)
+	r := b.fleetRates(now, 4, true)
+	want := float64(150*time.Millisecond) / 2 / float64(now-time.Second-100*time.Millisecond)
+	if !r.timed || math.Abs(r.rho-want) > 1e-9 {
+		t.Fatalf("ρ %v (timed %v), want %v unscaled", r.rho, r.timed, want)
+	}
+}
