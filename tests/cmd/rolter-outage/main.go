@@ -212,18 +212,21 @@ func (l *load) run(ctx context.Context, proxy string, rate int, sendIDs bool) {
 		// Mostly repeated prompts (precise routing sends each to the
 		// replica holding it), a quarter through the response cache, one
 		// in eight a new prompt (no replica holds it: spread by load), and
-		// one in eight a stream of a repeated prompt, cycling through them
-		// so that both replicas run some. (New prompts' ties go by index
-		// size, and this fixed pattern could lock them in phase: every
-		// new stream on one replica, none left to cut on the other.)
+		// one in eight a stream, alternately of a repeated prompt, cycling
+		// through them, and of a new one. Repeated streams go where their
+		// prompts live, which both replicas run some of until one restarts
+		// empty and the other holds them all; new streams' ties go by index
+		// size, to the emptied replica then, but with new prompts alone
+		// this fixed pattern could lock them in phase: every new stream on
+		// one replica, none left to cut on the other.
 		route, prompt, toks := "m", prompts[n%len(prompts)], tokens[n%len(prompts)]
 		stream := n%8 == 1
 		switch {
 		case n%4 == 3:
 			route = "c"
-		case stream:
-			prompt, toks = prompts[(n/8)%len(prompts)], tokens[(n/8)%len(prompts)]
-		case n%8 == 6:
+		case stream && (n/8)%2 == 0:
+			prompt, toks = prompts[(n/16)%len(prompts)], tokens[(n/16)%len(prompts)]
+		case stream || n%8 == 6:
 			prompt = fmt.Sprintf("fresh prompt %d %s", n, prompts[0][:400])
 			var ids []string
 			for _, t := range vllmsim.Tokenize(prompt) {
