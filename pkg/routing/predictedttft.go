@@ -1772,12 +1772,13 @@ func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool
 	}
 	k := float64(t.n)
 	r.timed = true
-	// The busy time counts the peers' reported queues once any peer has
-	// been heard (busyLocked): it is the targets', not this proxy's share,
-	// and scaled like the arrivals it counted overlapping spells up to P
-	// times, so that under load ρ stood near its cap and the externality
-	// scattered prefixes (rolter-sim agent --rate 8 through 4 proxies: 0.78×
-	// of one proxy's TTFT mean with it, 1.03× without; docs/routing.md).
+	// Once a peer has been heard the busy time counts the peers' reported
+	// queues (busyLocked): it is the targets', and only the arrivals are
+	// scaled. This proxy's own busy share scaled by the fleet's size, as ρ
+	// was, counted the overlapping spells of several proxies up to P
+	// times: under load ρ stood near its cap and the externality scattered
+	// prefixes (rolter-sim agent --rate 8 through 4 proxies: 0.78× of one
+	// proxy's TTFT mean with it, 1.03× without; docs/routing.md).
 	rhoScale := scale
 	if t.peerHeard.Load() >= 0 {
 		rhoScale = 1
