@@ -134,24 +134,37 @@ func TestPredictedTTFTLawWaitsForOwnWork(t *testing.T) {
 }
 
 // Behind sharing proxies the loads count every proxy's requests: the
-// measured rate and utilisation are scaled by loads over own in-flight.
+// measured arrival rate is scaled by loads over own in-flight, summed over
+// the picks of the rates' window (one pick's ratio, from a few requests in
+// flight, swings widely).
 func TestPredictedTTFTFleetScale(t *testing.T) {
-	b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1}})
-	if err != nil {
-		t.Fatal(err)
+	newP := func() (Balancer, *predictedTTFT) {
+		b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b, b.(*predictedTTFT)
 	}
-	p := b.(*predictedTTFT)
-	if got := p.fleetScale([]int{3, 5}); got != 1 {
-		t.Fatalf("nothing of its own in flight: scale %v, want 1", got)
+	_, fresh := newP()
+	if got := fresh.fleetScale([]int{3, 5}); got != 1 {
+		t.Fatalf("nothing of its own in flight yet: scale %v, want 1", got)
 	}
+	b, p := newP()
 	a, c := &Context{Prompt: "a"}, &Context{Prompt: "b"}
 	b.Observe(0, a)
 	b.Observe(1, c)
 	if got := p.fleetScale([]int{1, 1}); got != 1 {
 		t.Fatalf("one proxy: scale %v, want 1", got)
 	}
-	if got := p.fleetScale([]int{4, 4}); got != 4 {
-		t.Fatalf("loads 4× its own: scale %v, want 4", got)
+	// Loads 4× its own at the next pick: (2 + 8) / (2 + 2) over both.
+	if got := p.fleetScale([]int{4, 4}); got != 2.5 {
+		t.Fatalf("loads 4× its own after a pick at 1×: scale %v, want 2.5", got)
+	}
+	for range 98 {
+		p.fleetScale([]int{4, 4})
+	}
+	if got := p.fleetScale([]int{4, 4}); got < 3.9 || got >= 4 {
+		t.Fatalf("loads 4× its own over 100 picks: scale %v, want nearly 4", got)
 	}
 	if got := p.fleetScale(nil); got != 1 {
 		t.Fatalf("loads unknown: scale %v, want 1", got)
@@ -169,9 +182,6 @@ func TestPredictedTTFTFleetScale(t *testing.T) {
 	p.Abandon(1, c)
 	if got := p.inflight[1].Load(); got != 0 {
 		t.Fatalf("in flight after an attempt cut past its first token: %d", got)
-	}
-	if got := p.fleetScale([]int{1, 1}); got != 1 {
-		t.Fatalf("scale %v after the cut attempt, want 1", got)
 	}
 }
 
