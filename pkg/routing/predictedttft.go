@@ -206,6 +206,11 @@ type predictedTTFT struct {
 	// peer whose queue emptied stops reporting, but the time its last
 	// request left still bounds when the target began serving the next.
 	peerLeave []atomic.Int64
+	// peerBusyUntil is, per target, when the latest peer report showing
+	// requests pending there expires (ns, -1: none): a busy spell that only
+	// peers' requests kept open ends then at the latest, should the report
+	// that emptied it be lost or its peer gone (see busyEnd).
+	peerBusyUntil []atomic.Int64
 	// peerHeard is when the latest peer queue report was folded (ns on
 	// t.now's clock, -1: never).
 	peerHeard atomic.Int64
@@ -371,7 +376,8 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		maxRunning: make([]atomic.Int64, n), seenFull: make([]atomic.Bool, n),
 		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
 		peerQueues: map[string][]peerQueue{}, peerLast: map[string]time.Duration{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
-		pending: make([]map[*Context]pendingPrefill, n), slotPend: make([]atomic.Int64, n),
+		peerBusyUntil: make([]atomic.Int64, n),
+		pending:       make([]map[*Context]pendingPrefill, n), slotPend: make([]atomic.Int64, n),
 		answered: make([]map[*Context]pendingPrefill, n), answeredDue: make([]atomic.Int64, n), lastBack: make([]atomic.Int64, n),
 		unsent:  map[unsentKey]*unsentHashes{},
 		unitLaw: ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1, 0}, samples: PredictorMinSamples},
@@ -391,6 +397,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		t.headAt[i].Store(-1)
 		t.lastLeave[i].Store(-1)
 		t.peerLeave[i].Store(-1)
+		t.peerBusyUntil[i].Store(-1)
 		t.answeredDue[i].Store(-1)
 		t.lastBack[i].Store(-1)
 	}
@@ -1494,7 +1501,16 @@ func (t *predictedTTFT) settleStallLocked(target int, now time.Duration) {
 // queues counted the busy time is the target's, not this proxy's share,
 // and fleetRates does not scale it (see there). t.mu must be held.
 func (t *predictedTTFT) busyLocked(target int, now time.Duration) {
-	after := t.pendCount[target].Load() - t.slotPend[target].Load()
+	own := t.pendCount[target].Load() - t.slotPend[target].Load()
+	if since := t.busySince[target].Load(); since >= 0 && own <= 0 {
+		// A spell that only peers' reports kept open, and whose last
+		// report has expired, ended at its expiry: a new one starts now.
+		if end := t.busyEnd(target, since, now); end < int64(now) {
+			t.busyTotal[target].Add(end - since)
+			t.busySince[target].Store(-1)
+		}
+	}
+	after := own
 	if after <= 0 && t.peersAt(target, now).requests > 0 {
 		after = 1
 	}
@@ -1507,6 +1523,24 @@ func (t *predictedTTFT) busyLocked(target int, now time.Duration) {
 			t.busySince[target].Store(-1)
 		}
 	}
+}
+
+// busyEnd is when target's open busy spell, begun at since, ends by now at
+// the latest: now, or, when this balancer has nothing pending there and the
+// peers' last report showing requests expired before now, that expiry (or
+// this balancer's last request's leave, if later). A peer that died with
+// requests pending, or whose emptying report was lost, otherwise left the
+// target busy until this balancer's next request there, and the idle time
+// in between raised the utilisation every pick reads.
+func (t *predictedTTFT) busyEnd(target int, since int64, now time.Duration) int64 {
+	if t.pendCount[target].Load()-t.slotPend[target].Load() > 0 {
+		return int64(now)
+	}
+	until := t.peerBusyUntil[target].Load()
+	if until < 0 || until >= int64(now) {
+		return int64(now)
+	}
+	return min(max(until, t.lastLeave[target].Load(), since), int64(now))
 }
 
 // headLocked finds target's oldest pending prefill, the one the replica
@@ -1592,7 +1626,10 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 	t.sumPeersLocked(target, now)
 	t.peerMu.Unlock()
 	t.mu.Lock()
-	t.busyLocked(target, now)
+	t.busyLocked(target, now) // first: a spell left by an expired report ends at its expiry
+	if pq.requests > 0 {
+		raise(&t.peerBusyUntil[target], int64(pq.until))
+	}
 	t.mu.Unlock()
 	t.markUnseen(target, prev, pq, now)
 }
@@ -2017,7 +2054,7 @@ func (t *predictedTTFT) busyFrom(i int, now time.Duration, base *rateBase) float
 func (t *predictedTTFT) busyAt(i int, now time.Duration) float64 {
 	busy := float64(t.busyTotal[i].Load())
 	if since := t.busySince[i].Load(); since >= 0 {
-		busy += float64(int64(now) - since)
+		busy += float64(t.busyEnd(i, since, now) - since)
 	}
 	return busy
 }

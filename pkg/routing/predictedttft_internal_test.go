@@ -1127,12 +1127,25 @@ func TestPredictedTTFTPeersQueueCountsAsBusy(t *testing.T) {
 	if got := b.busyAt(1, now); got != 0 {
 		t.Fatalf("target 1, no queue anywhere: busy %v", time.Duration(got))
 	}
+	// A peer that goes silent with requests pending (it died, or its
+	// emptying report was lost) keeps target 1 busy until its report
+	// expires, not until this balancer's next request there.
+	b.FoldPeerQueue("gone", 1, pending, 20*time.Millisecond)
+	now += time.Second
+	if got := time.Duration(b.busyAt(1, now)); got != 20*time.Millisecond {
+		t.Fatalf("a peer's report valid for 20 ms, then silence for a second: target 1 busy %v", got)
+	}
+	b.FoldPeerQueue("back", 1, pending, 20*time.Millisecond)
+	now += 10 * time.Millisecond
+	if got := time.Duration(b.busyAt(1, now)); got != 30*time.Millisecond {
+		t.Fatalf("a new report 1 s later, 10 ms ago: target 1 busy %v, want 20 + 10 ms", got)
+	}
 	// Once a peer is heard the busy share is the targets', not scaled: with
 	// the law fitted, ρ is the busy time over the targets and the time since
 	// the first request, whatever the fleet scale.
 	b.fleet.Store(&simLaw)
 	r := b.fleetRates(now, 4, true)
-	want := float64(150*time.Millisecond) / 2 / float64(now-time.Second-100*time.Millisecond)
+	want := float64(150*time.Millisecond+30*time.Millisecond) / 2 / float64(now-time.Second-100*time.Millisecond)
 	if !r.timed || math.Abs(r.rho-want) > 1e-9 {
 		t.Fatalf("ρ %v (timed %v), want %v unscaled", r.rho, r.timed, want)
 	}
