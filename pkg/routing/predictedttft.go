@@ -897,17 +897,27 @@ func (t *predictedTTFT) served(i int, m *ttftLaw, now time.Duration, peers peerQ
 // tokens; false when nothing is pending there.
 func (t *predictedTTFT) head(i int, peers peerQueue) (from, tokens int64, ok bool) {
 	headAt, headTok := t.headAt[i].Load(), t.headTokens[i].Load()
-	switch {
-	case peers.requests <= 0:
-	case headAt < 0 || int64(peers.headAt) < headAt:
-		headAt, headTok = int64(peers.headAt), peers.headTokens
-	case int64(peers.headAt) == headAt:
-		headTok += peers.headTokens // sent in one instant, prefilled together
+	if peers.requests > 0 {
+		headAt, headTok = earlierHead(headAt, headTok, int64(peers.headAt), peers.headTokens)
 	}
 	if headAt < 0 {
 		return 0, 0, false
 	}
 	return max(headAt, t.lastLeave[i].Load(), t.peerLeave[i].Load()), headTok, true
+}
+
+// earlierHead returns the head (its dispatch, ns, and tokens) of two
+// queues' heads, at (-1: none) and other: the earlier, or both added when
+// sent in one instant, since the replica prefills them together (a sum
+// that also keeps peers' heads free of the order they are met in).
+func earlierHead(at, tokens, otherAt, otherTokens int64) (int64, int64) {
+	switch {
+	case at < 0 || otherAt < at:
+		return otherAt, otherTokens
+	case otherAt == at:
+		return at, tokens + otherTokens
+	}
+	return at, tokens
 }
 
 // overdue is how long target i's head (see head) has waited, since the
@@ -1729,14 +1739,9 @@ func (t *predictedTTFT) sumPeersLocked(i int, now time.Duration) {
 		live = true
 		sum.requests += q.requests
 		sum.tokens += q.tokens
-		switch {
-		case q.requests <= 0:
-		case sum.headAt < 0 || q.headAt < sum.headAt:
-			sum.headAt, sum.headTokens = q.headAt, q.headTokens
-		case q.headAt == sum.headAt:
-			// Heads sent in one instant are prefilled together; adding them
-			// also keeps the sum free of the map's order.
-			sum.headTokens += q.headTokens
+		if q.requests > 0 {
+			at, tok := earlierHead(int64(sum.headAt), sum.headTokens, int64(q.headAt), q.headTokens)
+			sum.headAt, sum.headTokens = time.Duration(at), tok
 		}
 	}
 	if !live {
