@@ -80,8 +80,9 @@ type LawReporter interface {
 // whole answer for a client that does not stream) without sending any
 // back, to it or, as their reports tell, to its peers: since the later of
 // the oldest owed request's dispatch (for a whole answer, its predicted
-// first token) and the target's latest answer, 0 when it owes none. A replica that froze grows it without bound; a
-// healthy busy one keeps it near the gap between its answers.
+// first token) and the target's latest answer, 0 when it owes none. A
+// replica that froze grows it without bound; a healthy busy one keeps it
+// near the gap between its answers.
 type SilenceReporter interface {
 	Silent(dst []time.Duration) []time.Duration
 }

@@ -1511,7 +1511,7 @@ func (t *predictedTTFT) settleStallLocked(target int, now time.Duration) {
 // queues counted the busy time is the target's, not this proxy's share,
 // and fleetRates does not scale it (see there). t.mu must be held.
 func (t *predictedTTFT) busyLocked(target int, now time.Duration) {
-	own := t.pendCount[target].Load() - t.slotPend[target].Load()
+	own := t.prefilling(target)
 	if since := t.busySince[target].Load(); since >= 0 && own <= 0 {
 		// A spell that only peers' reports kept open, and whose last
 		// report has expired, ended at its expiry: a new one starts now.
@@ -1535,6 +1535,12 @@ func (t *predictedTTFT) busyLocked(target int, now time.Duration) {
 	}
 }
 
+// prefilling is how many of this balancer's pending requests at target
+// occupy its prefill: those not waiting for a batch slot.
+func (t *predictedTTFT) prefilling(target int) int64 {
+	return t.pendCount[target].Load() - t.slotPend[target].Load()
+}
+
 // busyEnd is when target's open busy spell, begun at since, ends by now at
 // the latest: now, or, when this balancer has nothing pending there and the
 // peers' last report showing requests expired before now, that expiry (or
@@ -1543,7 +1549,7 @@ func (t *predictedTTFT) busyLocked(target int, now time.Duration) {
 // target busy until this balancer's next request there, and the idle time
 // in between raised the utilisation every pick reads.
 func (t *predictedTTFT) busyEnd(target int, since int64, now time.Duration) int64 {
-	if t.pendCount[target].Load()-t.slotPend[target].Load() > 0 {
+	if t.prefilling(target) > 0 {
 		return int64(now)
 	}
 	until := t.peerBusyUntil[target].Load()
