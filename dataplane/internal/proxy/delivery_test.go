@@ -96,8 +96,16 @@ func TestDeliveryPolicyOnEveryPath(t *testing.T) {
 	}))
 	t.Cleanup(embed.Close)
 	plugins := pluginServer(t)
-	down := httptest.NewServer(http.NotFoundHandler())
-	down.Close()
+	// A plugin that cannot be reached: every connection is dropped before
+	// an answer. A closed server would do, but its port could be handed to
+	// the next test server (a subtest's upstream), and then the plugin
+	// calls reached it instead.
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+	}))
+	t.Cleanup(down.Close)
 
 	type want struct {
 		status  int
