@@ -244,7 +244,7 @@ type predictedTTFT struct {
 	unsent                map[unsentKey]*unsentHashes // what each (target, prompt) has to publish, until RecordLocal hands it over
 	shared                sharedSpec                  // the KV blocks speculated for the peers, until TakeSpeculated
 	// Σ over every pick of the targets' in-flight requests and of this
-	// balancer's own share of them (see fleetScale).
+	// balancer's own share of them (see recordLoads).
 	loadSum, ownSum atomic.Int64
 
 	// Learned text/token ratios: Σ whole-prompt bytes, Σ bounded (indexed)
@@ -987,7 +987,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		placed = hbuf[:t.n]
 		t.placedAt(ctx, tokens, match, placed)
 	}
-	rates := t.fleetRates(now, t.fleetScale(loads), fitted)
+	rates := t.fleetRates(now, t.recordLoads(loads), fitted)
 	var follow followFactors
 	if fitted {
 		follow = t.followCost(&m, now, rates, tokens)
@@ -1212,7 +1212,7 @@ func (t *predictedTTFT) homeTie(tied []uint8, w tieWeigher) (int, bool) {
 // tiedOfTwo returns the lighter (see tieWeigher) of two of the tied
 // targets drawn at random; false when at most two are tied (then the
 // lightest is the same pick). It is the tie rule when the loads include other
-// proxies' requests (fleetScale > 1): their counts arrive late (every load
+// proxies' requests (a fleet scale above 1, recordLoads): their counts arrive late (every load
 // interval) and miss what the peers picked in the same instant, so every
 // proxy would send its next tied pick to the same least-loaded target and
 // they would pile up there; two random choices keep most of the balance
@@ -1646,23 +1646,25 @@ func (t *predictedTTFT) FoldPeerQueue(peer string, target int, q QueueState, ttl
 	if pq.requests > 0 {
 		raise(&t.peerBusyUntil[target], int64(pq.until))
 	}
+	t.markUnseenLocked(target, prev, pq, now)
 	t.mu.Unlock()
-	t.markUnseen(target, prev, pq, now)
 }
 
-// markUnseen marks the requests this balancer sent to target that a peer's
-// report (pq, received at now; prev the one before it) shows may have had
-// that peer's work ahead of them that no report had shown at their
-// dispatch: the peer's pending there grew since its previous report (or,
-// when that one has expired, from nothing one report gap ago: a peer does
-// not go on reporting an empty queue), and they were sent in between.
-// Their features miss that
-// work, and they teach the law nothing (FirstToken): through 4 sharing
-// proxies in rolter-sim, the law learned from every first token was 156-212
-// ms per request on the Mooncake trace where the engines' truth is 5 (the
-// features missed a mean 164 ms of peers' work), and from these alone 5.1
-// (docs/routing.md, the law through several proxies).
-func (t *predictedTTFT) markUnseen(target int, prev, pq peerQueue, now time.Duration) {
+// markUnseenLocked marks the requests this balancer sent to target that a
+// peer's report (pq, received at now; prev the one before it) shows may
+// have had that peer's work ahead of them that no report had shown at
+// their dispatch: the peer's pending there grew since its previous report
+// (or, when that one has expired, from nothing one report gap ago: a peer
+// does not go on reporting an empty queue), and they were sent in between.
+// Their features miss that work, and they teach the law nothing
+// (FirstToken): through 4 sharing proxies in rolter-sim, the law learned
+// from every first token was 156-212 ms per request on the Mooncake trace
+// where the engines' truth is 5 (the features missed a mean 164 ms of
+// peers' work), and from these alone 5.1 (docs/routing.md, the law through
+// several proxies). FoldPeerQueue calls it with t.mu held, in the same
+// section that counts the report as busy time, so a pick between the two
+// sees both or neither.
+func (t *predictedTTFT) markUnseenLocked(target int, prev, pq peerQueue, now time.Duration) {
 	from, n, tok := prev.at, prev.requests, prev.tokens
 	if prev.until < now {
 		n, tok = 0, 0
@@ -1671,8 +1673,6 @@ func (t *predictedTTFT) markUnseen(target int, prev, pq peerQueue, now time.Dura
 	if from >= now || pq.requests <= n && pq.tokens <= tok {
 		return
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	for k, e := range t.pending[target] {
 		if e.at > from && !e.unseen {
 			e.unseen = true
@@ -1867,7 +1867,7 @@ func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool
 // they cause too (16 replicas over 2 s: 1.93, 1.44, 1.20; docs/routing.md).
 // The delay at ρ_i itself, not b, made a replica of vllmsim, which has
 // some prefill pending 90 % of the time, cost 300 ms more per pick. Scaled
-// by fleetScale, as an earlier form of the term read ρ_i, this proxy's own
+// by the fleet scale (recordLoads), as an earlier form of the term read ρ_i, this proxy's own
 // share overstated one target's (multiturn through 4 proxies lost up to 5 %
 // of its hit rate). follow is followCost, computed once per pick.
 func (t *predictedTTFT) followWait(i int, follow followFactors, now time.Duration) float64 {
@@ -1993,7 +1993,7 @@ type rateBase struct {
 	first, firstN      int64
 	free, freeN        int64
 	done, doneN        int64
-	// Σ of the in-flight loads and own share at the picks (fleetScale).
+	// Σ of the in-flight loads and own share at the picks (recordLoads).
 	loads, own int64
 }
 
@@ -2078,18 +2078,19 @@ func (t *predictedTTFT) meanUncached() (float64, bool) {
 	return windowMean(t.uncachedSum.Load(), int64(t.observes.Load()), b.uncached, b.observes)
 }
 
-// fleetScale is how much more traffic the targets carry than this balancer
-// sent them: Σ loads / Σ own in-flight (each target's own count capped at
-// its load), summed over the picks of the rates' window (see
-// snapshotLocked), 1 when loads are unknown or nothing was in flight. With
-// one proxy the loads are its own counts and the scale is 1; behind an L4
-// spread over P sharing proxies it is about P, so the arrival rate this
-// proxy measured stands for the fleet's. Read at each pick alone, from a
-// few requests in flight and peers' counts up to a load interval old, it
-// swung 1.4–10.5 from pick to pick on rolter-sim's trace through 4
-// proxies; over the window, agent with a 1 s ramp through 4 proxies went
-// from 850 to 772 ms and the trace from 761 to 741 (docs/routing.md).
-func (t *predictedTTFT) fleetScale(loads []int) float64 {
+// recordLoads adds one pick's loads to the sums of the rates' window and
+// returns the fleet scale, how much more traffic the targets carry than
+// this balancer sent them: Σ loads / Σ own in-flight (each target's own
+// count capped at its load), summed over the picks of the rates' window
+// (see snapshotLocked), 1 when loads are unknown or nothing was in flight.
+// With one proxy the loads are its own counts and the scale is 1; behind
+// an L4 spread over P sharing proxies it is about P, so the arrival rate
+// this proxy measured stands for the fleet's. Read at each pick alone, from
+// a few requests in flight and peers' counts up to a load interval old, it
+// swung 1.4–10.5 from pick to pick on rolter-sim's trace through 4 proxies;
+// over the window, agent with a 1 s ramp through 4 proxies went from 850
+// to 772 ms and the trace from 761 to 741 (docs/routing.md).
+func (t *predictedTTFT) recordLoads(loads []int) float64 {
 	if len(loads) != t.n {
 		return 1
 	}
@@ -2131,7 +2132,7 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 	// the law would otherwise learn as fixed cost and per-request delay
 	// (docs/routing.md, several proxies). It teaches the law nothing, nor
 	// does one that a peer's work not yet reported may have been ahead of
-	// (markUnseen). A request expected to wait for a batch slot waited
+	// (markUnseenLocked). A request expected to wait for a batch slot waited
 	// mostly for other requests' decoding, which the prefill law does not
 	// price (slotWaits).
 	if e.blind && t.peerHeard.Load() >= 0 || e.slot || e.unseen {

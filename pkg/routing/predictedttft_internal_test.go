@@ -146,27 +146,27 @@ func TestPredictedTTFTFleetScale(t *testing.T) {
 		return b, b.(*predictedTTFT)
 	}
 	_, fresh := newP()
-	if got := fresh.fleetScale([]int{3, 5}); got != 1 {
+	if got := fresh.recordLoads([]int{3, 5}); got != 1 {
 		t.Fatalf("nothing of its own in flight yet: scale %v, want 1", got)
 	}
 	b, p := newP()
 	a, c := &Context{Prompt: "a"}, &Context{Prompt: "b"}
 	b.Observe(0, a)
 	b.Observe(1, c)
-	if got := p.fleetScale([]int{1, 1}); got != 1 {
+	if got := p.recordLoads([]int{1, 1}); got != 1 {
 		t.Fatalf("one proxy: scale %v, want 1", got)
 	}
 	// Loads 4× its own at the next pick: (2 + 8) / (2 + 2) over both.
-	if got := p.fleetScale([]int{4, 4}); got != 2.5 {
+	if got := p.recordLoads([]int{4, 4}); got != 2.5 {
 		t.Fatalf("loads 4× its own after a pick at 1×: scale %v, want 2.5", got)
 	}
 	for range 98 {
-		p.fleetScale([]int{4, 4})
+		p.recordLoads([]int{4, 4})
 	}
-	if got := p.fleetScale([]int{4, 4}); got < 3.9 || got >= 4 {
+	if got := p.recordLoads([]int{4, 4}); got < 3.9 || got >= 4 {
 		t.Fatalf("loads 4× its own over 100 picks: scale %v, want nearly 4", got)
 	}
-	if got := p.fleetScale(nil); got != 1 {
+	if got := p.recordLoads(nil); got != 1 {
 		t.Fatalf("loads unknown: scale %v, want 1", got)
 	}
 	p.FirstToken(0, a, time.Millisecond, 0)
