@@ -95,6 +95,10 @@ type SilenceReporter interface {
 // DecodeMSPer1K is what an answer that came back whole (a client that does
 // not stream) took per 1,000 output tokens beyond its first token: the
 // decode the fit separates from it (0 while no such answer was seen).
+// PerRunningMS is the batch term's slope: the TTFT each request running at
+// a target adds there, learned from the law's residuals where the engines'
+// steps slow with their batch (0 until it is determined; predicted_ttft's
+// batch term).
 type LawState struct {
 	Fitted bool
 	// Samples is the number of first tokens and whole answers the fit in
@@ -103,6 +107,7 @@ type LawState struct {
 	// predicted_ttft's FirstToken), and WholeAnswers every whole answer.
 	Samples, FirstTokens, WholeAnswers                        int
 	BaseMS, AheadMS, QueuedMSPer1K, OwnMSPer1K, DecodeMSPer1K float64
+	PerRunningMS                                              float64
 	// BytesPerToken is the learned ratio of prompt bytes to the engine's
 	// prompt tokens (the default until an engine reported a count).
 	BytesPerToken float64

@@ -285,6 +285,7 @@ type predictedTTFT struct {
 	longFirst, longWhole longestAnswer
 
 	unitLaw ttftLaw
+	batch   batchState // the batch term (predictedttft_batch.go)
 }
 
 type pendingPrefill struct {
@@ -309,6 +310,10 @@ type pendingPrefill struct {
 	// when its first token is predicted, and it leaves the queue (see
 	// expireDue); 0 for the others.
 	due time.Duration
+	// running: the requests running at the target at dispatch (runningAt),
+	// which the batch term fits the law's residual against; -1 when the
+	// prefix was matched approximately (see batchState).
+	running float64
 }
 
 // peerQueue is a peer's pending prefill at a target, on this balancer's
@@ -1034,8 +1039,12 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		t.followWaits(el, follow, now, placed, followed)
 	}
 	var typical, longWhole float64 // overdue's and silence's margins, once per pick
+	var batch *batchLaw            // nil unless the engines' steps slow with their batch
 	if fitted {
 		typical, longWhole = t.typicalFirst(), t.longWhole.ms()
+	}
+	if fitted && precise {
+		batch = t.batch.law.Load()
 	}
 	best := math.Inf(1)
 	for wi, w := range el.w {
@@ -1049,7 +1058,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			if slotWait[i] == 0 {
 				stall = max(stall, t.overdue(i, &m, now, typical))
 			}
-			pred[i] += stall
+			pred[i] += stall + batch.cost(t.runningAt(i, counts[i]))
 			if slot := slotWait[i]; slot > 0 {
 				// The prefill ahead proceeds while the request waits for
 				// its slot: it starts its own after both.
@@ -1348,7 +1357,7 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	tokens := t.tokens(ctx)
 	var mbuf [MaxTargets]float64
 	match := mbuf[:t.n]
-	t.matched(ctx, tokens, match)
+	precise := t.matched(ctx, tokens, match)
 	own := max(float64(tokens)-match[target], 0)
 	now := t.now()
 	t.expireDue(now)
@@ -1356,7 +1365,10 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	c := t.counts(target)
 	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens, &m, now, c), at: now,
 		bytes: promptBytes(ctx), indexed: indexedBytes(ctx), knownTok: len(ctx.TokenIDs), blind: t.peerHeard.Load() < 0,
-		slot: t.slotWaiter(target, c)}
+		slot: t.slotWaiter(target, c), running: -1}
+	if precise {
+		e.running = t.runningAt(target, c)
+	}
 	if ctx.Buffered && !e.slot {
 		// No first token will be seen: the request leaves the queue when
 		// the law says it has one, less the law's fixed part (where whole
@@ -2140,6 +2152,9 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 		return
 	}
 	t.fit(e.x, y)
+	if m := t.fleet.Load(); m != nil && e.running >= 0 {
+		t.batch.learn(e.running, y-m.predict(e.x))
+	}
 	t.learnRatios(e, promptTokens)
 }
 
@@ -2448,6 +2463,9 @@ func (t *predictedTTFT) Law() LawState {
 		s.Fitted, s.Samples = true, m.samples
 		s.BaseMS, s.AheadMS, s.QueuedMSPer1K, s.OwnMSPer1K = m.w[lawBase], m.w[lawAhead], m.w[lawQueued], m.w[lawOwn]
 		s.DecodeMSPer1K = m.w[lawDecode]
+		if b := t.batch.law.Load(); b != nil {
+			s.PerRunningMS = b.slope
+		}
 	}
 	return s
 }

@@ -16,6 +16,9 @@
 // Config.PrefillBase, one request at a time per replica (prefill is compute
 // bound; Config.ParallelPrefill gives the vLLM simulator's independent
 // prefills), then decodes its output at Config.DecodePerToken per token.
+// Config.DecodeGrowth lengthens every step by that much per other request
+// running at the replica (steps that slow with the batch, as vLLM's do):
+// each output token, and the step that gives the first token.
 // Prompt token ids are exactly vllmsim.Tokenize(vllmsim.ChatPrompt(...)) of
 // the request's messages, so the simulator and the HTTP simulator hit the
 // same blocks for the same conversation.

@@ -35,6 +35,14 @@ type Config struct {
 	ParallelPrefill bool
 	// DecodePerToken is the time between two output tokens (vllmsim's ITL).
 	DecodePerToken time.Duration
+	// DecodeGrowth lengthens an engine step for every other request running
+	// at the replica when a request is admitted (vLLM's steps grow with the
+	// batch, each reading every running request's KV cache): it is added to
+	// DecodePerToken for each output token, and once to the prefill, for
+	// the step that gives the first token (a long prompt's earlier chunk
+	// steps carry the batch too; not modelled). 0, the default, keeps both
+	// independent of what runs beside the request.
+	DecodeGrowth time.Duration
 	// Proxies is the number of proxies, each with its own balancer state and
 	// its own in-flight counts; every request goes to a uniformly random one
 	// (an L4 spread).
@@ -103,7 +111,7 @@ func (c *Config) validate() error {
 	check(c.BlockSize < 1, "block size: %d, want >= 1", c.BlockSize)
 	check(c.CapacityBlocks < 1, "capacity: %d blocks, want >= 1", c.CapacityBlocks)
 	check(c.MaxBatch < 1, "max batch: %d, want >= 1", c.MaxBatch)
-	check(c.PrefillPerToken < 0 || c.PrefillBase < 0 || c.DecodePerToken < 0, "negative service time")
+	check(c.PrefillPerToken < 0 || c.PrefillBase < 0 || c.DecodePerToken < 0 || c.DecodeGrowth < 0, "negative service time")
 	check(c.Proxies < 1, "proxies: %d, want >= 1", c.Proxies)
 	check(c.Concurrency < 0, "concurrency: %d, want >= 0", c.Concurrency)
 	check(c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0), "rate: %v, want a finite number >= 0", c.Rate)
@@ -142,6 +150,8 @@ type Result struct {
 	InflightImbalance float64
 	// TTFT statistics: from the client's send to the first token.
 	TTFTMean, TTFTP50, TTFTP99 time.Duration
+	// LatencyMean is the mean time from the client's send to the last token.
+	LatencyMean time.Duration
 	// Makespan runs from the first send to the last completion.
 	Makespan time.Duration
 	// Throughput is completed requests per second of makespan; OutputTPS
@@ -257,6 +267,7 @@ type run struct {
 	last       time.Duration
 	completed  int
 	outputToks int64
+	latencySum time.Duration // Σ send to completion
 }
 
 // Run simulates the workload under one strategy and returns its result.
@@ -541,13 +552,14 @@ func (r *run) schedule(i int) {
 		f.Cached, f.lease = rep.cache.Admit(toks)
 		r.updateUsage(i)
 		f.Started = r.now
-		prefill := r.cfg.PrefillBase + time.Duration(len(toks)-f.Cached)*r.cfg.PrefillPerToken
+		beside := time.Duration(rep.running-1) * r.cfg.DecodeGrowth // the batch's share of every step
+		prefill := r.cfg.PrefillBase + time.Duration(len(toks)-f.Cached)*r.cfg.PrefillPerToken + beside
 		end := r.now + prefill
 		if !r.cfg.ParallelPrefill {
 			end = max(r.now, rep.prefillFree) + prefill
 			rep.prefillFree = end
 		}
-		decode := time.Duration(f.Req.Output-1) * r.cfg.DecodePerToken
+		decode := time.Duration(f.Req.Output-1) * (r.cfg.DecodePerToken + beside)
 		rep.stats.Busy += prefill + decode
 		rep.stats.Requests++
 		rep.stats.PromptTokens += int64(len(toks))
@@ -584,6 +596,7 @@ func (r *run) done(f *Flight) {
 	f.Ctx.TokenIDs = nil
 	r.completed++
 	r.outputToks += int64(f.Req.Output)
+	r.latencySum += r.now - f.Issued
 	r.last = r.now
 	if r.cfg.Progress != nil {
 		r.cfg.Progress()
@@ -633,6 +646,9 @@ func (r *run) result() Result {
 		res.TTFTP99 = percentile(r.ttfts, 0.99)
 	}
 	res.Makespan = r.last - r.first
+	if r.completed > 0 {
+		res.LatencyMean = r.latencySum / time.Duration(r.completed)
+	}
 	if s := res.Makespan.Seconds(); s > 0 {
 		res.Throughput = float64(r.completed) / s
 		res.OutputTPS = float64(r.outputToks) / s

@@ -172,6 +172,26 @@ func TestSerialPrefill(t *testing.T) {
 	}
 }
 
+// With DecodeGrowth every step grows by it per other request running
+// beside: of two requests admitted at once, the second gets its first
+// token one growth later (besides waiting for the first's prefill) and
+// decodes each later token one growth slower; the first ran alone.
+func TestDecodeGrowth(t *testing.T) {
+	cfg, _, n := simultaneous(2)
+	w := Unique(UniqueParams{Requests: 2, PromptLen: 100, OutputLen: 3, Concurrency: 2}, 1)
+	itl := cfg.DecodePerToken
+	for _, g := range []time.Duration{0, 7 * time.Millisecond} {
+		cfg.DecodeGrowth = g
+		r := mustRun(t, cfg, w, "round_robin")
+		if want := (n + 2*n + g) / 2; r.TTFTMean != want {
+			t.Fatalf("growth %v: TTFT mean %v, want %v", g, r.TTFTMean, want)
+		}
+		if want := (n + 2*itl + 2*n + g + 2*(itl+g)) / 2; r.LatencyMean != want {
+			t.Fatalf("growth %v: latency mean %v, want %v", g, r.LatencyMean, want)
+		}
+	}
+}
+
 // Dynamo's router queue (dynamo:queue_tokens=N) holds a request while
 // every worker has more than N prefill tokens pending and routes it at a
 // first token: with one replica and three simultaneous requests, the
@@ -354,6 +374,7 @@ func TestConfigValidation(t *testing.T) {
 		func(c *Config) { c.MaxBatch = 0 },
 		func(c *Config) { c.Proxies = 0 },
 		func(c *Config) { c.DecodePerToken = -1 },
+		func(c *Config) { c.DecodeGrowth = -1 },
 		func(c *Config) { c.Rate = -1 },
 	} {
 		cfg := DefaultConfig()

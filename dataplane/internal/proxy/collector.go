@@ -181,7 +181,7 @@ func collectLaw(ch chan<- prometheus.Metric, l routing.LawState, model, variant 
 		for term, v := range map[string]float64{
 			"base": l.BaseMS, "per_request_ahead": l.AheadMS,
 			"per_1k_queued_tokens": l.QueuedMSPer1K, "per_1k_own_tokens": l.OwnMSPer1K,
-			"per_1k_decode_tokens": l.DecodeMSPer1K,
+			"per_1k_decode_tokens": l.DecodeMSPer1K, "per_request_running": l.PerRunningMS,
 		} {
 			ch <- prometheus.MustNewConstMetric(lawTermDesc, prometheus.GaugeValue, v, model, variant, term)
 		}

@@ -56,6 +56,7 @@ type options struct {
 	prefillUS   float64
 	prefillMS   float64
 	itlMS       float64
+	itlGrowthMS float64
 	gsp         sim.GSPParams
 	mt          sim.MultiturnParams
 	agent       sim.AgentParams
@@ -95,6 +96,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.prefillMS, "prefill-base-ms", 5, "fixed prefill time per request, ms")
 	fs.BoolVar(&c.ParallelPrefill, "parallel-prefill", false, "prefill running requests independently (vllmsim's model) instead of one at a time per replica")
 	fs.Float64Var(&o.itlMS, "itl-ms", 20, "decode time per output token, ms")
+	fs.Float64Var(&o.itlGrowthMS, "itl-growth-ms", 0, "an engine step's growth per other request running at the replica, added to --itl-ms and once to the time to first token (steps that slow with the batch, as vLLM's do), ms")
 	fs.IntVar(&c.Proxies, "proxies", 1, "proxies, each with its own balancer state, behind a random L4 spread")
 	fs.Func("share", "on: the proxies share prefix observations and in-flight counts as rolter-proxy --nats does (rolter strategies only); off: independent (default)", func(v string) error {
 		switch v {
@@ -160,6 +162,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	c.PrefillPerToken = time.Duration(o.prefillUS * float64(time.Microsecond))
 	c.PrefillBase = time.Duration(o.prefillMS * float64(time.Millisecond))
 	c.DecodePerToken = time.Duration(o.itlMS * float64(time.Millisecond))
+	c.DecodeGrowth = time.Duration(o.itlGrowthMS * float64(time.Millisecond))
 	o.mt.Think = time.Duration(o.thinkMS * float64(time.Millisecond))
 	o.agent.ToolTime = time.Duration(o.toolMS * float64(time.Millisecond))
 	return o, nil
@@ -308,6 +311,7 @@ func (o *options) jsonRecord(r sim.Result, unbounded, oracle float64) map[string
 		"proxies":              r.Proxies,
 		"share":                onOff(r.Shared),
 		"ttft_mean_ms":         ms(r.TTFTMean),
+		"latency_mean_ms":      ms(r.LatencyMean),
 		"inflight_imbalance":   r.InflightImbalance,
 		"unbounded_hit_rate":   unbounded,
 		"hit_vs_unbounded":     ratio(r.HitRate, unbounded),

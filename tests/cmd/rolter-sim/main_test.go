@@ -29,7 +29,7 @@ func TestJSON(t *testing.T) {
 			t.Fatalf("line %q: %v", sc.Text(), err)
 		}
 		for _, k := range []string{"strategy", "workload", "token_hit_rate", "load_imbalance", "ttft_p50_ms", "ttft_p99_ms", "throughput_rps", "proxies", "share",
-			"unbounded_hit_rate", "hit_vs_unbounded", "clairvoyant_hit_rate", "hit_vs_clairvoyant"} {
+			"unbounded_hit_rate", "hit_vs_unbounded", "clairvoyant_hit_rate", "hit_vs_clairvoyant", "latency_mean_ms"} {
 			if _, ok := rec[k]; !ok {
 				t.Fatalf("record %v has no %q", rec, k)
 			}

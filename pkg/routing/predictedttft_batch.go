@@ -1,0 +1,114 @@
+package routing
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// The batch term of predicted_ttft. An engine runs every request of its
+// batch in each step, and a step takes longer the more it carries (vLLM's
+// attention reads every running request's KV cache), so the step that
+// gives a request its first token, and every step of its prefill, are
+// longer at a target running more requests. The prefill law does not see
+// this: its inputs are the prefill ahead and the request's own, so a
+// replica busy decoding many answers looked as fast as an idle one, and a
+// popular prefix drew every request to its holder until the batch was full
+// (the slot wait's limit). The balancer learns the slowdown from what the
+// law leaves unexplained, each first token's residual (its TTFT less the
+// law's prediction at dispatch) against the requests running at the
+// target at dispatch,
+//
+//	residual = a + c·running   (ms)
+//
+// and, once c is determined (above twice its standard error and
+// batchSlopeFloor), adds c·running to a target's prediction. Engines whose
+// steps do not slow with the batch (rolter-sim's and vllmsim's by default)
+// leave no such residual, and the term is not added.
+type batchState struct {
+	mu  sync.Mutex
+	fit batchFit
+	law atomic.Pointer[batchLaw] // nil until c is determined
+}
+
+// batchLaw is what a pick reads of the batch fit.
+type batchLaw struct {
+	slope float64 // c: ms of TTFT per request running at the target
+}
+
+// batchFit accumulates the least-squares sums of residual on running, each
+// sample's weight decaying by lawKeep per later sample (the law's memory).
+type batchFit struct {
+	mass, x, y, xx, xy, yy float64 // Σ weight, Σ w·x, Σ w·y, Σ w·x², Σ w·x·y, Σ w·y²
+	n                      int
+}
+
+// batchSlopeFloor is the smallest slope the term uses: 1 µs of TTFT per
+// request running, far below any engine's step growth (vLLM's is tenths of
+// a millisecond per request), so that a fit of rounding noise around 0
+// adds nothing.
+const batchSlopeFloor = 0.001
+
+func (f *batchFit) add(running, residual float64) {
+	f.mass = f.mass*lawKeep + 1
+	f.x = f.x*lawKeep + running
+	f.y = f.y*lawKeep + residual
+	f.xx = f.xx*lawKeep + running*running
+	f.xy = f.xy*lawKeep + running*residual
+	f.yy = f.yy*lawKeep + residual*residual
+	f.n++
+}
+
+// solve returns the law when the slope is determined: enough samples, the
+// running count varied, and c above both twice its standard error and
+// batchSlopeFloor.
+func (f *batchFit) solve() (*batchLaw, bool) {
+	if f.n < PredictorMinSamples || f.mass <= 2 {
+		return nil, false
+	}
+	mx, my := f.x/f.mass, f.y/f.mass
+	sxx := f.xx - f.mass*mx*mx
+	if sxx <= 0 {
+		return nil, false
+	}
+	sxy := f.xy - f.mass*mx*my
+	c := sxy / sxx
+	rss := max(f.yy-f.mass*my*my-c*sxy, 0)
+	se := math.Sqrt(rss / (f.mass - 2) / sxx)
+	if math.IsNaN(c) || c < batchSlopeFloor || c <= 2*se {
+		return nil, false
+	}
+	return &batchLaw{slope: c}, true
+}
+
+// learn adds one first token's residual against the requests running at
+// its target at dispatch.
+func (b *batchState) learn(running, residual float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fit.add(running, residual)
+	if l, ok := b.fit.solve(); ok {
+		b.law.Store(l)
+	} else {
+		b.law.Store(nil)
+	}
+}
+
+// cost is the batch term for a target running running requests (ms), 0
+// without a law.
+func (l *batchLaw) cost(running float64) float64 {
+	if l == nil {
+		return 0
+	}
+	return l.slope * running
+}
+
+// runningAt is the number of requests running at target i: the engine's
+// count when it is scraped (those holding a batch slot), else this
+// balancer's own requests there past their first token.
+func (t *predictedTTFT) runningAt(i int, c engineCounts) float64 {
+	if c.ok {
+		return float64(max(c.running, 0))
+	}
+	return float64(max(t.inflight[i].Load()-t.pendCount[i].Load(), 0))
+}
