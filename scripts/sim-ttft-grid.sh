@@ -10,7 +10,9 @@
 # capacities and settings and through 4 sharing proxies.
 # TRACE_LIMIT bounds the trace runs (default 1500 records, for a 2-core
 # machine shared by 8 agents); SEED, when set, runs every part on that seed
-# instead of the simulator's default (1). Judge and chart with
+# instead of the simulator's default (1); SIM_ARGS, when set, is added to
+# every run (e.g. SIM_ARGS='--itl-growth-ms 0.3': steps that slow with the
+# batch). Judge and chart with
 #   (cd tests && go run ./cmd/rolter-sim-grid --png ../docs/routing-ttft.png OUT...)
 set -eu
 part=$1
@@ -19,7 +21,8 @@ S=${STRATEGIES:-predicted_ttft,predicted_ttft:kv_events=0,cache_aware,least_load
 L=${TRACE_LIMIT:-1500}
 T=${TRACE_STRATEGIES:-predicted_ttft,predicted_ttft:kv_events=0,sglang,llmd_approx,llmd_approx_bench,llmd_precise,dynamo,dynamo_approx,aibrix}
 run() {
-	set -- ${SEED:+--seed "$SEED"} "$@"
+	# shellcheck disable=SC2086
+	set -- ${SEED:+--seed "$SEED"} "$@" ${SIM_ARGS:-}
 	echo "# bin/rolter-sim --quiet --json $*" >>"$out"
 	${SIM:-bin/rolter-sim} --quiet --json "$@" >>"$out"
 }
