@@ -1779,6 +1779,17 @@ func (t *predictedTTFT) sumPeersLocked(i int, now time.Duration) {
 // mostly reflects how routing treated it so far (an avoided replica looks
 // idle), and the pooled figures routed better (docs/routing.md).
 //
+// A target whose prefill queue was not busy once over the rates' window
+// received none of its arrivals, and nobody is expected to queue behind
+// this request there: its externality is 0. Charged the pooled rate like
+// the others, an avoided replica stayed avoided for good, the cold
+// prefill that would make it a second holder of a popular prefix priced
+// as if the fleet's mean traffic waited behind it (rolter-sim gsp with 2
+// groups of 6,144-token system prompts and 3-token answers at 15 requests/s:
+// 5 of 8 replicas never used, TTFT p99 110 ms against Dynamo's 72;
+// with the rule none idle and 41 ms; docs/routing.md, a replica nobody
+// uses).
+//
 // Until the law is fitted there is no time scale (the unit law's
 // milliseconds are nominal), and when every request so far arrived in one
 // instant (a burst: a load generator's clients starting together) there is
@@ -1802,6 +1813,9 @@ func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, r queueRates) 
 		}
 		return ownMS * ((1-r.q)*float64(t.arrivals[i].Load()) + r.q*r.arrivals/float64(t.n))
 	}
+	if r.rho > 0 && t.busyFrom(i, r.now, r.base) == 0 {
+		return 0
+	}
 	return ownMS * r.lambda * ttftMS / (1 - r.rho)
 }
 
@@ -1809,11 +1823,14 @@ func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, r queueRates) 
 // once per pick (the same for every target): whether any request was sent,
 // the novelty share q and the arrivals so far, the fleet scale, and once
 // the law is fitted and time has passed (timed) the mean arrival rate per
-// target λ (per ms) and utilisation ρ.
+// target λ (per ms) and utilisation ρ, with the window's base and the
+// pick's instant they were read over.
 type queueRates struct {
 	started, timed     bool
 	q, arrivals, scale float64
 	lambda, rho        float64
+	base               *rateBase
+	now                time.Duration
 }
 
 // fleetRates returns the queueRates at now.
@@ -1834,7 +1851,7 @@ func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool
 		busy += t.busyFrom(j, now, base)
 	}
 	k := float64(t.n)
-	r.timed = true
+	r.timed, r.base, r.now = true, base, now
 	// Once a peer has been heard the busy time counts the peers' reported
 	// queues (busyLocked): it is the targets', and only the arrivals are
 	// scaled. This proxy's own busy share scaled by the fleet's size, as ρ

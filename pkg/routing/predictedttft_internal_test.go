@@ -257,7 +257,8 @@ func setQueueHistory(b *predictedTTFT, busy0, busy1 time.Duration) {
 // request. On an engine that prefills requests side by side (a queued
 // token costing a tenth of an own one) others queue behind a tenth of the
 // busy time: the delay is 0.05/0.95² × 5 ms. With no repeat traffic
-// nothing follows, and the pick between two idle targets is a tie again.
+// nothing follows, and the pick between two targets as busy as each other
+// is a tie again.
 func TestPredictedTTFTFollowWait(t *testing.T) {
 	now := 10 * time.Second
 	b := newTwoTargetTTFT(t, &now)
@@ -284,6 +285,9 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 	if got := b.followWait(0, b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 0), now); got != 0 {
 		t.Fatalf("no repeat traffic: follow wait %.3f ms, want 0", got)
 	}
+	// Target 1 busy as long as target 0 (a target never busy expects
+	// nobody behind a request: see TestPredictedTTFTIdleTargetExternality).
+	b.busyTotal[1].Store(int64(5 * time.Second))
 	seen := map[int]bool{}
 	for i := range 40 {
 		seen[b.Pick(&Context{Prompt: strings.Repeat("y", 400+i)}, nil, Set{})] = true
@@ -1148,5 +1152,32 @@ func TestPredictedTTFTPeersQueueCountsAsBusy(t *testing.T) {
 	want := float64(150*time.Millisecond+30*time.Millisecond) / 2 / float64(now-time.Second-100*time.Millisecond)
 	if !r.timed || math.Abs(r.rho-want) > 1e-9 {
 		t.Fatalf("ρ %v (timed %v), want %v unscaled", r.rho, r.timed, want)
+	}
+}
+
+// The externality charges the pooled arrival rate to a target whose prefill
+// queue was busy over the rates' window, and nothing to one that was never
+// busy in it: nobody arrived there, and nobody is expected behind the
+// request. Target 0 busy half the time (ρ = 0.25 pooled over two
+// targets; 10 arrivals in 10 s, 0.0005 per ms per target): 100 ms of own
+// prefill on a queue that clears in 200 ms delays 0.0005 × 200 / 0.75
+// arrivals by 100 ms each.
+func TestPredictedTTFTIdleTargetExternality(t *testing.T) {
+	now := 10 * time.Second
+	b := newTwoTargetTTFT(t, &now)
+	setQueueHistory(b, 5*time.Second, 0)
+	r := b.fleetRates(now, 1, true)
+	if !r.timed || math.Abs(r.rho-0.25) > 1e-9 || math.Abs(r.lambda-0.0005) > 1e-12 {
+		t.Fatalf("rates %+v, want ρ 0.25 and λ 0.0005 per ms", r)
+	}
+	if got, want := b.externality(0, 100, 200, r), 100*0.0005*200/0.75; math.Abs(got-want) > 1e-9 {
+		t.Fatalf("busy target: externality %.3f ms, want %.3f", got, want)
+	}
+	if got := b.externality(1, 100, 200, r); got != 0 {
+		t.Fatalf("target never busy in the window: externality %.3f ms, want 0", got)
+	}
+	b.busyTotal[1].Store(int64(time.Millisecond))
+	if got := b.externality(1, 100, 200, b.fleetRates(now, 1, true)); got <= 0 {
+		t.Fatalf("target busy 1 ms in the window: externality %.3f ms, want the pooled rate's", got)
 	}
 }
