@@ -1220,13 +1220,14 @@ func (t *predictedTTFT) homeTie(tied []uint8, w tieWeigher) (int, bool) {
 
 // tiedOfTwo returns the lighter (see tieWeigher) of two of the tied
 // targets drawn at random; false when at most two are tied (then the
-// lightest is the same pick). It is the tie rule when the loads include other
-// proxies' requests (a fleet scale above 1, recordLoads): their counts arrive late (every load
-// interval) and miss what the peers picked in the same instant, so every
-// proxy would send its next tied pick to the same least-loaded target and
-// they would pile up there; two random choices keep most of the balance
-// and spread a burst (Mitzenmacher, "How useful is old information?",
-// 2000). Measured in docs/routing.md (several proxies).
+// lightest is the same pick). It is the tie rule when the loads include
+// other proxies' requests (a fleet scale above 1, see recordLoads): their
+// counts arrive late (every load interval) and miss what the peers picked
+// in the same instant, so every proxy would send its next tied pick to the
+// same least-loaded target and they would pile up there; two random
+// choices keep most of the balance and spread a burst (Mitzenmacher, "How
+// useful is old information?", 2000). Measured in docs/routing.md (several
+// proxies).
 func (t *predictedTTFT) tiedOfTwo(tied []uint8, w tieWeigher) (int, bool) {
 	if len(tied) <= 2 {
 		return -1, false
