@@ -12,6 +12,13 @@ import (
 // proxy's /metrics; -1 when absent.
 func metric(t testing.TB, base, series string) float64 {
 	t.Helper()
+	return sample(t, base, func(line string) bool { return strings.HasPrefix(line, series+" ") })
+}
+
+// sample reads the value of the first line of a proxy's /metrics that
+// match accepts; -1 when none does.
+func sample(t testing.TB, base string, match func(line string) bool) float64 {
+	t.Helper()
 	resp, err := http.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -21,13 +28,14 @@ func metric(t testing.TB, base, series string) float64 {
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, series+" "); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			if err != nil {
-				t.Fatalf("metric %s: %v", series, err)
-			}
-			return v
+		if !match(line) {
+			continue
 		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(line[strings.LastIndexByte(line, ' ')+1:]), 64)
+		if err != nil {
+			t.Fatalf("metric %s: %v", line, err)
+		}
+		return v
 	}
 	return -1
 }

@@ -32,6 +32,8 @@
 //
 // Time to first token is Options.TTFT plus the uncached prompt tokens divided
 // by Options.PrefillTokensPerSecond; every further token takes Options.ITL.
+// With Options.StepGrowth both grow by it for every other request running
+// (steps that slow with the batch, as vLLM's do).
 // The server really sleeps, and stops a generation as soon as the client
 // goes away.
 //

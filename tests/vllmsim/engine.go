@@ -105,11 +105,17 @@ func (s *Server) start(ctx context.Context, p plan) (*generation, error) {
 		slog.Int("prompt_tokens", len(p.prompt)), slog.Int("cached_tokens", cached),
 		slog.Int("max_tokens", p.outLen))
 	g := &generation{s: s, p: p, cached: cached, lease: lease, pieces: generate(p.prompt, p.outLen)}
-	if err := sleep(ctx, s.ttft(len(p.prompt)-cached)); err != nil {
+	if err := sleep(ctx, s.ttft(len(p.prompt)-cached)+s.beside()); err != nil {
 		g.close(err)
 		return nil, fmt.Errorf("prefill: %w", err)
 	}
 	return g, nil
+}
+
+// beside is what the requests running beside one add to each of its
+// engine steps (Options.StepGrowth).
+func (s *Server) beside() time.Duration {
+	return time.Duration(max(s.running.Load()-1, 0)) * s.opts.StepGrowth
 }
 
 // ttft is the time to first token of a request with uncached prompt tokens.
@@ -128,7 +134,7 @@ func (g *generation) next(ctx context.Context) (piece string, ok bool, err error
 		return "", false, nil
 	}
 	if g.emitted > 0 {
-		if err := sleep(ctx, g.s.opts.ITL); err != nil {
+		if err := sleep(ctx, g.s.opts.ITL+g.s.beside()); err != nil {
 			return "", false, err
 		}
 	}
@@ -151,7 +157,7 @@ func (g *generation) drain(ctx context.Context) error {
 	if g.emitted == 0 {
 		wait-- // the first token comes at the time to first token
 	}
-	if err := sleep(ctx, time.Duration(wait)*g.s.opts.ITL); err != nil {
+	if err := sleep(ctx, time.Duration(wait)*(g.s.opts.ITL+g.s.beside())); err != nil {
 		return err
 	}
 	g.emitted = len(g.pieces)

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestOutputWordsAreOneToken guards the property the server relies on: the
@@ -38,5 +39,28 @@ func TestGenerateIsDeterministic(t *testing.T) {
 				t.Errorf("output %q is not 12 tokens", strings.Join(ga, ""))
 			}
 		})
+	}
+}
+
+// StepGrowth adds its growth once per other request running, to the first
+// token's step and to every later token's ITL; without it nothing is added.
+func TestStepGrowthPerRequestBeside(t *testing.T) {
+	s, err := New(Options{StepGrowth: 3 * time.Millisecond, ITL: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for running, want := range map[int64]time.Duration{0: 0, 1: 0, 4: 9 * time.Millisecond} {
+		s.running.Store(running)
+		if got := s.beside(); got != want {
+			t.Fatalf("%d running: beside %v, want %v", running, got, want)
+		}
+	}
+	flat, err := New(Options{ITL: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flat.running.Store(9)
+	if got := flat.beside(); got != 0 {
+		t.Fatalf("no growth, 9 running: beside %v, want 0", got)
 	}
 }

@@ -42,6 +42,12 @@ type Options struct {
 	TTFT time.Duration
 	// ITL is the time between two output tokens.
 	ITL time.Duration
+	// StepGrowth lengthens the engine's steps by this much for every other
+	// request running (vLLM's steps grow with the batch, each reading every
+	// running request's KV cache): it is added to the time to first token
+	// once (the step that gives it) and to every later token's ITL, with
+	// the running count of that moment. 0 means steps do not slow.
+	StepGrowth time.Duration
 	// PrefillTokensPerSecond adds uncached_prompt_tokens/PrefillTokensPerSecond
 	// to the time to first token; 0 means prefill is free.
 	PrefillTokensPerSecond float64

@@ -80,6 +80,7 @@ func parseFlags(args []string, output io.Writer) (config, error) {
 	fs.Var(&models, "model", `served model name; repeat or separate with commas for several (default "`+vllmsim.DefaultModel+`")`)
 	fs.DurationVar(&c.opts.TTFT, "ttft", 0, "base time to first token")
 	fs.DurationVar(&c.opts.ITL, "itl", 0, "time per output token after the first")
+	fs.DurationVar(&c.opts.StepGrowth, "step-growth", 0, "added to the time to first token and to each token's ITL for every other request running (steps that slow with the batch)")
 	fs.Float64Var(&c.opts.PrefillTokensPerSecond, "prefill-tps", 0, "uncached prompt tokens prefilled per second, added to the time to first token (0 = free)")
 	fs.Float64Var(&c.opts.FailRate, "fail-rate", 0, "share of inference requests answered 503, in [0,1]")
 	fs.IntVar(&c.opts.BlockSize, "block-size", vllmsim.DefaultBlockSize, "prefix cache block size in tokens")
