@@ -143,3 +143,25 @@ func TestPredictedTTFTBatchTermNeedsKVEvents(t *testing.T) {
 		t.Fatalf("approximate matches: batch law %+v from %d samples, want none", law, b.batch.fit.n)
 	}
 }
+
+// The running count the batch term reads is the engine's when it is
+// scraped, but with peers this balancer's own requests past their first
+// token: the engine's also holds the peers' requests still prefilling that
+// no report has shown yet.
+func TestPredictedTTFTRunningAt(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	b.inflight[0].Store(3)
+	b.pendCount[0].Store(1)
+	if got := b.runningAt(0, b.counts(0)); got != 2 {
+		t.Fatalf("no engine counts: running %v, want the own 2 past their first token", got)
+	}
+	b.engine = &slotEngine{waiting: []int{0, 0}, running: []int{7, 0}}
+	if got := b.runningAt(0, b.counts(0)); got != 7 {
+		t.Fatalf("engine counts, no peers: running %v, want the engine's 7", got)
+	}
+	b.peerHeard.Store(int64(now))
+	if got := b.runningAt(0, b.counts(0)); got != 2 {
+		t.Fatalf("engine counts and a peer: running %v, want the own 2", got)
+	}
+}
