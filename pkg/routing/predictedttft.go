@@ -1043,7 +1043,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	if fitted {
 		typical, longWhole = t.typicalFirst(), t.longWhole.ms()
 	}
-	if fitted && precise {
+	if fitted && precise && t.batchOn() {
 		batch = t.batch.law.Load()
 	}
 	best := math.Inf(1)
@@ -1367,7 +1367,7 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens, &m, now, c), at: now,
 		bytes: promptBytes(ctx), indexed: indexedBytes(ctx), knownTok: len(ctx.TokenIDs), blind: t.peerHeard.Load() < 0,
 		slot: t.slotWaiter(target, c), running: -1}
-	if precise {
+	if precise && t.batchOn() {
 		e.running = t.runningAt(target, c)
 	}
 	if ctx.Buffered && !e.slot {

@@ -25,6 +25,15 @@ import (
 // batchSlopeFloor), adds c·running to a target's prediction. Engines whose
 // steps do not slow with the batch (rolter-sim's and vllmsim's by default)
 // leave no such residual, and the term is not added.
+//
+// It is off once the balancer has heard a peer (batchOn): neither count
+// measures the batch there. The engine's also holds the requests the peers
+// sent that are still prefilling and that no report has shown yet, work
+// ahead which the fit read as a slowdown (rolter-sim agent through 4
+// sharing proxies: 799 -> 840 ms); the proxy's own share, learned and
+// charged alone, moved decisions on a fraction of the batch (agent through
+// 4 proxies with steps slowing 0.3 ms per request: 772 -> 837 ms).
+// docs/routing.md, the batch term.
 type batchState struct {
 	mu  sync.Mutex
 	fit batchFit
@@ -81,6 +90,10 @@ func (f *batchFit) solve() (*batchLaw, bool) {
 	return &batchLaw{slope: c}, true
 }
 
+// batchOn reports whether the batch term learns and charges: while the
+// balancer has heard no peer (see batchState).
+func (t *predictedTTFT) batchOn() bool { return t.peerHeard.Load() < 0 }
+
 // learn adds one first token's residual against the requests running at
 // its target at dispatch.
 func (b *batchState) learn(running, residual float64) {
@@ -105,15 +118,9 @@ func (l *batchLaw) cost(running float64) float64 {
 
 // runningAt is the number of requests running at target i: the engine's
 // count when it is scraped (those holding a batch slot), else this
-// balancer's own requests there past their first token. With peers it is
-// always the latter: the engine's count then also holds the requests the
-// peers sent that are still prefilling and that no report has shown yet,
-// work ahead which the fit read as a batch slowdown (rolter-sim agent
-// through 4 sharing proxies: 799 -> 840 ms; docs/routing.md, the batch
-// term). A proxy's own share of the batch scales the slope it learns by
-// the number of proxies, and the charge by its share again.
+// balancer's own requests there past their first token.
 func (t *predictedTTFT) runningAt(i int, c engineCounts) float64 {
-	if c.ok && t.peerHeard.Load() < 0 {
+	if c.ok {
 		return float64(max(c.running, 0))
 	}
 	return float64(max(t.inflight[i].Load()-t.pendCount[i].Load(), 0))

@@ -145,9 +145,7 @@ func TestPredictedTTFTBatchTermNeedsKVEvents(t *testing.T) {
 }
 
 // The running count the batch term reads is the engine's when it is
-// scraped, but with peers this balancer's own requests past their first
-// token: the engine's also holds the peers' requests still prefilling that
-// no report has shown yet.
+// scraped, else this balancer's own requests past their first token.
 func TestPredictedTTFTRunningAt(t *testing.T) {
 	now := time.Second
 	b := newTwoTargetTTFT(t, &now)
@@ -158,10 +156,39 @@ func TestPredictedTTFTRunningAt(t *testing.T) {
 	}
 	b.engine = &slotEngine{waiting: []int{0, 0}, running: []int{7, 0}}
 	if got := b.runningAt(0, b.counts(0)); got != 7 {
-		t.Fatalf("engine counts, no peers: running %v, want the engine's 7", got)
+		t.Fatalf("engine counts: running %v, want the engine's 7", got)
+	}
+}
+
+// Once a peer has been heard the batch term neither learns nor charges:
+// a balancer that learned 3 ms per running request keeps the holder of a
+// prompt however busy once it has a peer, and its first tokens add no
+// sample.
+func TestPredictedTTFTBatchTermOffWithPeers(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	eng := &slotEngine{waiting: []int{0, 0}, running: []int{0, 0}}
+	kv := &heldKV{held: []float64{0, 0}}
+	b.engine, b.kv = eng, kv
+	trainBatch(t, b, eng, &now, 3)
+	if b.batch.law.Load() == nil {
+		t.Fatal("no batch law learned alone")
+	}
+	kv.held = []float64{1, 0}
+	eng.running[0] = 150
+	next := &Context{Prompt: randomPrompt(rand.New(rand.NewPCG(7, 8)), 8000), TokenIDs: tokenIDs(2000)}
+	if got := b.Pick(next, []int{150, 0}, Set{}); got != 1 {
+		t.Fatalf("alone, holder running 150: picked %d, want 1", got)
 	}
 	b.peerHeard.Store(int64(now))
-	if got := b.runningAt(0, b.counts(0)); got != 2 {
-		t.Fatalf("engine counts and a peer: running %v, want the own 2", got)
+	if got := b.Pick(next, []int{150, 0}, Set{}); got != 0 {
+		t.Fatalf("with a peer, holder running 150: picked %d, want the holder", got)
+	}
+	n := b.batch.fit.n
+	ctx := &Context{Prompt: randomPrompt(rand.New(rand.NewPCG(9, 10)), 400), TokenIDs: tokenIDs(100)}
+	b.Observe(1, ctx)
+	b.FirstToken(1, ctx, 10*time.Millisecond, 100)
+	if b.batch.fit.n != n {
+		t.Fatalf("with a peer: %d batch samples after a first token, want %d", b.batch.fit.n, n)
 	}
 }
