@@ -22,8 +22,9 @@ import (
 // lengths go through: a probe's first token comes 20 ms later per request
 // running beside it, which the prefill law does not explain, and the
 // proxy's batch term learns it from the law's residuals: the law reports a
-// slope per running request of about 20 ms
-// (rolter_predicted_ttft_law_ms{term="per_request_running"}).
+// slope per running request between half and twice the truth
+// (rolter_predicted_ttft_law_ms{term="per_request_running"}; 15-16 ms in
+// six runs, the prefill law taking a share of the slowdown).
 func TestPredictedTTFTLearnsBatchSlowdown(t *testing.T) {
 	const growth = 20 // ms per other running request
 	f := startKVFleet(t, 2, "predicted_ttft", openKVConfig, "",
