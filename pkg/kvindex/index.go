@@ -329,20 +329,18 @@ func (ix *Index) Occupancy(provider string) (occ float64, available, fresh bool)
 // blocks the request will create, to close the gap before the engine's
 // events arrive. Unknown providers are ignored.
 func (ix *Index) Speculate(provider string, ids []uint64, ttl time.Duration) {
-	p := ix.lookup(provider)
-	if p == nil || len(ids) == 0 || ttl <= 0 {
-		return
-	}
-	now := time.Now().UnixNano()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.blocks.Speculate(ids, now, ttl)
+	ix.speculate(provider, ids, ttl, nil, false)
 }
 
 // SpeculateAppend is Speculate, appending to dst the identities it marked
 // (those not resident): what a balancer shares with its peers so that
 // they count the blocks too before the events arrive.
 func (ix *Index) SpeculateAppend(provider string, ids []uint64, ttl time.Duration, dst []uint64) []uint64 {
+	return ix.speculate(provider, ids, ttl, dst, true)
+}
+
+// speculate is Speculate, and with collect SpeculateAppend.
+func (ix *Index) speculate(provider string, ids []uint64, ttl time.Duration, dst []uint64, collect bool) []uint64 {
 	p := ix.lookup(provider)
 	if p == nil || len(ids) == 0 || ttl <= 0 {
 		return dst
@@ -350,7 +348,7 @@ func (ix *Index) SpeculateAppend(provider string, ids []uint64, ttl time.Duratio
 	now := time.Now().UnixNano()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.blocks.SpeculateAppend(ids, now, ttl, dst)
+	return p.blocks.speculate(ids, now, ttl, dst, collect)
 }
 
 // Stats describes one provider's view.
