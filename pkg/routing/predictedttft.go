@@ -1058,7 +1058,10 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			if slotWait[i] == 0 {
 				stall = max(stall, t.overdue(i, &m, now, typical))
 			}
-			pred[i] += stall + batch.cost(t.runningAt(i, counts[i]))
+			pred[i] += stall
+			if batch != nil {
+				pred[i] += batch.cost(t.runningAt(i, counts[i]))
+			}
 			if slot := slotWait[i]; slot > 0 {
 				// The prefill ahead proceeds while the request waits for
 				// its slot: it starts its own after both.
