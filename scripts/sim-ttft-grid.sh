@@ -2,12 +2,14 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|other-trace OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|other-trace|arxiv-trace OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # other-trace replays a Mooncake-format trace this repository does not
 # carry, named by OTHER_TRACE (docs/routing.md: Mooncake's
 # FAST25-release/traces/synthetic_trace.jsonl), whole, at the judged
-# capacities and settings and through 4 sharing proxies.
+# capacities and settings and through 4 sharing proxies; arxiv-trace does
+# the same with the excerpt of Mooncake's arxiv trace this repository
+# carries (tests/sim/testdata/README.md).
 # TRACE_LIMIT bounds the trace runs (default 1500 records, for a 2-core
 # machine shared by 8 agents); SEED, when set, runs every part on that seed
 # instead of the simulator's default (1); SIM_ARGS, when set, is added to
@@ -25,6 +27,17 @@ run() {
 	set -- ${SEED:+--seed "$SEED"} "$@" ${SIM_ARGS:-}
 	echo "# bin/rolter-sim --quiet --json $*" >>"$out"
 	${SIM:-bin/rolter-sim} --quiet --json "$@" >>"$out"
+}
+# trace_runs FILE: a Mooncake-format trace, whole, at the judged capacities
+# and settings and through 4 sharing proxies.
+trace_runs() {
+	for a in "--capacity 8192" "--capacity 32768" "--capacity 131072" "--capacity 524288" \
+		"--capacity 32768 --replicas 4" "--capacity 32768 --replicas 16" "--capacity 32768 --prefill-us 25" \
+		"--capacity 32768 --prefill-us 100" "--capacity 131072 --speedup 2"; do
+		# shellcheck disable=SC2086
+		run --workload trace --trace "$1" $a --strategies $T
+	done
+	run --workload trace --trace "$1" --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0
 }
 : >"$out"
 case $part in
@@ -221,12 +234,8 @@ share)
 	run --workload trace --trace-limit $L --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
 other-trace)
 	: "${OTHER_TRACE:?set OTHER_TRACE to a Mooncake-format JSONL trace}"
-	for a in "--capacity 8192" "--capacity 32768" "--capacity 131072" "--capacity 524288" \
-		"--capacity 32768 --replicas 4" "--capacity 32768 --replicas 16" "--capacity 32768 --prefill-us 25" \
-		"--capacity 32768 --prefill-us 100" "--capacity 131072 --speedup 2"; do
-		# shellcheck disable=SC2086
-		run --workload trace --trace "$OTHER_TRACE" $a --strategies $T
-	done
-	run --workload trace --trace "$OTHER_TRACE" --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|other-trace OUT" >&2; exit 2 ;;
+	trace_runs "$OTHER_TRACE" ;;
+arxiv-trace)
+	trace_runs tests/sim/testdata/mooncake_arxiv_excerpt.jsonl ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|other-trace|arxiv-trace OUT" >&2; exit 2 ;;
 esac

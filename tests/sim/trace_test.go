@@ -27,6 +27,40 @@ func TestReadTraceExcerpt(t *testing.T) {
 	}
 }
 
+// The arxiv excerpt (testdata/README.md) is a second production trace:
+// its records must be whole (one hash id per 512 tokens of input, ids that
+// chain like prefixes), and the synthesized text must keep its sharing
+// structure, as it does for the conversation trace.
+func TestArxivExcerptTrace(t *testing.T) {
+	recs, err := ReadTraceFile("testdata/mooncake_arxiv_excerpt.jsonl", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1000 {
+		t.Fatalf("%d records, want 1000", len(recs))
+	}
+	prev := make(map[int64]int64) // hash id -> the id before it (-1: first)
+	for i, r := range recs {
+		if want := (r.InputLength + TraceBlockTokens - 1) / TraceBlockTokens; len(r.HashIDs) != want {
+			t.Fatalf("record %d: %d hash ids for %d input tokens, want %d", i+1, len(r.HashIDs), r.InputLength, want)
+		}
+		for j, id := range r.HashIDs {
+			before := int64(-1)
+			if j > 0 {
+				before = r.HashIDs[j-1]
+			}
+			if p, ok := prev[id]; ok && p != before {
+				t.Fatalf("record %d: hash id %d follows %d, earlier %d: ids do not chain", i+1, id, before, p)
+			}
+			prev[id] = before
+		}
+	}
+	tok, blk := UnboundedHitRate(TraceWorkload(recs, 1, 1), 16), TraceBlockHitRate(recs)
+	if math.Abs(tok-blk) > 0.03 {
+		t.Fatalf("token hit rate %.3f, block hit rate %.3f", tok, blk)
+	}
+}
+
 func TestReadTraceErrors(t *testing.T) {
 	for _, tc := range []struct{ name, in, msg string }{
 		{"not json", "{\"timestamp\": 0, \"input_length\": 5, \"output_length\": 1, \"hash_ids\": [1]}\n{oops}\n", "line 2"},
