@@ -27,7 +27,7 @@ func TestReadTraceExcerpt(t *testing.T) {
 	}
 }
 
-// The arxiv excerpt (testdata/README.md) is a second production trace:
+// The arxiv excerpt (testdata/README.md) is another production trace:
 // its records must be whole (one hash id per 512 tokens of input, ids that
 // chain like prefixes), and the synthesized text must keep its sharing
 // structure, as it does for the conversation trace.
