@@ -2484,7 +2484,9 @@ func (t *predictedTTFT) Law() LawState {
 		s.Fitted, s.Samples = true, m.samples
 		s.BaseMS, s.AheadMS, s.QueuedMSPer1K, s.OwnMSPer1K = m.w[lawBase], m.w[lawAhead], m.w[lawQueued], m.w[lawOwn]
 		s.DecodeMSPer1K = m.w[lawDecode]
-		if b := t.batch.law.Load(); b != nil {
+		// The slope is reported while it is charged: not once a peer was
+		// heard (batchOn), though the law learned alone is kept.
+		if b := t.batch.law.Load(); b != nil && t.batchOn() {
 			s.PerRunningMS = b.slope
 		}
 	}

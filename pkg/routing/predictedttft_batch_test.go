@@ -162,8 +162,8 @@ func TestPredictedTTFTRunningAt(t *testing.T) {
 
 // Once a peer has been heard the batch term neither learns nor charges:
 // a balancer that learned 3 ms per running request keeps the holder of a
-// prompt however busy once it has a peer, and its first tokens add no
-// sample.
+// prompt however busy once it has a peer, its first tokens add no sample,
+// and its law reports no slope (per_request_running 0).
 func TestPredictedTTFTBatchTermOffWithPeers(t *testing.T) {
 	now := time.Second
 	b := newTwoTargetTTFT(t, &now)
@@ -180,9 +180,15 @@ func TestPredictedTTFTBatchTermOffWithPeers(t *testing.T) {
 	if got := b.Pick(next, []int{150, 0}, Set{}); got != 1 {
 		t.Fatalf("alone, holder running 150: picked %d, want 1", got)
 	}
+	if got := b.Law().PerRunningMS; got != b.batch.law.Load().slope {
+		t.Fatalf("alone: reported per_request_running %v, want the batch law's slope", got)
+	}
 	b.peerHeard.Store(int64(now))
 	if got := b.Pick(next, []int{150, 0}, Set{}); got != 0 {
 		t.Fatalf("with a peer, holder running 150: picked %d, want the holder", got)
+	}
+	if got := b.Law().PerRunningMS; got != 0 {
+		t.Fatalf("with a peer: reported per_request_running %v, want 0 (not charged)", got)
 	}
 	n := b.batch.fit.n
 	ctx := &Context{Prompt: randomPrompt(rand.New(rand.NewPCG(9, 10)), 400), TokenIDs: tokenIDs(100)}
