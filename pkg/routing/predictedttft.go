@@ -1352,6 +1352,18 @@ func (t *predictedTTFT) gapLocked(peer string, now, ttl time.Duration) {
 	t.reportGap.Store(int64(t.gapSum / float64(t.gapN)))
 }
 
+// heardPeer reports whether a peer's queue report has been folded: the
+// balancer is one of several sharing proxies.
+func (t *predictedTTFT) heardPeer() bool { return t.peerHeard.Load() >= 0 }
+
+// teachesNothing reports whether e's first token or whole answer must not
+// teach the law (see FirstToken): sent blind before a peer was heard by a
+// balancer that has heard one since, or waiting for a batch slot, or behind
+// a peer's work no report had shown.
+func (t *predictedTTFT) teachesNothing(e *pendingPrefill) bool {
+	return e.blind && t.heardPeer() || e.slot || e.unseen
+}
+
 // Observe implements Balancer: the request joins target's pending prefill
 // and its prompt the target's approximate index.
 func (t *predictedTTFT) Observe(target int, ctx *Context) {
@@ -1368,7 +1380,7 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	m := t.law()
 	c := t.counts(target)
 	e := pendingPrefill{tokens: int(own), x: t.features(target, own, tokens, &m, now, c), at: now,
-		bytes: promptBytes(ctx), indexed: indexedBytes(ctx), knownTok: len(ctx.TokenIDs), blind: t.peerHeard.Load() < 0,
+		bytes: promptBytes(ctx), indexed: indexedBytes(ctx), knownTok: len(ctx.TokenIDs), blind: !t.heardPeer(),
 		slot: t.slotWaiter(target, c), running: -1}
 	if precise && t.batchOn() {
 		e.running = t.runningAt(target, c)
@@ -1864,7 +1876,7 @@ func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool
 	// prefixes (rolter-sim agent --rate 8 through 4 proxies: 0.78× of one
 	// proxy's TTFT mean with it, 1.03× without, docs/routing.md item 8).
 	rhoScale := scale
-	if t.peerHeard.Load() >= 0 {
+	if t.heardPeer() {
 		rhoScale = 1
 	}
 	r.rho = min(rhoScale*busy/k/float64(time.Millisecond)/elapsed, maxUtilisation)
@@ -2168,7 +2180,7 @@ func (t *predictedTTFT) FirstToken(target int, ctx *Context, ttft time.Duration,
 	// (markUnseenLocked). A request expected to wait for a batch slot waited
 	// mostly for other requests' decoding, which the prefill law does not
 	// price (slotWaits).
-	if e.blind && t.peerHeard.Load() >= 0 || e.slot || e.unseen {
+	if t.teachesNothing(&e) {
 		t.learnRatios(e, promptTokens)
 		return
 	}

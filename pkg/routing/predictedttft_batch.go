@@ -92,7 +92,7 @@ func (f *batchFit) solve() (*batchLaw, bool) {
 
 // batchOn reports whether the batch term learns and charges: while the
 // balancer has heard no peer (see batchState).
-func (t *predictedTTFT) batchOn() bool { return t.peerHeard.Load() < 0 }
+func (t *predictedTTFT) batchOn() bool { return !t.heardPeer() }
 
 // learn adds one first token's residual against the requests running at
 // its target at dispatch.

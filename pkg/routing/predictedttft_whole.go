@@ -94,7 +94,7 @@ func (t *predictedTTFT) WholeAnswer(target int, ctx *Context, latency time.Durat
 	t.lastBack[target].Store(int64(t.now()))
 	t.longWhole.add(latency)
 	t.wholeN.Add(1)
-	if !(e.blind && t.peerHeard.Load() >= 0 || e.slot || e.unseen) && outputTokens > 0 {
+	if !t.teachesNothing(&e) && outputTokens > 0 {
 		x := e.x
 		x[lawDecode] = float64(outputTokens-1) / 1000 // the tokens after the first
 		t.fit(x, float64(latency)/float64(time.Millisecond))
