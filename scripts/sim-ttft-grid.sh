@@ -226,12 +226,17 @@ saturated)
 		run $a --strategies $S
 	done ;;
 share)
+	# Through 4 proxies also blind (turns=0: no turns in a burst).
+	P4=predicted_ttft,predicted_ttft:kv_events=0,predicted_ttft:turns=0
 	for w in gsp multiturn agent unique; do
 		run --workload $w --strategies predicted_ttft,predicted_ttft:kv_events=0
-		run --workload $w --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0
+		run --workload $w --proxies 4 --share on --strategies $P4
 	done
 	run --workload trace --trace-limit $L --capacity 32768 --strategies predicted_ttft,predicted_ttft:kv_events=0
-	run --workload trace --trace-limit $L --capacity 32768 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
+	run --workload trace --trace-limit $L --capacity 32768 --proxies 4 --share on --strategies $P4
+	A=tests/sim/testdata/mooncake_arxiv_excerpt.jsonl
+	run --workload trace --trace $A --capacity 32768 --strategies predicted_ttft,predicted_ttft:kv_events=0
+	run --workload trace --trace $A --capacity 32768 --proxies 4 --share on --strategies $P4 ;;
 other-trace)
 	: "${OTHER_TRACE:?set OTHER_TRACE to a Mooncake-format JSONL trace}"
 	trace_runs "$OTHER_TRACE" ;;

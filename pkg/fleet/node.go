@@ -224,6 +224,11 @@ func (r *Route) SetQueue(q Queue) {
 	r.queue.Store(&queueBox{q})
 	p := r.place.Load()
 	q.SetPlace(int(p>>32), max(int(uint32(p)), 1))
+	if rp, ok := q.(routing.ReportPacer); ok {
+		// How often the peers report (its turns in a burst): a fleet's
+		// proxies share their options.
+		rp.SetReportInterval(r.node.opts.QueueInterval)
+	}
 	signal(r.node.queuing)
 }
 

@@ -98,7 +98,9 @@ const (
 // With peers (SetPlace), a target that is not this proxy's home also costs
 // the wait behind peers' picks of the last report gap, which no report has
 // shown yet (see blindCollision), unless the cheapest targets tie (homeTie
-// breaks ties).
+// breaks ties). Before its pick, a request that arrives in a burst may
+// wait for its turn (Defer, predictedttft_turns.go), so that the proxies
+// place a burst one after another instead of blind.
 //
 // pending(i) and pending_tokens(i) are the requests this balancer sent to i
 // (Observe) that have no first token yet and their uncached prefill tokens,
@@ -224,6 +226,8 @@ type predictedTTFT struct {
 	gapSum    float64
 	gapN      int
 	reportGap atomic.Int64
+	// turns holds what Defer needs (predictedttft_turns.go).
+	turns burstTurns
 
 	mu      sync.Mutex
 	pending []map[*Context]pendingPrefill
@@ -409,6 +413,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	t.start.Store(-1)
 	t.nextDue.Store(math.MaxInt64)
 	t.peerHeard.Store(-1)
+	t.turns.lastArrival.Store(-1)
 	t.bytesPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.indexedPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.index.TrackForks()     // for waste's shared part
@@ -969,16 +974,66 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	if el.Len() == 1 {
 		return el.Nth(0, t.n)
 	}
-	var mbuf, pbuf, hbuf [MaxTargets]float64
+	var mbuf, pbuf [MaxTargets]float64
 	match, pred := mbuf[:t.n], pbuf[:t.n]
-	tokens, precise := 0, false
+	c := t.costs(ctx, loads, el, t.recordLoads(loads), match, pred)
 	if ctx != nil {
-		tokens = t.tokens(ctx)
-		if precise = t.matched(ctx, tokens, match); precise {
+		if c.precise {
 			t.decisions[0].Add(1)
 		} else {
 			t.decisions[1].Add(1)
 		}
+	}
+	el, best, rates := c.el, c.best, c.rates
+	// Among the tied minimum: with peers, this proxy's own share of the
+	// targets first (homeTie); then the lightest (see tieWeigher), then
+	// uniform; with loads partly not this balancer's own (see tiedOfTwo),
+	// the lighter of two drawn at random.
+	tw := tieWeigher{t: t, loads: loads, cold: true}
+	for _, v := range match {
+		if v > 0 {
+			tw.cold = false
+			break
+		}
+	}
+	var tbuf [MaxTargets]uint8
+	tied := tiedAt(pred, el, best, tbuf[:0])
+	if c.collision > 0 && len(tied) == 1 {
+		best = t.addCollision(pred, el, c.collision, c.rank, c.size)
+		tied = tiedAt(pred, el, best, tbuf[:0])
+	}
+	if i, ok := t.homeTie(tied, tw); ok {
+		return i
+	}
+	if len(loads) == t.n && rates.scale > 1 {
+		if i, ok := t.tiedOfTwo(tied, tw); ok {
+			return i
+		}
+	}
+	pick, _ := t.lightest(tied, tw, nil)
+	return pick
+}
+
+// pickCosts is what costs leaves for Pick's tie rules and for Defer.
+type pickCosts struct {
+	el         Set     // the eligible targets costed (quiet ones left out before the law is fitted)
+	best       float64 // the least cost over el
+	precise    bool    // match came from the engines' KV events
+	fitted     bool    // the costs are the learned law's milliseconds
+	rates      queueRates
+	collision  float64 // blindCollision, for the targets that are not home
+	rank, size int     // this proxy's place (placeOf)
+}
+
+// costs sets pred[i], for every target i of el, to the cost Pick
+// minimises (see predictedTTFT), and match[i] to the prefix i holds; scale
+// is the fleet's load over this balancer's own (loadScale).
+func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, match, pred []float64) pickCosts {
+	var hbuf [MaxTargets]float64
+	tokens, precise := 0, false
+	if ctx != nil {
+		tokens = t.tokens(ctx)
+		precise = t.matched(ctx, tokens, match)
 	}
 	now := t.now()
 	t.expireDue(now)
@@ -992,7 +1047,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 		placed = hbuf[:t.n]
 		t.placedAt(ctx, tokens, match, placed)
 	}
-	rates := t.fleetRates(now, t.recordLoads(loads), fitted)
+	rates := t.fleetRates(now, scale, fitted)
 	var follow followFactors
 	if fitted {
 		follow = t.followCost(&m, now, rates, tokens)
@@ -1077,33 +1132,7 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 			best = min(best, pred[i])
 		}
 	}
-	// Among the tied minimum: with peers, this proxy's own share of the
-	// targets first (homeTie); then the lightest (see tieWeigher), then
-	// uniform; with loads partly not this balancer's own (see tiedOfTwo),
-	// the lighter of two drawn at random.
-	tw := tieWeigher{t: t, loads: loads, cold: true}
-	for _, v := range match {
-		if v > 0 {
-			tw.cold = false
-			break
-		}
-	}
-	var tbuf [MaxTargets]uint8
-	tied := tiedAt(pred, el, best, tbuf[:0])
-	if collision > 0 && len(tied) == 1 {
-		best = t.addCollision(pred, el, collision, rank, size)
-		tied = tiedAt(pred, el, best, tbuf[:0])
-	}
-	if i, ok := t.homeTie(tied, tw); ok {
-		return i
-	}
-	if len(loads) == t.n && rates.scale > 1 {
-		if i, ok := t.tiedOfTwo(tied, tw); ok {
-			return i
-		}
-	}
-	pick, _ := t.lightest(tied, tw, nil)
-	return pick
+	return pickCosts{el: el, best: best, precise: precise, fitted: fitted, rates: rates, collision: collision, rank: rank, size: size}
 }
 
 // waste is the price of re-prefilling tokens of a prefix that lives at
@@ -2136,6 +2165,13 @@ func (t *predictedTTFT) meanUncached() (float64, bool) {
 // over the window, agent with a 1 s ramp through 4 proxies went from 850
 // to 772 ms and the trace from 761 to 741 (docs/routing.md).
 func (t *predictedTTFT) recordLoads(loads []int) float64 {
+	return t.loadScale(loads, true)
+}
+
+// loadScale is recordLoads, which passes record; without it the pick's
+// loads are counted in the scale but not kept in the sums (Defer, which
+// the request's Pick follows).
+func (t *predictedTTFT) loadScale(loads []int, record bool) float64 {
 	if len(loads) != t.n {
 		return 1
 	}
@@ -2145,7 +2181,11 @@ func (t *predictedTTFT) recordLoads(loads []int) float64 {
 		all += l
 		own += min(max(t.inflight[i].Load(), 0), l)
 	}
-	all, own = t.loadSum.Add(all), t.ownSum.Add(own)
+	if record {
+		all, own = t.loadSum.Add(all), t.ownSum.Add(own)
+	} else {
+		all, own = t.loadSum.Load()+all, t.ownSum.Load()+own
+	}
 	b := t.means()
 	all, own = all-b.loads, own-b.own
 	if own <= 0 || all <= own {

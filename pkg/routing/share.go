@@ -199,6 +199,24 @@ type SharedQueue interface {
 	SetPlace(rank, size int)
 }
 
+// Deferrer is implemented by balancers that, among several proxies, may
+// ask for a request to wait before it is picked (predicted_ttft's turns in
+// a burst): a burst that the L4 balancer spreads over the proxies arrives
+// at each of them before any has heard of the others' picks, and placed
+// blind it collides on the same targets and prefills the same new prefixes
+// twice. The proxy calls Defer once per request, before its first Pick,
+// waits what it returns (0: nothing), then picks.
+type Deferrer interface {
+	Defer(ctx *Context, loads []int, eligible Set) time.Duration
+}
+
+// ReportPacer is implemented by balancers that need to know how often the
+// peers' queue reports arrive before they have measured it: the fleet
+// tells them its own queue interval, which a fleet's proxies share.
+type ReportPacer interface {
+	SetReportInterval(d time.Duration)
+}
+
 // SharedSpeculation is implemented by balancers that pass the KV blocks
 // their picks speculated (see KVSharedSource) to the other proxies, with
 // their queue reports: a prefix one proxy sent to a target counts there at

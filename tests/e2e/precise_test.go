@@ -127,17 +127,26 @@ func startKVFleet(t testing.TB, n int, strategy, extra, routeExtra string, opts 
 // (no token-ids header) and returns the provider that served it.
 func (f *kvFleet) chat(t testing.TB, system, user string) string {
 	t.Helper()
-	client := openai.NewClient(option.WithBaseURL(f.base+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	provider, err := chatVia(t.Context(), f.base, system, user)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return provider
+}
+
+// chatVia is chat through the proxy at base, for any goroutine.
+func chatVia(ctx context.Context, base, system, user string) (string, error) {
+	client := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	var raw *http.Response
-	_, err := client.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+	_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 		Model:               "m",
 		Messages:            []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system), openai.UserMessage(user)},
 		MaxCompletionTokens: openai.Int(2),
 	}, option.WithResponseInto(&raw))
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	return raw.Header.Get("X-Rolter-Provider")
+	return raw.Header.Get("X-Rolter-Provider"), nil
 }
 
 // respond sends one Responses API request through the proxy with the
@@ -270,6 +279,77 @@ func TestProxiesShareSpeculatedBlocks(t *testing.T) {
 	viaA.chat(t, longSystem("shared-", 400), "first question")
 	// 400 words of system prompt are hundreds of tokens: tens of blocks of 16.
 	waitFor(t, "B folds A's speculated blocks", func() bool { return received() >= 10 })
+}
+
+// TestBurstTakesTurnsThroughProxies: two predicted_ttft proxies that share
+// each receive, in the same instant and each just after another request,
+// a chat request with the same new system prompt (the official SDK, no
+// token-ids header). Picked blind, each would send it to a replica of its
+// own; the proxy second in the prompt's order waits its turn, hears the
+// first one's pick meanwhile, and sends its request to the same replica.
+func TestBurstTakesTurnsThroughProxies(t *testing.T) {
+	f := startKVFleet(t, 4, "predicted_ttft", openKVConfig, "", vllmsim.Options{PrefillTokensPerSecond: 20_000})
+	// A long queue interval makes a turn (two intervals) long: each
+	// proxy's second request arrives within it however slow the machine,
+	// and the first pick's report reaches the other proxy within it.
+	share := app.Options{NATSURL: f.natsURL, ShareGroup: "turns", ShareQueueInterval: 250 * time.Millisecond}
+	a, _ := startProxyWith(t, f.cfg, share)
+	b, _ := startProxyWith(t, f.cfg, share)
+	proxies := []string{a.URL(), b.URL()}
+	for _, u := range proxies {
+		waitFor(t, "proxy sees its peer", func() bool { return metric(t, u, "rolter_fleet_peers") == 1 })
+	}
+	// Speculation needs the replicas' block sizes (see
+	// TestProxiesShareSpeculatedBlocks): warm every replica up through the
+	// proxy that does not share.
+	warm := 0
+	waitFor(t, "every replica has published blocks", func() bool {
+		warm++
+		f.chat(t, longSystem(fmt.Sprintf("warm%d-", warm), 50), "hello")
+		for i := range f.replicas {
+			if f.storedEvents(t, fmt.Sprintf("vllm-%d", i)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, u := range proxies {
+		waitFor(t, "the proxy knows every block size", func() bool {
+			for i := range f.replicas {
+				if metric(t, u, fmt.Sprintf(`rolter_kvindex_entries{kind="resident",provider="vllm-%d"}`, i)) <= 0 {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	system := longSystem("burst-", 400)
+	served := make([]string, len(proxies))
+	errs := make([]error, len(proxies))
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for k, u := range proxies {
+		wg.Go(func() {
+			<-start
+			if _, errs[k] = chatVia(t.Context(), u, longSystem(fmt.Sprintf("before%d-", k), 20), "hi"); errs[k] == nil {
+				served[k], errs[k] = chatVia(t.Context(), u, system, fmt.Sprintf("question %d", k))
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	for k, err := range errs {
+		if err != nil {
+			t.Fatalf("proxy %d: %v", k, err)
+		}
+	}
+	waits := 0.0
+	for _, u := range proxies {
+		waits += max(metric(t, u, `rolter_routing_turn_wait_seconds_count{model="m"}`), 0)
+	}
+	if served[0] != served[1] || waits != 1 {
+		t.Fatalf("the system prompt went to %s through one proxy and %s through the other, after %v turn waits (want one replica, one wait)", served[0], served[1], waits)
+	}
 }
 
 // TestResponsesTokenizeMatchesPrompt: for each form of Responses request

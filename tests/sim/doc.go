@@ -41,7 +41,12 @@
 // its queued prefill (predicted_ttft) every Config.ShareQueueInterval and
 // its in-flight counts every Config.ShareLoadInterval; every other node
 // receives the encoded messages Config.ShareDelay later, and a proxy's
-// balancer sees its own counts plus its peers' latest (share.go).
+// balancer sees its own counts plus its peers' latest (share.go). The
+// proxies know one another before the first request, as in a fleet that
+// was running before the traffic came. A balancer that asks a request to
+// wait for its turn in a burst (routing.Deferrer: predicted_ttft among
+// sharing proxies) gets the wait before its pick, and the wait counts in
+// the request's TTFT.
 //
 // # Strategies
 //

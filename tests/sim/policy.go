@@ -190,7 +190,7 @@ func ParseStrategy(s string) (Strategy, error) {
 		return st, fmt.Errorf("unknown strategy %q (want one of %s)", base, strings.Join(AllStrategies(), ", "))
 	}
 	spec := routing.Spec{Strategy: base}
-	ttftEvents, ttftEngine, ttftStream := true, true, 1.0
+	ttftEvents, ttftEngine, ttftStream, ttftTurns := true, true, 1.0, true
 	if params != "" {
 		for kv := range strings.SplitSeq(params, ":") {
 			k, v, ok := strings.Cut(kv, "=")
@@ -214,14 +214,17 @@ func ParseStrategy(s string) (Strategy, error) {
 				spec.SignalWeight = f
 			case "load_weight":
 				spec.LoadWeight = f
-			case "kv_events", "engine":
+			case "kv_events", "engine", "turns":
 				if base != routing.PredictedTTFT || (f != 0 && f != 1) {
 					return st, fmt.Errorf("strategy %q: %s: want 0 or 1 on %s", s, k, routing.PredictedTTFT)
 				}
-				if k == "kv_events" {
+				switch k {
+				case "kv_events":
 					ttftEvents = f == 1
-				} else {
+				case "engine":
 					ttftEngine = f == 1
+				default:
+					ttftTurns = f == 1
 				}
 			case "stream":
 				if base != routing.PredictedTTFT || f < 0 || f > 1 {
@@ -265,7 +268,7 @@ func ParseStrategy(s string) (Strategy, error) {
 			return newPrecise(sp, env)
 		}
 		if base == routing.PredictedTTFT {
-			return newTTFTPolicy(sp, env, ttftEvents, ttftEngine, ttftStream)
+			return newTTFTPolicy(sp, env, ttftEvents, ttftEngine, ttftStream, ttftTurns)
 		}
 		b, err := routing.New(sp)
 		if err != nil {

@@ -78,6 +78,22 @@ func (r *run) bindShare(p int, px *proxy) {
 	rt.SetOwnLoad(func(i int) int { return px.loads[i] })
 }
 
+// joinShare delivers every proxy's load report to the others before the
+// first request, as in a fleet that was running before the traffic came:
+// each proxy knows its place among the others (routing.SharedQueue's
+// SetPlace) from the first pick, not from the first load interval on.
+func (r *run) joinShare() {
+	now := simEpoch.Add(r.now)
+	for p, n := range r.share.nodes {
+		data := n.LoadReport()
+		for q, m := range r.share.nodes {
+			if q != p {
+				m.HandleLoads(data, now)
+			}
+		}
+	}
+}
+
 // startShare schedules the first flush and load ticks.
 func (r *run) startShare() {
 	r.pushShare(r.now+r.cfg.ShareFlush, evShareFlush, nil)

@@ -102,3 +102,22 @@ func TestSpreadArrivals(t *testing.T) {
 		t.Fatalf("buckets not spread within themselves: %v %v %v | %v %v | %v", s[0].Start, s[1].Start, s[2].Start, s[3].Start, s[4].Start, s[5].Start)
 	}
 }
+
+// Through four sharing proxies, a burst of requests that share new prefixes
+// (gsp's clients starting in one instant) is placed in turns (Defer in
+// pkg/routing): most of what picking it blind (:turns=0) loses to
+// duplicated system prompts against one proxy comes back.
+func TestBurstTakesTurns(t *testing.T) {
+	w := GSP(GSPParams{Groups: 16, PromptsPerGroup: 8, SystemLen: 1024, QuestionLen: 64, OutputLen: 32, Concurrency: 64}, 1)
+	cfg := DefaultConfig()
+	one := mustRun(t, cfg, w, "predicted_ttft")
+	cfg.Proxies, cfg.Share = 4, true
+	turns, blind := mustRun(t, cfg, w, "predicted_ttft"), mustRun(t, cfg, w, "predicted_ttft:turns=0")
+	t.Logf("hit rate: one proxy %.3f, four in turns %.3f (%d deferred), four blind %.3f", one.HitRate, turns.HitRate, turns.Decisions["deferred"], blind.HitRate)
+	if turns.Decisions["deferred"] == 0 || blind.Decisions["deferred"] != 0 {
+		t.Fatalf("deferred: %d in turns, %d blind", turns.Decisions["deferred"], blind.Decisions["deferred"])
+	}
+	if turns.HitRate-blind.HitRate < (one.HitRate-blind.HitRate)/2 {
+		t.Fatalf("hit rate: one proxy %.3f, four in turns %.3f, four blind %.3f", one.HitRate, turns.HitRate, blind.HitRate)
+	}
+}

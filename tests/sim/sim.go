@@ -188,6 +188,7 @@ const (
 	evIssue = iota // a session's next turn is sent
 	evReady        // a closed-loop session is ready for its next turn
 	evJoin         // a closed-loop client starts (Config.Ramp)
+	evTurn         // a deferred request's turn in a burst comes (deferrer)
 	evFirstToken
 	evDone
 	evKV // a replica's KV events reach the proxies
@@ -268,6 +269,7 @@ type run struct {
 	completed  int
 	outputToks int64
 	latencySum time.Duration // Σ send to completion
+	deferred   uint64        // requests that waited for their turn (deferrer)
 }
 
 // Run simulates the workload under one strategy and returns its result.
@@ -337,6 +339,9 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 		r.scrapedWaiting = make([]int, cfg.Replicas)
 		r.scrapedUsage = make([]float64, cfg.Replicas)
 	}
+	if r.share != nil {
+		r.joinShare()
+	}
 	r.start()
 	if r.share != nil {
 		r.startShare()
@@ -353,6 +358,8 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 		case evJoin:
 			r.clients++
 			r.fill()
+		case evTurn:
+			r.route(e.f, e.f.Proxy)
 		case evReady:
 			r.ready = append(r.ready, e.s)
 			r.fill()
@@ -468,6 +475,26 @@ func (r *run) issue(s *sessionState) {
 		p = r.rng.IntN(len(r.proxies))
 	}
 	f.sess = s
+	if d, ok := r.proxies[p].policy.(deferrer); ok {
+		if wait := d.Defer(f, r.view(p)); wait > 0 {
+			r.deferred++
+			f.Proxy = p
+			r.push(r.now+wait, evTurn, nil, f)
+			return
+		}
+	}
+	r.route(f, p)
+}
+
+// deferrer is a policy whose proxy may hold a request back for its turn
+// in a burst before picking (routing.Deferrer).
+type deferrer interface {
+	Defer(f *Flight, v *View) time.Duration
+}
+
+// route hands f to proxy p's router: held back while it holds (holder),
+// else dispatched.
+func (r *run) route(f *Flight, p int) {
 	px := r.proxies[p]
 	if px.holder != nil && (len(px.held) > 0 || px.holder.holds()) {
 		px.held = append(px.held, f)
@@ -492,9 +519,7 @@ func (r *run) release() {
 func (r *run) dispatch(f *Flight, p int) {
 	req := f.Req
 	px := r.proxies[p]
-	v := &View{Now: r.now, Loads: r.fleetLoads(p, px.loads), Waiting: r.waiting, Running: r.running, KVUsage: r.usage,
-		ScrapedWaiting: r.scrapedWaiting, ScrapedKVUsage: r.scrapedUsage, Caches: r.caches, Queued: r.queued,
-		BlockSize: r.cfg.BlockSize}
+	v := r.view(p)
 	target := px.policy.Pick(f, v)
 	if target < 0 || target >= len(r.replicas) {
 		panic(fmt.Sprintf("sim: strategy %s picked replica %d of %d", r.strategy.Name, target, len(r.replicas)))
@@ -514,6 +539,13 @@ func (r *run) dispatch(f *Flight, p int) {
 		}
 	}
 	r.schedule(target)
+}
+
+// view is what proxy p's policy may look at now.
+func (r *run) view(p int) *View {
+	return &View{Now: r.now, Loads: r.fleetLoads(p, r.proxies[p].loads), Waiting: r.waiting, Running: r.running, KVUsage: r.usage,
+		ScrapedWaiting: r.scrapedWaiting, ScrapedKVUsage: r.scrapedUsage, Caches: r.caches, Queued: r.queued,
+		BlockSize: r.cfg.BlockSize}
 }
 
 // updateUsage refreshes replica i's KV cache usage: the blocks its running
@@ -664,6 +696,12 @@ func (r *run) result() Result {
 			}
 			res.Decisions[k] += v
 		}
+	}
+	if r.deferred > 0 {
+		if res.Decisions == nil {
+			res.Decisions = map[string]uint64{}
+		}
+		res.Decisions["deferred"] = r.deferred
 	}
 	return res
 }

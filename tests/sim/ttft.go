@@ -21,12 +21,14 @@ import (
 // ceiling); :stream=P has only the share P of the sessions stream (a
 // session's draw is fixed), the others not (Context.Buffered): the proxy
 // sees no first token of theirs, and tells the balancer the whole answer
-// (WholeAnswer) at completion.
+// (WholeAnswer) at completion; :turns=0 picks every request at once, with
+// no turn in a burst (routing.Deferrer).
 type ttftPolicy struct {
 	*balancer
 	src    *kvSource // nil without KV events
 	engine *simEngine
 	stream float64
+	turns  bool
 }
 
 // simEngine is routing.EngineState over the View of the current pick.
@@ -44,8 +46,8 @@ func (e *simEngine) Counts(i int) (waiting, running int, ok bool) {
 
 func (e *simEngine) KVCapacityTokens(int) int { return e.capacity }
 
-func newTTFTPolicy(spec routing.Spec, env Env, events, engine bool, stream float64) (Policy, error) {
-	p := &ttftPolicy{stream: stream}
+func newTTFTPolicy(spec routing.Spec, env Env, events, engine bool, stream float64, turns bool) (Policy, error) {
+	p := &ttftPolicy{stream: stream, turns: turns}
 	if events {
 		p.src = &kvSource{reps: make([]kvindex.Residency, env.Replicas), now: env.Now, memo: identities{bs: env.BlockSize}}
 		spec.KV = p.src
@@ -73,8 +75,26 @@ func (p *ttftPolicy) sync(v *View) {
 
 func (p *ttftPolicy) Pick(f *Flight, v *View) int {
 	p.sync(v)
-	f.Ctx.Buffered = p.stream < 1 && float64(Key(kindStream, uint64(f.sess.s.ID))>>11)/(1<<53) >= p.stream
+	p.buffered(f)
 	return p.balancer.Pick(f, v)
+}
+
+// buffered marks f's answer as not streamed, for the share of sessions
+// that do not stream (:stream=P).
+func (p *ttftPolicy) buffered(f *Flight) {
+	f.Ctx.Buffered = p.stream < 1 && float64(Key(kindStream, uint64(f.sess.s.ID))>>11)/(1<<53) >= p.stream
+}
+
+// Defer is the wait for f's turn in a burst, as the proxy asks it before
+// the first pick (routing.Deferrer); 0 with :turns=0.
+func (p *ttftPolicy) Defer(f *Flight, v *View) time.Duration {
+	d, ok := p.b.(routing.Deferrer)
+	if !ok || !p.turns {
+		return 0
+	}
+	p.sync(v)
+	p.buffered(f)
+	return d.Defer(&f.Ctx, v.Loads, p.all)
 }
 
 func (p *ttftPolicy) Observe(target int, f *Flight, v *View) {

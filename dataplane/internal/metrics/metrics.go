@@ -27,6 +27,7 @@ type Metrics struct {
 	CacheLookup       *prometheus.HistogramVec // result
 	Tokenize          *prometheus.CounterVec   // model, outcome
 	TokenizeSeconds   *prometheus.HistogramVec // model
+	TurnWait          *prometheus.HistogramVec // model
 	ConfigVersion     prometheus.Gauge
 	ConfigInfo        *prometheus.GaugeVec // version
 	ConfigReloads     prometheus.Counter
@@ -82,6 +83,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "rolter_tokenize_seconds", Help: "Time of a call to a replica's /tokenize for a request's token ids, failed ones included.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
 		}, []string{"model"}),
+		TurnWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rolter_routing_turn_wait_seconds", Help: "Waits of requests for their turn in a burst before the pick (predicted_ttft among several sharing proxies).",
+			Buckets: []float64{.001, .0025, .005, .01, .02, .05, .1, .25},
+		}, []string{"model"}),
 		ConfigVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rolter_config_version", Help: "Generation of the config snapshot in use (increments on every applied change).",
 		}),
@@ -96,7 +101,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.ProviderHealthy, m.EngineLoad, m.InFlight, m.ClientDisconnects, m.Latency, m.TTFT, m.CacheLookup, m.TokenizeSeconds,
-		m.ConfigVersion, m.ConfigInfo, m.ConfigReloads, m.ConfigFailures)
+		m.TurnWait, m.ConfigVersion, m.ConfigInfo, m.ConfigReloads, m.ConfigFailures)
 	// Both reasons are exported from the start, so that a rate or an
 	// alert on either has a series before the first one happens.
 	for _, reason := range []string{"closed", "write_timeout"} {

@@ -293,6 +293,36 @@ func parseRequest(raw []byte) (*request.Body, *apiError, string) {
 // untried allowed target picks among those: the gateway fails open past
 // cooldown, health and breaker as a plain route does, never past the key.
 func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
+	eligible, loads, ok := p.candidates(x, loads, now)
+	if !ok {
+		return -1
+	}
+	pl := x.pool()
+	idx := pl.balancer.Pick(&x.rctx, loads, eligible)
+	if !eligible.Has(idx) {
+		idx = eligible.Nth(0, len(pl.targets))
+	}
+	return idx
+}
+
+// turnWait is how long the request waits for its turn in a burst before
+// its first pick, as the balancer of the pool it would pick from asks
+// (routing.Deferrer; 0 for every other balancer).
+func (p *Proxy) turnWait(x *exchange, loads []int, now time.Time) time.Duration {
+	eligible, loads, ok := p.candidates(x, loads, now)
+	if !ok {
+		return 0
+	}
+	if d, ok := x.pool().balancer.(routing.Deferrer); ok {
+		return d.Defer(&x.rctx, loads, eligible)
+	}
+	return 0
+}
+
+// candidates finds the pool pick chooses from and its eligible targets
+// (see pick), sets x.cur to it and returns loads cut to its targets and
+// filled with their fleet loads; false when no pool has a target left.
+func (p *Proxy) candidates(x *exchange, loads []int, now time.Time) (routing.Set, []int, bool) {
 	open, openAt := routing.Set{}, -1
 	var eligible routing.Set
 	chosen := -1
@@ -324,7 +354,7 @@ func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
 	}
 	if chosen < 0 {
 		if openAt < 0 {
-			return -1
+			return routing.Set{}, nil, false
 		}
 		// Fail open past cooldown, health and breaker; never past the key.
 		chosen, eligible = openAt, open
@@ -354,11 +384,7 @@ func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
 		}
 		loads[i] = load
 	}
-	idx := pl.balancer.Pick(&x.rctx, loads, eligible)
-	if !eligible.Has(idx) {
-		idx = eligible.Nth(0, len(targets))
-	}
-	return idx
+	return eligible, loads, true
 }
 
 // firstToken tells a TTFTObserver balancer the observed attempt's time to
@@ -411,6 +437,15 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	var lastErr error
 	timedOut, bodyFailed := false, false
 	defer p.attemptEnded(x)
+	if d := p.turnWait(x, loads, time.Now()); d > 0 {
+		// Its turn in a burst: the peers' picks before it reach this
+		// proxy meanwhile (routing.Deferrer).
+		p.metrics.TurnWait.WithLabelValues(x.route.cfg.Model).Observe(d.Seconds())
+		if !sleep(r.Context(), p.halted.Done(), d) && r.Context().Err() != nil {
+			p.clientGone(x, nil)
+			return
+		}
+	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		p.attemptEnded(x)
 		if attempt > 0 {

@@ -1,8 +1,10 @@
 // Command rolter-sim-grid judges predicted_ttft on the runs of
 // scripts/sim-ttft-grid.sh: it reads their JSON lines (each run introduced by
 // a "# bin/rolter-sim ..." line), prints one Markdown table per run family
-// with issue 13's verdict, and with --png draws the whole table (run ×
-// strategy: hit rate, TTFT mean, TTFT p99, imbalance) as one chart.
+// with issue 13's verdict, then, for the runs through several proxies, their
+// TTFT mean and hit rate against one proxy's, and with --png draws the whole
+// table (run × strategy: hit rate, TTFT mean, TTFT p99, imbalance) as one
+// chart.
 //
 //	go run ./cmd/rolter-sim-grid --png ../docs/routing-ttft.png /tmp/grid/*.jsonl
 package main
@@ -63,6 +65,7 @@ func main() {
 		os.Exit(2)
 	}
 	report(os.Stdout, runs)
+	proxiesReport(os.Stdout, runs)
 	if *pngPath != "" {
 		f, err := os.Create(*pngPath)
 		if err == nil {
@@ -199,6 +202,73 @@ func report(w io.Writer, runs []*run) {
 			} else {
 				fmt.Fprintf(w, "%s - | | | | |\n", row)
 			}
+		}
+	}
+}
+
+// alone is cmd without its --proxies, --share and --strategies flags:
+// what names the run through one proxy that a run through several
+// compares with; several reports whether cmd runs several.
+func alone(cmd string) (key string, several bool) {
+	f := strings.Fields(cmd)
+	var out []string
+	for i := 0; i < len(f); i++ {
+		switch f[i] {
+		case "--proxies":
+			several = i+1 < len(f) && f[i+1] != "1"
+			i++
+		case "--share", "--strategies":
+			i++
+		default:
+			out = append(out, f[i])
+		}
+	}
+	return strings.Join(out, " "), several
+}
+
+// proxiesReport prints, for each run through several proxies, each
+// predicted_ttft variant's TTFT mean and hit rate as fractions of one
+// proxy's on the same flags (issue 13, item 4: at least 0.97). A variant
+// that only changes what several proxies do (:turns=0) is compared with
+// plain predicted_ttft through one. Nothing without such pairs.
+func proxiesReport(w io.Writer, runs []*run) {
+	single := map[string]*run{}
+	for _, r := range runs {
+		if key, several := alone(r.cmd); !several {
+			single[key] = r
+		}
+	}
+	header := false
+	for _, r := range runs {
+		key, several := alone(r.cmd)
+		one, ok := single[key]
+		if !several || !ok {
+			continue
+		}
+		for _, x := range r.records {
+			if !strings.HasPrefix(x.Strategy, subject) {
+				continue
+			}
+			base, ok := one.get(x.Strategy)
+			if !ok {
+				base, ok = one.get(strings.TrimSuffix(x.Strategy, ":turns=0"))
+			}
+			if !ok || x.Mean <= 0 {
+				continue
+			}
+			if !header {
+				fmt.Fprintln(w)
+				fmt.Fprintln(w, "| run | strategy | TTFT mean ms (one proxy) | one / several | hit % (one proxy) | several / one | both ≥ 0.97 |")
+				fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+				header = true
+			}
+			ttft := base.Mean / x.Mean
+			hit := 1.0
+			if base.Hit > 0 {
+				hit = x.Hit / base.Hit
+			}
+			fmt.Fprintf(w, "| %s | %s | %.1f (%.1f) | %.3f | %.1f (%.1f) | %.3f | %s |\n", r.label, x.Strategy, x.Mean, base.Mean, ttft,
+				100*x.Hit, 100*base.Hit, hit, mark(ttft >= 0.97 && hit >= 0.97))
 		}
 	}
 }

@@ -68,3 +68,39 @@ func TestReadRejectsAResultBeforeItsCommand(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// A run through several proxies is set against the run with the same flags
+// through one: plain predicted_ttft against itself, :turns=0 against plain
+// predicted_ttft; a run through one proxy, or without its pair, adds no row.
+func TestProxiesReport(t *testing.T) {
+	const file = `# bin/rolter-sim --quiet --json --seed 2 --workload gsp --strategies predicted_ttft
+{"strategy":"predicted_ttft","token_hit_rate":0.80,"ttft_mean_ms":100}
+# bin/rolter-sim --quiet --json --seed 2 --workload gsp --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:turns=0
+{"strategy":"predicted_ttft","token_hit_rate":0.79,"ttft_mean_ms":102}
+{"strategy":"predicted_ttft:turns=0","token_hit_rate":0.70,"ttft_mean_ms":125}
+# bin/rolter-sim --quiet --json --seed 2 --workload agent --proxies 4 --share on --strategies predicted_ttft
+{"strategy":"predicted_ttft","token_hit_rate":0.5,"ttft_mean_ms":300}
+`
+	path := filepath.Join(t.TempDir(), "share.jsonl")
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	proxiesReport(&b, runs)
+	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(rows) != 4 {
+		t.Fatalf("%d lines, want a header, its rule and 2 rows:\n%s", len(rows), b.String())
+	}
+	for _, want := range []string{
+		"| gsp, seed 2, proxies 4, shared | predicted_ttft | 102.0 (100.0) | 0.980 | 79.0 (80.0) | 0.988 | yes |",
+		"| gsp, seed 2, proxies 4, shared | predicted_ttft:turns=0 | 125.0 (100.0) | 0.800 | 70.0 (80.0) | 0.875 | **no** |",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Fatalf("no row %q in\n%s", want, b.String())
+		}
+	}
+}

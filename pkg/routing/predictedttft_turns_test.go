@@ -1,0 +1,207 @@
+package routing
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// newPlacedTTFT is a predicted_ttft balancer over n targets on the virtual
+// clock *now, at place rank among size proxies whose queue interval is 5
+// ms.
+func newPlacedTTFT(t *testing.T, now *time.Duration, n, rank, size int) *predictedTTFT {
+	t.Helper()
+	b, err := New(Spec{Strategy: PredictedTTFT, Weights: slices.Repeat([]int{1}, n), Now: func() time.Duration { return *now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := b.(*predictedTTFT)
+	p.SetPlace(rank, size)
+	p.SetReportInterval(5 * time.Millisecond)
+	return p
+}
+
+// In a burst the proxies take turns in the same order at every proxy: for
+// each request, the four proxies of a fleet wait 0, 1, 2 and 3 turns of
+// two queue intervals, the order drawn from the prompt's opening.
+func TestTurnsOrderTheProxies(t *testing.T) {
+	now := time.Second
+	firsts := make([]int, 4)
+	for k := range 20 {
+		ctx := &Context{Prompt: fmt.Sprintf("system prompt of group %d. ", k) + strings.Repeat("x", 600)}
+		var waits []time.Duration
+		first := -1
+		for rank := range 4 {
+			p := newPlacedTTFT(t, &now, 4, rank, 4)
+			if d := p.Defer(&Context{Prompt: "an earlier request"}, nil, Set{}); d != 0 {
+				t.Fatalf("the first request of a burst waits %v", d)
+			}
+			d := p.Defer(ctx, nil, Set{})
+			if d == 0 {
+				first = rank
+			}
+			waits = append(waits, d)
+		}
+		slices.Sort(waits)
+		if want := []time.Duration{0, 10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond}; !slices.Equal(waits, want) {
+			t.Fatalf("request %d: the proxies wait %v, want %v", k, waits, want)
+		}
+		firsts[first]++
+	}
+	// The order is the prompt's: over 20 prompts every proxy goes first
+	// some time (all on one would be 4^-19).
+	if slices.Contains(firsts, 0) {
+		t.Fatalf("proxies going first over 20 prompts: %v", firsts)
+	}
+}
+
+// Nothing waits alone, outside a burst, or before the queue interval is
+// known; and a request is ordered by its opening, so requests that share
+// a system prompt are ordered alike.
+func TestTurnsOnlyInABurst(t *testing.T) {
+	now := time.Second
+	ctx := &Context{Prompt: strings.Repeat("shared system prompt ", 40)}
+	// The place in ctx's order of rank 0 of two: one rank goes first.
+	rank := 0
+	if turnOf(ctx, 0, 2) == 0 {
+		rank = 1
+	}
+	alone := newPlacedTTFT(t, &now, 2, 0, 1)
+	alone.Defer(ctx, nil, Set{})
+	if d := alone.Defer(ctx, nil, Set{}); d != 0 {
+		t.Fatalf("a proxy alone waits %v", d)
+	}
+	unpaced, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1}, Now: func() time.Duration { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := unpaced.(*predictedTTFT)
+	u.SetPlace(rank, 2)
+	u.Defer(ctx, nil, Set{})
+	if d := u.Defer(ctx, nil, Set{}); d != 0 {
+		t.Fatalf("with no report interval known a request waits %v", d)
+	}
+	p := newPlacedTTFT(t, &now, 2, rank, 2)
+	p.Defer(&Context{Prompt: "first"}, nil, Set{})
+	now += 10 * time.Millisecond // a whole turn later: not a burst
+	if d := p.Defer(ctx, nil, Set{}); d != 0 {
+		t.Fatalf("a request a turn after the last waits %v", d)
+	}
+	now += 9 * time.Millisecond
+	if d := p.Defer(ctx, nil, Set{}); d != 10*time.Millisecond {
+		t.Fatalf("a request 9 ms after the last waits %v, want one turn (10 ms)", d)
+	}
+	follow := &Context{Prompt: ctx.Prompt + "and a question of its own"}
+	if d := p.Defer(follow, nil, Set{}); d != 10*time.Millisecond {
+		t.Fatalf("a request with the same opening waits %v, want one turn too", d)
+	}
+	// A measured report gap gives way to the fleet's interval.
+	p.reportGap.Store(int64(8 * time.Millisecond))
+	if got := p.turnGap(); got != 10*time.Millisecond {
+		t.Fatalf("turn %v with the fleet's interval known, want 10 ms", got)
+	}
+	u.reportGap.Store(int64(8 * time.Millisecond))
+	if got := u.turnGap(); got != 16*time.Millisecond {
+		t.Fatalf("turn %v from the measured gap alone, want 16 ms", got)
+	}
+}
+
+// A request waits only where a blind pick could change its choice: on the
+// fitted law, a follow-up whose 4,000-token prefix one idle target holds
+// costs less there than on the other by more than a request's mean service
+// (5 + 50 × 4,000 / 1,000 = 205 ms), and goes at once; a new prompt, which
+// costs the same on both, waits for its turn.
+func TestTurnsSkipAClearChoice(t *testing.T) {
+	now := time.Second
+	prefix := strings.Repeat("a", 16000)
+	follow := &Context{Prompt: prefix + strings.Repeat("b", 400)}
+	fresh := &Context{Prompt: strings.Repeat("c", 16400)}
+	for _, tc := range []struct {
+		name string
+		ctx  *Context
+		wait bool
+	}{{"follow-up", follow, false}, {"new prompt", fresh, true}} {
+		rank := 0
+		if turnOf(tc.ctx, 0, 2) == 0 {
+			rank = 1
+		}
+		p := newPlacedTTFT(t, &now, 2, rank, 2)
+		p.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+		first := &Context{Prompt: prefix}
+		p.Observe(0, first)
+		p.FirstToken(0, first, 200*time.Millisecond, 4000)
+		service, ok := p.meanService()
+		if !ok {
+			t.Fatal("no mean service with a request observed")
+		}
+		match, pred := make([]float64, 2), make([]float64, 2)
+		c := p.costs(tc.ctx, nil, All(2), 1, match, pred)
+		if m := margin(pred, c.el, c.best); (m < service) != tc.wait {
+			t.Fatalf("%s: margin %v ms against a mean service of %v ms", tc.name, m, service)
+		}
+		p.Defer(&Context{Prompt: "earlier"}, nil, Set{})
+		d := p.Defer(tc.ctx, nil, Set{})
+		if got := d > 0; got != tc.wait {
+			t.Fatalf("%s: waits %v, want a wait: %v", tc.name, d, tc.wait)
+		}
+	}
+}
+
+func TestTurnMargin(t *testing.T) {
+	all := All(3)
+	for _, tc := range []struct {
+		pred []float64
+		el   Set
+		want float64
+	}{
+		{[]float64{5, 9, 7}, all, 2},
+		{[]float64{5, 5, 7}, all, 0},
+		{[]float64{5, 1, 7}, setOf(0, 2), 2},
+	} {
+		best := 5.0
+		if got := margin(tc.pred, tc.el, best); got != tc.want {
+			t.Fatalf("margin(%v) = %v, want %v", tc.pred, got, tc.want)
+		}
+	}
+	var one Set
+	one.Add(1)
+	if got := margin([]float64{0, 3, 0}, one, 3); got < 1e300 {
+		t.Fatalf("margin with one target = %v, want +Inf", got)
+	}
+}
+
+// Defer runs beside Pick, Observe and FirstToken from many goroutines
+// (under -race) and only ever asks for whole turns, at most one fewer than
+// the proxies.
+func TestTurnsConcurrent(t *testing.T) {
+	var clock atomic.Int64
+	clock.Store(int64(time.Second))
+	b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1, 1}, Now: func() time.Duration { return time.Duration(clock.Add(int64(time.Millisecond))) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := b.(*predictedTTFT)
+	p.SetPlace(1, 3)
+	p.SetReportInterval(5 * time.Millisecond)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for k := range 200 {
+				ctx := &Context{Prompt: fmt.Sprintf("request %d of %d ", k, g) + strings.Repeat("y", 500)}
+				d := p.Defer(ctx, []int{1, 2, 3}, Set{})
+				if d < 0 || d > 20*time.Millisecond || d%(10*time.Millisecond) != 0 {
+					t.Errorf("Defer = %v, want 0, 10 or 20 ms", d)
+					return
+				}
+				i := p.Pick(ctx, []int{1, 2, 3}, Set{})
+				p.Observe(i, ctx)
+				p.FirstToken(i, ctx, 50*time.Millisecond, 125)
+			}
+		})
+	}
+	wg.Wait()
+}
