@@ -309,6 +309,14 @@ func (p *Proxy) pick(x *exchange, loads []int, now time.Time) int {
 // its first pick, as the balancer of the pool it would pick from asks
 // (routing.Deferrer; 0 for every other balancer).
 func (p *Proxy) turnWait(x *exchange, loads []int, now time.Time) time.Duration {
+	asks := false
+	for _, ps := range x.pools {
+		_, ok := ps.pool.balancer.(routing.Deferrer)
+		asks = asks || ok
+	}
+	if !asks {
+		return 0 // no pool's balancer asks: pick alone finds the eligible targets
+	}
 	eligible, loads, ok := p.candidates(x, loads, now)
 	if !ok {
 		return 0
