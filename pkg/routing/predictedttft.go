@@ -2069,6 +2069,8 @@ type rateBase struct {
 	done, doneN        int64
 	// Σ of the in-flight loads and own share at the picks (recordLoads).
 	loads, own int64
+	// Defer's arrivals with peers and those in a burst (bursty).
+	burstArrivals, inBurst int64
 }
 
 // windowMean is (sum − base) / (n − baseN), the mean over the window, or
@@ -2109,7 +2111,8 @@ func (t *predictedTTFT) snapshotLocked(now time.Duration) {
 	b := &rateBase{at: int64(now), novelty: t.noveltySum, busy: make([]float64, t.n),
 		uncached: t.uncachedSum.Load(), observes: int64(t.observes.Load()),
 		first: t.firstSum.Load(), firstN: t.firstN.Load(), free: t.freeSum.Load(), freeN: t.freeN.Load(),
-		done: t.doneSum.Load(), doneN: t.doneN.Load(), loads: t.loadSum.Load(), own: t.ownSum.Load()}
+		done: t.doneSum.Load(), doneN: t.doneN.Load(), loads: t.loadSum.Load(), own: t.ownSum.Load(),
+		burstArrivals: t.turns.arrivals.Load(), inBurst: t.turns.inBurst.Load()}
 	t.longFirst.step()
 	t.longWhole.step()
 	for j := range t.n {

@@ -15,30 +15,33 @@ import (
 // on the targets that look cheapest to all of them, and a new prefix that
 // two proxies receive at once is prefilled on two targets.
 //
-// So a request that arrives while its proxy is in a burst (another of its
-// requests arrived less than a turn before it) waits for its turn: the
-// proxies of a fleet order themselves for each request by a hash of its
-// prompt's opening, the same order at every proxy (rendezvous hashing),
-// and the one in place j waits j turns, long enough to hear the picks of
-// those before it. The order being the prompt's, the requests of a burst
-// that share a new prefix are placed first by one proxy, and the others
-// follow its copy instead of making their own. A turn is two queue
-// intervals (turnGap).
+// So a request that arrives in a burst waits for its turn: the proxies of
+// a fleet order themselves for each request by a hash of its prompt's
+// opening, the same order at every proxy (rendezvous hashing), and the one
+// in place j waits j turns, long enough to hear the picks of those before
+// it. The order being the prompt's, the requests of a burst that share a
+// new prefix are placed first by one proxy, and the others follow its copy
+// instead of making their own. A turn is two queue intervals (turnGap).
 //
-// A request waits only where a peer's blind pick could change its choice:
-// where its best target costs less than every other by at least a
-// request's mean service (the law's per-request and queued-token weights
-// for the mean uncached prefill), no single pick landing there could
-// overturn it, and it goes at once. Before the law is fitted there is no
-// such measure, and it waits.
+// A request is in a burst when another reached its proxy less than a turn
+// before it, or when most of the proxy's arrivals do (bursty: then a lone
+// one is the first of a burst whose rest its peers are receiving). It
+// waits only where that may pay, on the fitted law:
+//   - where what the peers' blind picks around it are expected to cost it
+//     (blindPickCost) exceeds the wait;
+//   - and where its best target is not cheaper than every other by a
+//     request's mean service (the law's per-request and queued-token
+//     weights for the mean uncached prefill): no single blind pick landing
+//     there could overturn that choice.
+// Before the law is fitted there is no such measure: a request that
+// arrives within a turn of another waits.
 //
-// rolter-sim, 4 sharing proxies against one, seeds 1–3 (docs/routing.md,
+// rolter-sim, 4 sharing proxies against one, seeds 1–5 (docs/routing.md,
 // turns in a burst): gsp, whose 128 clients start in one instant, 0.93–
-// 0.97× of one proxy's TTFT mean (blind 0.75–0.80×, 30 of its 64 system
+// 0.98× of one proxy's TTFT mean (blind 0.75–0.81×, 30 of its 64 system
 // prompts prefilled on two replicas or more); the conversation trace, whose
-// timestamps come in 3 s buckets, 0.95–0.96× (0.83–0.85×); the arxiv
-// trace 0.87–0.95× (0.68–0.72×). The waits cost unique 0.5–2 % and
-// multiturn 1–2 % of their TTFT mean.
+// timestamps come in 3 s buckets, 0.975–0.999× (0.83–0.85×); the arxiv
+// excerpt 0.87–0.95× (0.68–0.72×). The waits cost unique up to 4 %.
 
 // burstTurns is predicted_ttft's state for Defer.
 type burstTurns struct {
@@ -48,6 +51,23 @@ type burstTurns struct {
 	// reportEvery is the fleet's queue interval (SetReportInterval; ns, 0:
 	// unknown).
 	reportEvery atomic.Int64
+	// arrivals counts the requests Defer saw with peers, inBurst those of
+	// them within a turn of the one before (over the rates' window: see
+	// bursty).
+	arrivals, inBurst atomic.Int64
+}
+
+// bursty reports whether more than half of this proxy's arrivals over the
+// rates' window came within a turn of another: its traffic comes in
+// bursts (a trace's same-instant buckets), so an arrival with none before
+// it is, more likely than not, the first of one, whose other requests its
+// peers are receiving. With 4 proxies a bucket of ~9 requests leaves each
+// proxy 2 or 3, and the first of them, picked at once, collided with the
+// other proxies' firsts (docs/routing.md, turns in a burst).
+func (t *predictedTTFT) bursty() bool {
+	b := t.means()
+	share, ok := windowMean(t.turns.inBurst.Load(), t.turns.arrivals.Load(), b.inBurst, b.burstArrivals)
+	return ok && share > 0.5
 }
 
 // turnKeyBytes is how much of a prompt's opening orders the proxies for
@@ -88,7 +108,12 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 	turn := t.turnGap()
 	now := t.now()
 	last := t.turns.lastArrival.Swap(int64(now))
-	if turn <= 0 || last < 0 || int64(now)-last >= int64(turn) {
+	inBurst := last >= 0 && int64(now)-last < int64(turn)
+	t.turns.arrivals.Add(1)
+	if inBurst {
+		t.turns.inBurst.Add(1)
+	}
+	if turn <= 0 || !inBurst && !t.bursty() {
 		return 0
 	}
 	j := turnOf(ctx, rank, size)
@@ -99,15 +124,46 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 	if el.Len() <= 1 {
 		return 0
 	}
+	wait := time.Duration(j) * turn
+	if t.law() == t.unitLaw {
+		// No measure yet of what a blind pick costs, and the share of
+		// arrivals in bursts is the first instant's own: only a
+		// request in a burst waits.
+		if !inBurst {
+			return 0
+		}
+		return wait
+	}
+	service, ok := t.meanService()
+	if !ok || t.blindPickCost(el.Len(), size, service) <= float64(wait)/float64(time.Millisecond) {
+		return 0
+	}
 	var mbuf, pbuf [MaxTargets]float64
 	match, pred := mbuf[:t.n], pbuf[:t.n]
 	c := t.costs(ctx, loads, el, t.loadScale(loads, false), match, pred)
-	if c.fitted {
-		if service, ok := t.meanService(); ok && margin(pred, c.el, c.best) >= service {
-			return 0
-		}
+	if c.fitted && margin(pred, c.el, c.best) >= service {
+		return 0
 	}
-	return time.Duration(j) * turn
+	return wait
+}
+
+// blindPickCost is what a request picked now expects to lose to peers'
+// picks made blind around it (ms): the peers receive about as many
+// requests as this proxy does around each of its own (concurrent: its own
+// arrivals within a report gap either side, about a turn), (size − 1) ×
+// concurrent in all; each lands on this request's target with probability
+// 1/targets, and one that does costs it a request's mean service. Short
+// prompts at a high steady rate are in a burst by the arrival gate alone
+// (one arrival every few milliseconds), but a blind pick costs them less
+// than a turn's wait (rolter-sim unique with 512-token prompts at 120
+// requests a second through 4 proxies: 0.82× of one proxy's TTFT mean
+// waiting, 0.91× with this gate, 0.91× blind).
+func (t *predictedTTFT) blindPickCost(targets, size int, service float64) float64 {
+	if targets <= 1 {
+		return 0
+	}
+	peers := float64(size-1) * loadFloat(&t.concurrent)
+	return (1 - math.Pow(1-1/float64(targets), peers)) * service
 }
 
 // meanService is one request's mean service on the fitted law (ms): its

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +23,27 @@ func newPlacedTTFT(t *testing.T, now *time.Duration, n, rank, size int) *predict
 	p := b.(*predictedTTFT)
 	p.SetPlace(rank, size)
 	p.SetReportInterval(5 * time.Millisecond)
+	return p
+}
+
+// newFittedTTFT is newPlacedTTFT over two targets at the place second in
+// ctx's order of two, on the routing simulator's fitted law, with
+// concurrent own arrivals around each, after the first token of a
+// 16,000-byte prompt of each letter of served at target 0, 1, ….
+func newFittedTTFT(t *testing.T, now *time.Duration, ctx *Context, concurrent float64, served ...string) *predictedTTFT {
+	t.Helper()
+	rank := 0
+	if turnOf(ctx, 0, 2) == 0 {
+		rank = 1
+	}
+	p := newPlacedTTFT(t, now, 2, rank, 2)
+	p.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+	p.concurrent.Store(math.Float64bits(concurrent))
+	for i, r := range served {
+		seen := &Context{Prompt: strings.Repeat(r, 16000)}
+		p.Observe(i, seen)
+		p.FirstToken(i, seen, 200*time.Millisecond, 4000)
+	}
 	return p
 }
 
@@ -125,15 +147,7 @@ func TestTurnsSkipAClearChoice(t *testing.T) {
 		ctx  *Context
 		wait bool
 	}{{"follow-up", follow, false}, {"new prompt", fresh, true}} {
-		rank := 0
-		if turnOf(tc.ctx, 0, 2) == 0 {
-			rank = 1
-		}
-		p := newPlacedTTFT(t, &now, 2, rank, 2)
-		p.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
-		first := &Context{Prompt: prefix}
-		p.Observe(0, first)
-		p.FirstToken(0, first, 200*time.Millisecond, 4000)
+		p := newFittedTTFT(t, &now, tc.ctx, 4, "a") // in a burst: blind picks would cost
 		service, ok := p.meanService()
 		if !ok {
 			t.Fatal("no mean service with a request observed")
@@ -204,4 +218,52 @@ func TestTurnsConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// On the fitted law a request waits only where a blind pick costs more
+// than its wait: where this proxy's arrivals come a few at a time, the
+// peers' blind picks around it are as many and likely to land on its
+// target; where they come one by one (a steady rate), a turn costs more
+// than the rare collision.
+func TestTurnsWeighTheBlindPick(t *testing.T) {
+	now := time.Second
+	ctx := &Context{Prompt: strings.Repeat("d", 16400)}
+	for _, tc := range []struct {
+		concurrent float64
+		wait       bool
+	}{{4, true}, {0.02, false}} {
+		p := newFittedTTFT(t, &now, ctx, tc.concurrent, "e", "h") // both targets served alike: no clear choice
+		match, pred := make([]float64, 2), make([]float64, 2)
+		c := p.costs(ctx, nil, All(2), 1, match, pred)
+		if service, _ := p.meanService(); margin(pred, c.el, c.best) >= service {
+			t.Fatalf("margin %v ms: a clear choice, not what this test is about", margin(pred, c.el, c.best))
+		}
+		p.Defer(&Context{Prompt: "earlier"}, nil, Set{})
+		if d := p.Defer(ctx, nil, Set{}); (d > 0) != tc.wait {
+			t.Fatalf("with %v own arrivals around each: waits %v, want a wait: %v", tc.concurrent, d, tc.wait)
+		}
+	}
+}
+
+// A proxy whose arrivals mostly come in bursts treats one that arrives
+// alone as the first of a burst (its peers are receiving the rest), once
+// the law is fitted; one whose arrivals mostly come alone does not.
+func TestTurnsFirstOfABurst(t *testing.T) {
+	ctx := &Context{Prompt: strings.Repeat("f", 16400)}
+	for _, tc := range []struct {
+		perBurst int
+		wait     bool
+	}{{3, true}, {1, false}} {
+		now := time.Second
+		p := newFittedTTFT(t, &now, ctx, 4, "g")
+		for b := range 10 {
+			for k := range tc.perBurst {
+				p.Defer(&Context{Prompt: fmt.Sprintf("burst %d request %d", b, k)}, nil, Set{})
+			}
+			now += time.Second
+		}
+		if d := p.Defer(ctx, nil, Set{}); (d > 0) != tc.wait {
+			t.Fatalf("arrivals %d at a time: a lone arrival waits %v, want a wait: %v", tc.perBurst, d, tc.wait)
+		}
+	}
 }
