@@ -99,7 +99,8 @@ func (t *predictedTTFT) turnGap() time.Duration {
 
 // Defer implements [Deferrer]: how long ctx waits for its turn (see Turns
 // in a burst above); 0 alone, outside a burst, for the first in the
-// request's order, and where no blind pick could change its choice.
+// request's order, where the peers' blind picks cost less than the wait
+// and where none could change its choice.
 func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Duration {
 	rank, size := t.placeOf()
 	if t.n <= 1 || size <= 1 || ctx == nil {
@@ -141,7 +142,7 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 	var mbuf, pbuf [MaxTargets]float64
 	match, pred := mbuf[:t.n], pbuf[:t.n]
 	c := t.costs(ctx, loads, el, t.loadScale(loads, false), match, pred)
-	if c.fitted && margin(pred, c.el, c.best) >= service {
+	if margin(pred, c.el, c.best) >= service {
 		return 0
 	}
 	return wait
