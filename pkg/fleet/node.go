@@ -358,8 +358,8 @@ func (n *Node) takeChunks(r *Route) *fleetv1.RouteChunks {
 // ride with the queue reports, not the observation flush, so that a peer
 // sees where a new prefix went within a queue interval: predicted_ttft's
 // turns in a burst wait two of them, and through 4 proxies without KV
-// events gsp's first instant went from 0.88× of one proxy's TTFT mean
-// with the picks on the 25 ms flush to 0.99× (docs/routing.md, turns in
+// events gsp went from 0.81–0.88× of one proxy's TTFT mean with the picks
+// on the 25 ms flush to 0.94–1.00× (seeds 1–3; docs/routing.md, turns in
 // a burst).
 func (n *Node) TakeQueues() *fleetv1.Observations {
 	routes := n.boundRoutes()
