@@ -71,8 +71,12 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 	for {
 		select {
 		case <-ctx.Done():
-			if b := n.FlushObservations(); b != nil {
-				_ = nc.Publish(obsSubj, b)
+			// The last picks: a predicted_ttft route's ride with its
+			// queue report (TakeQueues), the others' with the flush.
+			for _, b := range [][]byte{n.FlushObservations(), n.FlushQueues()} {
+				if b != nil {
+					_ = nc.Publish(obsSubj, b)
+				}
 			}
 			return nil
 		case <-flush.C:

@@ -13,8 +13,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
+	"rolter.dev/pkg/fleet"
 	"rolter.dev/pkg/natstest"
 	"rolter.dev/pkg/routing"
+	fleetv1 "rolter.dev/proto/rolter/fleet/v1"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -135,4 +137,66 @@ func TestQueuesOverNATS(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// At shutdown a node publishes its last picks: a predicted_ttft route's,
+// which ride with its queue reports, as well as the flush's. The queue
+// interval here is an hour, so only the shutdown can send them.
+func TestLastPicksAtShutdown(t *testing.T) {
+	s := natstest.Start(t)
+	now := time.Second
+	a := fleet.NewNode(fleet.Options{ID: "a", LoadInterval: time.Hour, FlushInterval: time.Hour, QueueInterval: time.Hour})
+	route := a.Bind("llama", 9, targets)
+	b, err := routing.New(routing.Spec{Strategy: routing.PredictedTTFT, Weights: []int{1, 1, 1, 1}, Share: route.Record,
+		Now: func() time.Duration { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	route.SetAffinity(b.(routing.SharedAffinity))
+	route.SetQueue(b.(routing.SharedQueue))
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	got := make(chan *fleetv1.Observations, 8)
+	obsSubj, _, _ := fleet.Subjects(a.Options().Group)
+	sub, err := nc.Subscribe(obsSubj, func(m *nats.Msg) {
+		if msg, err := fleet.DecodeObservations(m.Data); err == nil {
+			got <- msg
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, nc, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	b.Observe(2, &routing.Context{Prompt: strings.Repeat("the last prompt before shutdown. ", 40)})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case msg := <-got:
+			for _, r := range msg.Routes {
+				for _, tc := range r.Targets {
+					if tc.Target == 2 && len(tc.Chunks) > 0 {
+						return
+					}
+				}
+			}
+		case <-deadline:
+			t.Fatal("the pick made before shutdown was never published")
+		}
+	}
 }
