@@ -1019,7 +1019,6 @@ type pickCosts struct {
 	el         Set     // the eligible targets costed (quiet ones left out before the law is fitted)
 	best       float64 // the least cost over el
 	precise    bool    // match came from the engines' KV events
-	fitted     bool    // the costs are the learned law's milliseconds
 	rates      queueRates
 	collision  float64 // blindCollision, for the targets that are not home
 	rank, size int     // this proxy's place (placeOf)
@@ -1132,7 +1131,7 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 			best = min(best, pred[i])
 		}
 	}
-	return pickCosts{el: el, best: best, precise: precise, fitted: fitted, rates: rates, collision: collision, rank: rank, size: size}
+	return pickCosts{el: el, best: best, precise: precise, rates: rates, collision: collision, rank: rank, size: size}
 }
 
 // waste is the price of re-prefilling tokens of a prefix that lives at
@@ -1299,13 +1298,24 @@ func (t *predictedTTFT) blindCollision(m *ttftLaw, r queueRates, size int) float
 	if size <= 1 || size > t.n || !r.started {
 		return 0
 	}
-	mean, ok := t.meanUncached()
+	service, ok := t.meanService(m)
 	if !ok {
 		return 0
 	}
 	conc := loadFloat(&t.concurrent)
-	service := max(0, m.w[lawAhead]) + max(0, m.w[lawQueued])*mean/1000
 	return conc * r.q * float64(size) / float64(t.n) / 2 * service
+}
+
+// meanService is one request's mean service on the law m (ms): its
+// per-request weight and its queued-token weight for the mean uncached
+// prefill, what a peer's blind pick adds where it lands (blindCollision,
+// blindPickCost); false before any request was sent.
+func (t *predictedTTFT) meanService(m *ttftLaw) (float64, bool) {
+	mean, ok := t.meanUncached()
+	if !ok {
+		return 0, false
+	}
+	return max(0, m.w[lawAhead]) + max(0, m.w[lawQueued])*mean/1000, true
 }
 
 // addCollision adds the blind collision wait to pred's targets that are not

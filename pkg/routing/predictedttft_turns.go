@@ -126,7 +126,8 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 		return 0
 	}
 	wait := time.Duration(j) * turn
-	if t.law() == t.unitLaw {
+	m := t.law()
+	if m == t.unitLaw {
 		// No measure yet of what a blind pick costs, and the share of
 		// arrivals in bursts is the first instant's own: only a
 		// request in a burst waits.
@@ -135,7 +136,7 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 		}
 		return wait
 	}
-	service, ok := t.meanService()
+	service, ok := t.meanService(&m)
 	if !ok || t.blindPickCost(el.Len(), size, service) <= float64(wait)/float64(time.Millisecond) {
 		return 0
 	}
@@ -165,18 +166,6 @@ func (t *predictedTTFT) blindPickCost(targets, size int, service float64) float6
 	}
 	peers := float64(size-1) * loadFloat(&t.concurrent)
 	return (1 - math.Pow(1-1/float64(targets), peers)) * service
-}
-
-// meanService is one request's mean service on the fitted law (ms): its
-// per-request weight and its queued-token weight for the mean uncached
-// prefill, as blindCollision prices a peer's blind pick.
-func (t *predictedTTFT) meanService() (float64, bool) {
-	mean, ok := t.meanUncached()
-	if !ok {
-		return 0, false
-	}
-	m := t.law()
-	return max(0, m.w[lawAhead]) + max(0, m.w[lawQueued])*mean/1000, true
 }
 
 // margin is how much less the cheapest target of el costs than the next

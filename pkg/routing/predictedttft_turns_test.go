@@ -148,7 +148,7 @@ func TestTurnsSkipAClearChoice(t *testing.T) {
 		wait bool
 	}{{"follow-up", follow, false}, {"new prompt", fresh, true}} {
 		p := newFittedTTFT(t, &now, tc.ctx, 4, "a") // in a burst: blind picks would cost
-		service, ok := p.meanService()
+		service, ok := p.meanService(&simLaw)
 		if !ok {
 			t.Fatal("no mean service with a request observed")
 		}
@@ -235,7 +235,7 @@ func TestTurnsWeighTheBlindPick(t *testing.T) {
 		p := newFittedTTFT(t, &now, ctx, tc.concurrent, "e", "h") // both targets served alike: no clear choice
 		match, pred := make([]float64, 2), make([]float64, 2)
 		c := p.costs(ctx, nil, All(2), 1, match, pred)
-		if service, _ := p.meanService(); margin(pred, c.el, c.best) >= service {
+		if service, _ := p.meanService(&simLaw); margin(pred, c.el, c.best) >= service {
 			t.Fatalf("margin %v ms: a clear choice, not what this test is about", margin(pred, c.el, c.best))
 		}
 		p.Defer(&Context{Prompt: "earlier"}, nil, Set{})

@@ -23,15 +23,22 @@ const gridFile = `# bin/rolter-sim --quiet --json --workload gsp --strategies pe
 {"strategy":"predicted_ttft","workload":"agent","token_hit_rate":0.48,"load_imbalance":1.3,"ttft_mean_ms":300,"ttft_p99_ms":950}
 `
 
-func TestVerdicts(t *testing.T) {
+// readText is read over text written to a file.
+func readText(t *testing.T, text string) []*run {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "grid.jsonl")
-	if err := os.WriteFile(path, []byte(gridFile), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	runs, err := read(path)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runs
+}
+
+func TestVerdicts(t *testing.T) {
+	runs := readText(t, gridFile)
 	if len(runs) != 2 || runs[0].label != "gsp" || runs[1].label != "agent, replicas 16, parallel-prefill" {
 		t.Fatalf("runs %d, labels %q", len(runs), []string{runs[0].label, runs[len(runs)-1].label})
 	}
@@ -81,14 +88,7 @@ func TestProxiesReport(t *testing.T) {
 # bin/rolter-sim --quiet --json --seed 2 --workload agent --proxies 4 --share on --strategies predicted_ttft
 {"strategy":"predicted_ttft","token_hit_rate":0.5,"ttft_mean_ms":300}
 `
-	path := filepath.Join(t.TempDir(), "share.jsonl")
-	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	runs, err := read(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	runs := readText(t, file)
 	var b bytes.Buffer
 	proxiesReport(&b, runs)
 	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
