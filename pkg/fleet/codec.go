@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"rolter.dev/pkg/routing"
 	fleetv1 "rolter.dev/proto/rolter/fleet/v1"
 )
 
@@ -88,6 +89,9 @@ func DecodeObservations(b []byte) (*fleetv1.Observations, error) {
 			if t.Target >= maxTargets {
 				return nil, malformed("queues: route %q: target %d out of range", q.Route, t.Target)
 			}
+		}
+		if len(q.ArrivalAgesUs) > routing.MaxReportedArrivals {
+			return nil, malformed("queues: route %q: %d arrivals (at most %d)", q.Route, len(q.ArrivalAgesUs), routing.MaxReportedArrivals)
 		}
 	}
 	if len(m.Queues) > 0 && m.QueueTtlMs == 0 {

@@ -30,7 +30,11 @@
 // balancer that also shares its speculation ([Speculation],
 // routing.SharedSpeculation) adds to each target's report the KV block
 // identities its picks speculated there since the last one, which the
-// receiver's balancer speculates too.
+// receiver's balancer speculates too. One that shares its arrivals
+// ([Arrivals], routing.SharedArrivals) adds the ages of the requests that
+// reached it since its last report (at most 1,024, 4 bytes each), from
+// which the receiver's balancer learns whether the fleet's requests come in
+// bursts that no single proxy receives two of.
 //
 // Load: every load interval (100 ms) each node publishes its in-flight count
 // per route target (rolter.fleet.v1.Loads, which doubles as a heartbeat).

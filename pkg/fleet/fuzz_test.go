@@ -20,6 +20,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(a.node.FlushObservations())
 	now := time.Second
 	q := newTTFTMember(f, "q", &now)
+	q.b.(routing.SharedQueue).SetPlace(0, 2)
+	q.b.(routing.Deferrer).Defer(&routing.Context{Prompt: conversation(1)}, nil, routing.Set{})
 	q.b.Observe(1, &routing.Context{Prompt: conversation(1)})
 	f.Add(q.node.FlushQueues())
 	f.Add(a.node.LoadReport())
@@ -36,6 +38,9 @@ func FuzzDecode(f *testing.F) {
 				}
 			}
 			for _, r := range m.Queues {
+				if len(r.ArrivalAgesUs) > routing.MaxReportedArrivals {
+					t.Fatalf("%d arrivals accepted", len(r.ArrivalAgesUs))
+				}
 				for _, tq := range r.Targets {
 					if tq.Target >= 256 {
 						t.Fatalf("queue of target %d accepted", tq.Target)
@@ -60,7 +65,11 @@ func FuzzDecode(f *testing.F) {
 		// it still picks a target.
 		at := time.Second
 		qm := newTTFTMember(t, "fuzzq", &at)
+		qm.b.(routing.SharedQueue).SetPlace(1, 2)
 		qm.node.HandleObservations(data, time.Now())
+		if d := qm.b.(routing.Deferrer).Defer(&routing.Context{Prompt: conversation(2)}, nil, routing.Set{}); d < 0 {
+			t.Fatalf("Defer = %v after folding", d)
+		}
 		if got := qm.b.Pick(&routing.Context{Prompt: conversation(2)}, nil, routing.Set{}); got < 0 || got >= targets {
 			t.Fatalf("picked %d after folding", got)
 		}

@@ -90,6 +90,14 @@ type Speculation interface {
 	FoldPeerSpeculated(target int, ids []uint64)
 }
 
+// Arrivals is what a node needs of a queue-sharing balancer that also
+// shares when its requests arrive (rolter.dev/pkg/routing.SharedArrivals);
+// they ride on its queue reports.
+type Arrivals interface {
+	TakeArrivals(dst []time.Duration) []time.Duration
+	FoldPeerArrivals(ages []time.Duration)
+}
+
 // Node is one proxy's membership in the fleet. Its methods are safe for
 // concurrent use.
 type Node struct {
@@ -445,6 +453,18 @@ func (n *Node) takeQueues(r *Route) *fleetv1.RouteQueues {
 		}
 		rq.Targets = append(rq.Targets, tq)
 	}
+	if ar, ok := box.Queue.(Arrivals); ok {
+		if ages := ar.TakeArrivals(nil); len(ages) > 0 {
+			if rq == nil {
+				rq = &fleetv1.RouteQueues{Route: r.key.name, Layout: r.key.layout}
+			}
+			ages = ages[max(0, len(ages)-routing.MaxReportedArrivals):]
+			rq.ArrivalAgesUs = make([]uint32, len(ages))
+			for i, a := range ages {
+				rq.ArrivalAgesUs[i] = uint32(min(a/time.Microsecond, math.MaxUint32))
+			}
+		}
+	}
 	return rq
 }
 
@@ -513,12 +533,24 @@ func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.D
 		state  routing.QueueState
 		blocks []uint64
 	}
+	type arrivals struct {
+		a    Arrivals
+		ages []time.Duration
+	}
 	var folds []fold
+	var arrived []arrivals
 	n.mu.Lock()
 	for _, rq := range queues {
 		r, box := boundBox(n, rq.Route, rq.Layout, func(r *Route) *queueBox { return r.queue.Load() })
 		if box == nil {
 			continue
+		}
+		if a, ok := box.Queue.(Arrivals); ok && len(rq.ArrivalAgesUs) > 0 {
+			ages := make([]time.Duration, len(rq.ArrivalAgesUs))
+			for i, us := range rq.ArrivalAgesUs {
+				ages[i] = time.Duration(us) * time.Microsecond
+			}
+			arrived = append(arrived, arrivals{a, ages})
 		}
 		for _, tq := range rq.Targets {
 			if int(tq.Target) >= r.n {
@@ -543,6 +575,9 @@ func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.D
 			sp.FoldPeerSpeculated(f.target, f.blocks)
 			n.stats.blocksSpeculated.Add(uint64(len(f.blocks)))
 		}
+	}
+	for _, a := range arrived {
+		a.a.FoldPeerArrivals(a.ages)
 	}
 	n.stats.queueReports.Add(uint64(len(folds)))
 }

@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -466,5 +467,44 @@ func TestSpeculationReachesPeers(t *testing.T) {
 	bsrc.KVScores(tokens, scores)
 	if scores[2] != 0 {
 		t.Fatalf("after the speculative TTL b still sees %v of the prefix at target 2", scores[2])
+	}
+}
+
+// arrivalsProbe is a queue-sharing balancer that records the peers'
+// arrivals folded into it.
+type arrivalsProbe struct {
+	routing.SharedQueue
+	folded []time.Duration
+}
+
+func (p *arrivalsProbe) TakeArrivals(dst []time.Duration) []time.Duration { return dst }
+func (p *arrivalsProbe) FoldPeerArrivals(ages []time.Duration) {
+	p.folded = append(p.folded, ages...)
+}
+
+// A predicted_ttft proxy's arrivals ride with its queue reports, by their
+// ages at the report, whether or not anything is queued, and reach the
+// peer's balancer; taken once.
+func TestArrivalsReachPeers(t *testing.T) {
+	now := time.Second
+	a, b := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now)
+	a.b.(routing.SharedQueue).SetPlace(0, 2)
+	probe := &arrivalsProbe{SharedQueue: b.b.(routing.SharedQueue)}
+	b.route.SetQueue(probe)
+	for range 2 {
+		a.b.(routing.Deferrer).Defer(&routing.Context{Prompt: conversation(1)}, nil, routing.Set{})
+		now += 3 * time.Millisecond
+	}
+	raw := a.node.FlushQueues()
+	msg, err := fleet.DecodeObservations(raw)
+	if err != nil || len(msg.Queues) != 1 || !slices.Equal(msg.Queues[0].ArrivalAgesUs, []uint32{6000, 3000}) {
+		t.Fatalf("a's report after two arrivals 3 ms apart, nothing picked: %v (%v), want their ages 6,000 and 3,000 µs", msg, err)
+	}
+	b.node.HandleObservations(raw, time.Now())
+	if want := []time.Duration{6 * time.Millisecond, 3 * time.Millisecond}; !slices.Equal(probe.folded, want) {
+		t.Fatalf("b's balancer folded %v, want %v", probe.folded, want)
+	}
+	if again := a.node.FlushQueues(); again != nil {
+		t.Fatalf("a second report with no new arrival: %v", again)
 	}
 }

@@ -2079,8 +2079,11 @@ type rateBase struct {
 	done, doneN        int64
 	// Σ of the in-flight loads and own share at the picks (recordLoads).
 	loads, own int64
-	// Defer's arrivals with peers and those in a burst (bursty).
-	burstArrivals, inBurst int64
+	// Defer's arrivals with peers and those in a burst (bursty); the
+	// settled own arrivals, those near a peer's and the peers' near them
+	// (fleetBursts).
+	burstArrivals, inBurst   int64
+	settled, near, peersNear int64
 }
 
 // windowMean is (sum − base) / (n − baseN), the mean over the window, or
@@ -2122,7 +2125,8 @@ func (t *predictedTTFT) snapshotLocked(now time.Duration) {
 		uncached: t.uncachedSum.Load(), observes: int64(t.observes.Load()),
 		first: t.firstSum.Load(), firstN: t.firstN.Load(), free: t.freeSum.Load(), freeN: t.freeN.Load(),
 		done: t.doneSum.Load(), doneN: t.doneN.Load(), loads: t.loadSum.Load(), own: t.ownSum.Load(),
-		burstArrivals: t.turns.arrivals.Load(), inBurst: t.turns.inBurst.Load()}
+		burstArrivals: t.turns.arrivals.Load(), inBurst: t.turns.inBurst.Load(),
+		settled: t.turns.settled.Load(), near: t.turns.near.Load(), peersNear: t.turns.peersNear.Load()}
 	t.longFirst.step()
 	t.longWhole.step()
 	for j := range t.n {

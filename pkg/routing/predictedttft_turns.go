@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"hash/fnv"
 	"math"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -36,6 +38,12 @@ import (
 // Before the law is fitted there is no such measure: a request that
 // arrives within a turn of another waits.
 //
+// With more proxies than a burst has requests, most proxies receive one
+// request of it, and no arrival of their own shows the burst. The peers'
+// do: each proxy's arrivals ride with its queue reports, and the share of
+// this proxy's arrivals that had a peer's within a turn, and how many,
+// count as a burst and as the peers' blind picks (fleetBursts).
+//
 // rolter-sim, 4 sharing proxies against one, seeds 1–5 (docs/routing.md,
 // turns in a burst): gsp, whose 128 clients start in one instant, 0.93–
 // 0.98× of one proxy's TTFT mean (blind 0.75–0.81×, 30 of its 64 system
@@ -55,6 +63,138 @@ type burstTurns struct {
 	// them within a turn of the one before (over the rates' window: see
 	// bursty).
 	arrivals, inBurst atomic.Int64
+	// settled counts this proxy's arrivals whose neighbourhood in the
+	// fleet's is known (fleetBursts), near those of them with a peer's
+	// arrival within a turn either side, and peersNear those peers'
+	// arrivals (over the rates' window).
+	settled, near, peersNear atomic.Int64
+	// peersReport is set once a peer reported arrivals: peers that do not
+	// (an older release) leave the blind picks estimated from this
+	// proxy's own arrivals.
+	peersReport atomic.Bool
+	fleet       fleetArrivals
+}
+
+// fleetArrivals holds the arrivals fleetBursts weighs (under mu; times in
+// ns on t.now's clock).
+type fleetArrivals struct {
+	mu sync.Mutex
+	// report holds the own arrivals since the last TakeArrivals, pending
+	// the own arrivals, once the law is fitted, whose neighbourhood is not
+	// known yet (oldest first), and peers the peers' arrivals that a
+	// pending one may still have within a turn.
+	report, pending, peers []int64
+}
+
+// settleTurns is how long after an arrival the peers' arrivals around it
+// are known: a turn for those up to a turn after it, a turn for their
+// report (a queue interval and the trip: see turnGap), and a turn for a
+// late tick.
+const settleTurns = 3
+
+// maxHeldArrivals bounds fleetArrivals' pending and peers: past it a
+// proxy's own arrivals are not weighed and a peer's are dropped (its
+// arrivals already a burst by then).
+const maxHeldArrivals = 4096
+
+// fleetBursts records an own arrival at now (weighed once the law is
+// fitted) and settles the own arrivals whose neighbourhood is known. It
+// returns whether more than half of those over the rates' window had a
+// peer's arrival within a turn either side (bursty's measure, which a
+// proxy receiving one request of each burst never meets on its own) and
+// the mean number of such peers' arrivals, the blind picks around each of
+// its own (known: false before any settled).
+func (t *predictedTTFT) fleetBursts(now, turn time.Duration, fitted bool) (bursty bool, peers float64, known bool) {
+	f := &t.turns.fleet
+	f.mu.Lock()
+	if len(f.report) >= MaxReportedArrivals {
+		// Nobody took them (no fleet tick yet): keep the latest half.
+		f.report = append(f.report[:0], f.report[len(f.report)/2:]...)
+	}
+	f.report = append(f.report, int64(now))
+	if fitted && len(f.pending) < maxHeldArrivals {
+		f.pending = append(f.pending, int64(now))
+	}
+	t.settleLocked(now, turn)
+	f.mu.Unlock()
+	if !t.turns.peersReport.Load() {
+		return false, 0, false
+	}
+	b := t.means()
+	share, ok := windowMean(t.turns.near.Load(), t.turns.settled.Load(), b.near, b.settled)
+	if !ok {
+		return false, 0, false
+	}
+	peers, _ = windowMean(t.turns.peersNear.Load(), t.turns.settled.Load(), b.peersNear, b.settled)
+	return share > 0.5, peers, true
+}
+
+// settleLocked counts the pending own arrivals older than settleTurns
+// turns against the peers' around them, and forgets the peers' arrivals
+// no pending one can have within a turn; t.turns.fleet.mu must be held.
+func (t *predictedTTFT) settleLocked(now, turn time.Duration) {
+	f := &t.turns.fleet
+	horizon := int64(now - settleTurns*turn)
+	done := 0
+	for _, x := range f.pending {
+		if x >= horizon {
+			break
+		}
+		k := 0
+		for _, p := range f.peers {
+			if p > x-int64(turn) && p < x+int64(turn) {
+				k++
+			}
+		}
+		t.turns.settled.Add(1)
+		if k > 0 {
+			t.turns.near.Add(1)
+			t.turns.peersNear.Add(int64(k))
+		}
+		done++
+	}
+	f.pending = append(f.pending[:0], f.pending[done:]...)
+	keep := horizon
+	if len(f.pending) > 0 {
+		keep = min(keep, f.pending[0])
+	}
+	keep -= int64(turn)
+	f.peers = slices.DeleteFunc(f.peers, func(p int64) bool { return p <= keep })
+}
+
+// TakeArrivals implements [SharedArrivals].
+func (t *predictedTTFT) TakeArrivals(dst []time.Duration) []time.Duration {
+	f := &t.turns.fleet
+	now := t.now()
+	f.mu.Lock()
+	for _, at := range f.report {
+		dst = append(dst, max(0, now-time.Duration(at)))
+	}
+	f.report = f.report[:0]
+	f.mu.Unlock()
+	return dst
+}
+
+// FoldPeerArrivals implements [SharedArrivals]. The ages are the peer's at
+// its report; the trip since (well under a millisecond on a LAN) makes
+// them look that much older.
+func (t *predictedTTFT) FoldPeerArrivals(ages []time.Duration) {
+	turn := t.turnGap()
+	if turn <= 0 || len(ages) == 0 {
+		return
+	}
+	t.turns.peersReport.Store(true)
+	f := &t.turns.fleet
+	now := t.now()
+	f.mu.Lock()
+	for _, age := range ages {
+		if len(f.peers) >= maxHeldArrivals {
+			break
+		}
+		f.peers = append(f.peers, int64(now-max(age, 0)))
+	}
+	t.settleLocked(now, turn)
+	f.mu.Unlock()
 }
 
 // bursty reports whether more than half of this proxy's arrivals over the
@@ -114,7 +254,12 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 	if inBurst {
 		t.turns.inBurst.Add(1)
 	}
-	if turn <= 0 || !inBurst && !t.bursty() {
+	if turn <= 0 {
+		return 0
+	}
+	m := t.law()
+	fleetBursty, peers, known := t.fleetBursts(now, turn, m != t.unitLaw)
+	if !inBurst && !t.bursty() && !fleetBursty {
 		return 0
 	}
 	j := turnOf(ctx, rank, size)
@@ -126,7 +271,6 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 		return 0
 	}
 	wait := time.Duration(j) * turn
-	m := t.law()
 	if m == t.unitLaw {
 		// No measure yet of what a blind pick costs, and the share of
 		// arrivals in bursts is the first instant's own: only a
@@ -137,7 +281,10 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 		return wait
 	}
 	service, ok := t.meanService(&m)
-	if !ok || t.blindPickCost(el.Len(), size, service) <= float64(wait)/float64(time.Millisecond) {
+	if !known {
+		peers = float64(size-1) * loadFloat(&t.concurrent)
+	}
+	if !ok || blindPickCost(el.Len(), peers, service) <= float64(wait)/float64(time.Millisecond) {
 		return 0
 	}
 	var mbuf, pbuf [MaxTargets]float64
@@ -149,22 +296,22 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 	return wait
 }
 
-// blindPickCost is what a request picked now expects to lose to peers'
-// picks made blind around it (ms): the peers receive about as many
-// requests as this proxy does around each of its own (concurrent: its own
-// arrivals within a report gap either side, about a turn), (size − 1) ×
-// concurrent in all; each lands on this request's target with probability
-// 1/targets, and one that does costs it a request's mean service. Short
-// prompts at a high steady rate are in a burst by the arrival gate alone
-// (one arrival every few milliseconds), but a blind pick costs them less
-// than a turn's wait (rolter-sim unique with 512-token prompts at 120
+// blindPickCost is what a request picked now expects to lose to the peers'
+// picks made blind around it (ms): peers of them (the peers' arrivals
+// within a turn either side of this proxy's, as fleetBursts measured them;
+// before it has, (size − 1) × concurrent: the peers receive about as many
+// requests as this proxy does around each of its own, concurrent being its
+// own arrivals within a report gap either side, about a turn), each
+// landing on this request's target with probability 1/targets, where it
+// costs a request's mean service. Short prompts at a high steady rate are
+// in a burst by the arrival gate alone (one arrival every few
+// milliseconds), but a blind pick costs them less than a turn's wait (rolter-sim unique with 512-token prompts at 120
 // requests a second through 4 proxies: 0.82× of one proxy's TTFT mean
 // waiting, 0.91× with this gate, 0.91× blind).
-func (t *predictedTTFT) blindPickCost(targets, size int, service float64) float64 {
+func blindPickCost(targets int, peers, service float64) float64 {
 	if targets <= 1 {
 		return 0
 	}
-	peers := float64(size-1) * loadFloat(&t.concurrent)
 	return (1 - math.Pow(1-1/float64(targets), peers)) * service
 }
 

@@ -267,3 +267,42 @@ func TestTurnsFirstOfABurst(t *testing.T) {
 		}
 	}
 }
+
+// With more proxies than a burst has requests, a proxy receives its
+// requests one at a time, and only its peers' arrivals show that they come
+// in bursts: once most of its own had peers' arrivals within a turn, a lone
+// arrival waits its turn; with theirs half a second away, or before the
+// peers' are known (settleTurns later), it does not.
+func TestTurnsFleetBursts(t *testing.T) {
+	ctx := &Context{Prompt: strings.Repeat("k", 16400)}
+	for _, tc := range []struct {
+		apart time.Duration
+		wait  bool
+	}{{0, true}, {500 * time.Millisecond, false}} {
+		now := time.Second
+		p := newFittedTTFT(t, &now, ctx, 0.02, "e", "h") // own arrivals one by one; no clear choice
+		for b := range 10 {
+			p.Defer(&Context{Prompt: fmt.Sprintf("burst %d", b)}, nil, Set{})
+			ages := make([]time.Duration, 3)
+			for k := range ages {
+				ages[k] = time.Duration(k)*time.Millisecond + tc.apart
+			}
+			now += 2 * time.Millisecond // the peers' report: arrivals up to 2 ms either side
+			p.FoldPeerArrivals(ages)
+			now += time.Second
+		}
+		if got := p.TakeArrivals(nil); len(got) != 10 || got[9] != time.Second+2*time.Millisecond {
+			t.Fatalf("own arrivals taken: %v, want 10, the latest %v ago", got, time.Second+2*time.Millisecond)
+		}
+		if d := p.Defer(ctx, nil, Set{}); (d > 0) != tc.wait {
+			t.Fatalf("3 peers' arrivals %v from each own: a lone arrival waits %v, want a wait: %v", tc.apart, d, tc.wait)
+		}
+	}
+	// Before any own arrival has settled, the peers' alone decide nothing.
+	now := time.Second
+	p := newFittedTTFT(t, &now, ctx, 0.02, "e", "h")
+	p.FoldPeerArrivals([]time.Duration{0, 0, 0})
+	if d := p.Defer(ctx, nil, Set{}); d != 0 {
+		t.Fatalf("a first arrival among unsettled peers' waits %v", d)
+	}
+}

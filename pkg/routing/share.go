@@ -210,6 +210,27 @@ type Deferrer interface {
 	Defer(ctx *Context, loads []int, eligible Set) time.Duration
 }
 
+// SharedArrivals is implemented by balancers that learn from their peers'
+// arrivals whether the fleet's requests come in bursts (predicted_ttft's
+// turns): with more proxies than a burst has requests, no proxy receives
+// two of one, and only the peers' reports show that its lone requests
+// arrive together with theirs. The fleet carries each proxy's arrivals
+// with its queue reports.
+type SharedArrivals interface {
+	// TakeArrivals appends to dst the ages of the requests that reached
+	// this balancer since the last call (at most MaxReportedArrivals, the
+	// latest), and forgets them.
+	TakeArrivals(dst []time.Duration) []time.Duration
+	// FoldPeerArrivals records a peer's arrivals, given by their ages when
+	// the peer reported them.
+	FoldPeerArrivals(ages []time.Duration)
+}
+
+// MaxReportedArrivals bounds the arrivals one report carries (see
+// SharedArrivals): at the fleet's 5 ms queue interval, 200,000 requests a
+// second at one proxy.
+const MaxReportedArrivals = 1024
+
 // ReportPacer is implemented by balancers that need to know how often the
 // peers' queue reports arrive before they have measured it: the fleet
 // tells them its own queue interval, which a fleet's proxies share.

@@ -235,10 +235,16 @@ func (x *TargetChunks) GetChunks() []uint64 {
 
 // RouteQueues is one route's queued prefill per target.
 type RouteQueues struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Route         string                 `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
-	Layout        uint64                 `protobuf:"fixed64,2,opt,name=layout,proto3" json:"layout,omitempty"`
-	Targets       []*TargetQueue         `protobuf:"bytes,3,rep,name=targets,proto3" json:"targets,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Route   string                 `protobuf:"bytes,1,opt,name=route,proto3" json:"route,omitempty"`
+	Layout  uint64                 `protobuf:"fixed64,2,opt,name=layout,proto3" json:"layout,omitempty"`
+	Targets []*TargetQueue         `protobuf:"bytes,3,rep,name=targets,proto3" json:"targets,omitempty"`
+	// arrival_ages_us are the microseconds, at the flush, since each request
+	// of the route reached this proxy after its last report (at most 1,024,
+	// the latest): from every proxy's arrivals a receiver learns whether the
+	// fleet's requests come in bursts that no single proxy sees whole, with
+	// more proxies than a burst has requests.
+	ArrivalAgesUs []uint32 `protobuf:"varint,4,rep,packed,name=arrival_ages_us,json=arrivalAgesUs,proto3" json:"arrival_ages_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -290,6 +296,13 @@ func (x *RouteQueues) GetLayout() uint64 {
 func (x *RouteQueues) GetTargets() []*TargetQueue {
 	if x != nil {
 		return x.Targets
+	}
+	return nil
+}
+
+func (x *RouteQueues) GetArrivalAgesUs() []uint32 {
+	if x != nil {
+		return x.ArrivalAgesUs
 	}
 	return nil
 }
@@ -684,11 +697,12 @@ const file_rolter_fleet_v1_fleet_proto_rawDesc = "" +
 	"\atargets\x18\x03 \x03(\v2\x1d.rolter.fleet.v1.TargetChunksR\atargets\">\n" +
 	"\fTargetChunks\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\rR\x06target\x12\x16\n" +
-	"\x06chunks\x18\x02 \x03(\x06R\x06chunks\"s\n" +
+	"\x06chunks\x18\x02 \x03(\x06R\x06chunks\"\x9b\x01\n" +
 	"\vRouteQueues\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x16\n" +
 	"\x06layout\x18\x02 \x01(\x06R\x06layout\x126\n" +
-	"\atargets\x18\x03 \x03(\v2\x1c.rolter.fleet.v1.TargetQueueR\atargets\"\xaa\x02\n" +
+	"\atargets\x18\x03 \x03(\v2\x1c.rolter.fleet.v1.TargetQueueR\atargets\x12&\n" +
+	"\x0farrival_ages_us\x18\x04 \x03(\rR\rarrivalAgesUs\"\xaa\x02\n" +
 	"\vTargetQueue\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\rR\x06target\x12\x1a\n" +
 	"\brequests\x18\x02 \x01(\rR\brequests\x12\x16\n" +
