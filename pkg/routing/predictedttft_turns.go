@@ -305,9 +305,10 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 // landing on this request's target with probability 1/targets, where it
 // costs a request's mean service. Short prompts at a high steady rate are
 // in a burst by the arrival gate alone (one arrival every few
-// milliseconds), but a blind pick costs them less than a turn's wait (rolter-sim unique with 512-token prompts at 120
-// requests a second through 4 proxies: 0.82× of one proxy's TTFT mean
-// waiting, 0.91× with this gate, 0.91× blind).
+// milliseconds), but a blind pick costs them less than a turn's wait
+// (rolter-sim unique with 512-token prompts at 120 requests a second
+// through 4 proxies: 0.82× of one proxy's TTFT mean waiting, 0.91× with
+// this gate, 0.91× blind).
 func blindPickCost(targets int, peers, service float64) float64 {
 	if targets <= 1 {
 		return 0
