@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|other-trace|arxiv-trace OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|other-trace|arxiv-trace OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # other-trace replays a Mooncake-format trace this repository does not
 # carry, named by OTHER_TRACE (docs/routing.md: Mooncake's
@@ -237,10 +237,27 @@ share)
 	A=tests/sim/testdata/mooncake_arxiv_excerpt.jsonl
 	run --workload trace --trace $A --capacity 32768 --strategies predicted_ttft,predicted_ttft:kv_events=0
 	run --workload trace --trace $A --capacity 32768 --proxies 4 --share on --strategies $P4 ;;
+fleets)
+	# Fleets of proxies against one proxy on the same replicas: more proxies
+	# than replicas, as many, and small fleets (also blind: turns=0).
+	A=tests/sim/testdata/mooncake_arxiv_excerpt.jsonl
+	for w in "--workload gsp" "--workload multiturn" "--workload agent" "--workload unique" \
+		"--workload trace --trace-limit $L --capacity 32768" "--workload trace --trace $A --capacity 32768"; do
+		for r in 8 4 2; do
+			# shellcheck disable=SC2086
+			run $w --replicas $r --strategies predicted_ttft
+		done
+		for rp in "8 16" "8 8" "4 6" "4 8" "2 3"; do
+			# shellcheck disable=SC2086
+			set -- $rp
+			# shellcheck disable=SC2086
+			run $w --replicas "$1" --proxies "$2" --share on --strategies predicted_ttft,predicted_ttft:turns=0
+		done
+	done ;;
 other-trace)
 	: "${OTHER_TRACE:?set OTHER_TRACE to a Mooncake-format JSONL trace}"
 	trace_runs "$OTHER_TRACE" ;;
 arxiv-trace)
 	trace_runs tests/sim/testdata/mooncake_arxiv_excerpt.jsonl ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|other-trace|arxiv-trace OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|other-trace|arxiv-trace OUT" >&2; exit 2 ;;
 esac

@@ -65,8 +65,8 @@ type burstTurns struct {
 	arrivals, inBurst atomic.Int64
 	// settled counts this proxy's arrivals whose neighbourhood in the
 	// fleet's is known (fleetBursts), near those of them with a peer's
-	// arrival within a turn either side, and peersNear those peers'
-	// arrivals (over the rates' window).
+	// arrival within a turn either side, and peersNear the peers' arrivals
+	// within half a turn of them (over the rates' window).
 	settled, near, peersNear atomic.Int64
 	// peersReport is set once a peer reported arrivals: peers that do not
 	// (an older release) leave the blind picks estimated from this
@@ -102,8 +102,13 @@ const maxHeldArrivals = 4096
 // returns whether more than half of those over the rates' window had a
 // peer's arrival within a turn either side (bursty's measure, which a
 // proxy receiving one request of each burst never meets on its own) and
-// the mean number of such peers' arrivals, the blind picks around each of
-// its own (known: false before any settled).
+// the mean number of peers' arrivals within half a turn of its own (a
+// queue interval: the peers' picks that a pick cannot see and that cannot
+// see it), the blind picks around each (known: false before any settled).
+// Counted within a whole turn they were twice as many, and a steady stream
+// waited where a blind pick costs little: rolter-sim unique, open loop at
+// 60 requests a second through 4 proxies, 181 requests waited instead of
+// 8, TTFT mean 149.7 against 148.3 ms.
 func (t *predictedTTFT) fleetBursts(now, turn time.Duration, fitted bool) (bursty bool, peers float64, known bool) {
 	f := &t.turns.fleet
 	f.mu.Lock()
@@ -140,16 +145,19 @@ func (t *predictedTTFT) settleLocked(now, turn time.Duration) {
 		if x >= horizon {
 			break
 		}
-		k := 0
+		k, blind := 0, 0
 		for _, p := range f.peers {
 			if p > x-int64(turn) && p < x+int64(turn) {
 				k++
+				if p > x-int64(turn/2) && p < x+int64(turn/2) {
+					blind++
+				}
 			}
 		}
 		t.turns.settled.Add(1)
 		if k > 0 {
 			t.turns.near.Add(1)
-			t.turns.peersNear.Add(int64(k))
+			t.turns.peersNear.Add(int64(blind))
 		}
 		done++
 	}
@@ -298,7 +306,7 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 
 // blindPickCost is what a request picked now expects to lose to the peers'
 // picks made blind around it (ms): peers of them (the peers' arrivals
-// within a turn either side of this proxy's, as fleetBursts measured them;
+// within half a turn either side of this proxy's, as fleetBursts measured them;
 // before it has, (size − 1) × concurrent: the peers receive about as many
 // requests as this proxy does around each of its own, concurrent being its
 // own arrivals within a report gap either side, about a turn), each
