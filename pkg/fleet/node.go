@@ -578,6 +578,7 @@ func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.D
 	}
 	for _, a := range arrived {
 		a.a.FoldPeerArrivals(a.ages)
+		n.stats.arrivals.Add(uint64(len(a.ages)))
 	}
 	n.stats.queueReports.Add(uint64(len(folds)))
 }

@@ -504,6 +504,9 @@ func TestArrivalsReachPeers(t *testing.T) {
 	if want := []time.Duration{6 * time.Millisecond, 3 * time.Millisecond}; !slices.Equal(probe.folded, want) {
 		t.Fatalf("b's balancer folded %v, want %v", probe.folded, want)
 	}
+	if st := b.node.Stats(time.Now()); st.Arrivals != 2 {
+		t.Fatalf("b counted %d arrivals, want 2", st.Arrivals)
+	}
 	if again := a.node.FlushQueues(); again != nil {
 		t.Fatalf("a second report with no new arrival: %v", again)
 	}

@@ -20,8 +20,9 @@ type Stats struct {
 	// LoadReports counts peers' load reports taken; QueueReports the
 	// per-target queue reports folded from their observation batches;
 	// BlocksSpeculated the KV block identities those reports carried
-	// (predicted_ttft with KV events).
-	LoadReports, QueueReports, BlocksSpeculated uint64
+	// (predicted_ttft with KV events); Arrivals the peers' arrivals they
+	// carried (predicted_ttft).
+	LoadReports, QueueReports, BlocksSpeculated, Arrivals uint64
 	// Malformed counts messages that did not decode (or named a target out
 	// of range); UnknownRoute entries for a route or layout this node does
 	// not have (a config change in flight); LostBatches the gaps in peers'
@@ -44,7 +45,7 @@ type Stats struct {
 type counters struct {
 	batchesPublished, chunksPublished, bytesPublished atomic.Uint64
 	batchesReceived, chunksFolded, loadReports        atomic.Uint64
-	queueReports, blocksSpeculated                    atomic.Uint64
+	queueReports, blocksSpeculated, arrivals          atomic.Uint64
 	malformed, unknownRoute, lostBatches              atomic.Uint64
 	snapshotsServed, snapshotsApplied                 atomic.Uint64
 	publishErrors, overflow, queueTicks               atomic.Uint64
@@ -71,6 +72,7 @@ func (n *Node) Stats(now time.Time) Stats {
 		LoadReports:      n.stats.loadReports.Load(),
 		QueueReports:     n.stats.queueReports.Load(),
 		BlocksSpeculated: n.stats.blocksSpeculated.Load(),
+		Arrivals:         n.stats.arrivals.Load(),
 		Malformed:        n.stats.malformed.Load(),
 		UnknownRoute:     n.stats.unknownRoute.Load(),
 		LostBatches:      n.stats.lostBatches.Load(),

@@ -18,7 +18,7 @@ func fleetDesc(name, help string, labels ...string) *prometheus.Desc {
 
 var (
 	fleetPublished = fleetDesc("published_total", "What this proxy published to its peers, by unit (batches, chunks, bytes).", "unit")
-	fleetReceived  = fleetDesc("received_total", "Peers' observation batches folded (prefix hashes or queued prefill), hashes folded (batches and snapshots), per-target queued-prefill reports folded (predicted_ttft), the KV block identities those reports speculated, and load reports taken, by unit (batches, chunks, queue_reports, kv_blocks, load_reports).", "unit")
+	fleetReceived  = fleetDesc("received_total", "Peers' observation batches folded (prefix hashes or queued prefill), hashes folded (batches and snapshots), per-target queued-prefill reports folded (predicted_ttft), the KV block identities those reports speculated and the arrivals they carried, and load reports taken, by unit (batches, chunks, queue_reports, kv_blocks, arrivals, load_reports).", "unit")
 	fleetDropped   = fleetDesc("dropped_total", "Peer messages or entries dropped, by reason (malformed; unknown_route: a route or layout this proxy does not have, e.g. during a config change; lost_batch: gaps in a peer's sequence; queue_full: local picks not shared because more than 4,096 per route arrived between two flushes).", "reason")
 	fleetSnapshots = fleetDesc("snapshots_total", "Warm-up snapshots served to new peers and applied from a peer, by direction (served, applied).", "direction")
 	fleetPubErrors = fleetDesc("publish_errors_total", "Publishes NATS refused (connection closed).")
@@ -49,6 +49,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(fleetReceived, s.ChunksFolded, "chunks")
 	counter(fleetReceived, s.QueueReports, "queue_reports")
 	counter(fleetReceived, s.BlocksSpeculated, "kv_blocks")
+	counter(fleetReceived, s.Arrivals, "arrivals")
 	counter(fleetReceived, s.LoadReports, "load_reports")
 	counter(fleetDropped, s.Malformed, "malformed")
 	counter(fleetDropped, s.UnknownRoute, "unknown_route")
