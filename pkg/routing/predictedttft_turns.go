@@ -40,9 +40,9 @@ import (
 //
 // With more proxies than a burst has requests, most proxies receive one
 // request of it, and no arrival of their own shows the burst. The peers'
-// do: each proxy's arrivals ride with its queue reports, and the share of
-// this proxy's arrivals that had a peer's within a turn, and how many,
-// count as a burst and as the peers' blind picks (fleetBursts).
+// do: each proxy's arrivals ride with its queue reports; the share of this
+// proxy's arrivals that had a peer's within a turn tells a burst, and the
+// peers' within half a turn of each are its blind picks (fleetBursts).
 //
 // rolter-sim, 4 sharing proxies against one, seeds 1–5 (docs/routing.md,
 // turns in a burst): gsp, whose 128 clients start in one instant, 0.93–
@@ -306,12 +306,12 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 
 // blindPickCost is what a request picked now expects to lose to the peers'
 // picks made blind around it (ms): peers of them (the peers' arrivals
-// within half a turn either side of this proxy's, as fleetBursts measured them;
-// before it has, (size − 1) × concurrent: the peers receive about as many
-// requests as this proxy does around each of its own, concurrent being its
-// own arrivals within a report gap either side, about a turn), each
-// landing on this request's target with probability 1/targets, where it
-// costs a request's mean service. Short prompts at a high steady rate are
+// within half a turn either side of this proxy's, as fleetBursts measured
+// them; before it has, (size − 1) × concurrent: the peers receive about
+// as many requests as this proxy does around each of its own, concurrent
+// being its own arrivals within a report gap either side, about a turn),
+// each landing on this request's target with probability 1/targets, where
+// it costs a request's mean service. Short prompts at a high steady rate are
 // in a burst by the arrival gate alone (one arrival every few
 // milliseconds), but a blind pick costs them less than a turn's wait
 // (rolter-sim unique with 512-token prompts at 120 requests a second
