@@ -188,9 +188,9 @@ func TestTurnMargin(t *testing.T) {
 	}
 }
 
-// Defer runs beside Pick, Observe and FirstToken from many goroutines
-// (under -race) and only ever asks for whole turns, at most one fewer than
-// the proxies.
+// Defer runs beside Pick, Observe, FirstToken and the fleet's
+// TakeArrivals and FoldPeerArrivals from many goroutines (under -race) and
+// only ever asks for whole turns, at most one fewer than the proxies.
 func TestTurnsConcurrent(t *testing.T) {
 	var clock atomic.Int64
 	clock.Store(int64(time.Second))
@@ -204,7 +204,7 @@ func TestTurnsConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {
-			for k := range 200 {
+			for k := range 100 {
 				ctx := &Context{Prompt: fmt.Sprintf("request %d of %d ", k, g) + strings.Repeat("y", 500)}
 				d := p.Defer(ctx, []int{1, 2, 3}, Set{})
 				if d < 0 || d > 20*time.Millisecond || d%(10*time.Millisecond) != 0 {
@@ -217,7 +217,29 @@ func TestTurnsConcurrent(t *testing.T) {
 			}
 		})
 	}
+	// The fleet's goroutine meanwhile takes this proxy's arrivals and folds
+	// its peers', until the requests are done; every arrival is taken once
+	// (800 in all: fewer than MaxReportedArrivals, so none is dropped).
+	done := make(chan struct{})
+	var taken atomic.Int64
+	var fleet sync.WaitGroup
+	fleet.Go(func() {
+		for {
+			taken.Add(int64(len(p.TakeArrivals(nil))))
+			p.FoldPeerArrivals([]time.Duration{0, time.Millisecond, 2 * time.Millisecond})
+			select {
+			case <-done:
+				return
+			default:
+			}
+		}
+	})
 	wg.Wait()
+	close(done)
+	fleet.Wait()
+	if n := taken.Load() + int64(len(p.TakeArrivals(nil))); n != 8*100 {
+		t.Fatalf("%d arrivals taken, want %d", n, 8*100)
+	}
 }
 
 // On the fitted law a request waits only where a blind pick costs more
@@ -304,5 +326,15 @@ func TestTurnsFleetBursts(t *testing.T) {
 	p.FoldPeerArrivals([]time.Duration{0, 0, 0})
 	if d := p.Defer(ctx, nil, Set{}); d != 0 {
 		t.Fatalf("a first arrival among unsettled peers' waits %v", d)
+	}
+	// Arrivals nobody takes are bounded, the latest kept.
+	p.TakeArrivals(nil)
+	for range 3 * MaxReportedArrivals {
+		now += time.Millisecond
+		p.Defer(ctx, nil, Set{})
+	}
+	got := p.TakeArrivals(nil)
+	if len(got) == 0 || len(got) > MaxReportedArrivals || got[len(got)-1] != 0 {
+		t.Fatalf("arrivals kept: %d, ending %v; want at most %d, the latest now", len(got), got[max(0, len(got)-1):], MaxReportedArrivals)
 	}
 }
