@@ -548,7 +548,7 @@ func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.D
 		if a, ok := box.Queue.(Arrivals); ok && len(rq.ArrivalAgesUs) > 0 {
 			ages := make([]time.Duration, len(rq.ArrivalAgesUs))
 			for i, us := range rq.ArrivalAgesUs {
-				ages[i] = time.Duration(us) * time.Microsecond
+				ages[i] = micros(uint64(us))
 			}
 			arrived = append(arrived, arrivals{a, ages})
 		}
