@@ -117,6 +117,14 @@ func DecodeLoads(b []byte) (*fleetv1.Loads, error) {
 			return nil, malformed("loads: route %q with %d targets", r.Route, len(r.InFlight))
 		}
 	}
+	if len(m.Echoes) > maxEchoes {
+		return nil, malformed("loads: %d echoes (at most %d)", len(m.Echoes), maxEchoes)
+	}
+	for _, e := range m.Echoes {
+		if err := checkID(e.Proxy); err != nil {
+			return nil, err
+		}
+	}
 	return m, nil
 }
 

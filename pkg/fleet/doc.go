@@ -34,7 +34,8 @@
 // ([Arrivals], routing.SharedArrivals) adds the ages of the requests that
 // reached it since its last report (at most 1,024, 4 bytes each), from
 // which the receiver's balancer learns whether the fleet's requests come in
-// bursts that no single proxy receives two of.
+// bursts that no single proxy receives two of; the receiver ages them by
+// the sender's trip (below).
 //
 // Load: every load interval (100 ms) each node publishes its in-flight count
 // per route target (rolter.fleet.v1.Loads, which doubles as a heartbeat).
@@ -46,6 +47,12 @@
 // (routing.SharedQueue.SetPlace) whenever it changes: predicted_ttft breaks
 // ties on its own share of the targets first, so that the proxies' picks of
 // one burst do not collide.
+//
+// Trip: each load report also echoes every live peer's latest (its seq and
+// how long it was held). A node hearing the echo of one of its own reports
+// takes the round trip on its own clock, less the time held, smoothed as
+// TCP does; half the longest to a live peer is its trip ([Stats].Trip),
+// handed to a balancer that paces its turns by it (routing.ReportPacer).
 //
 // Routes are matched by name and layout (a digest of strategy, parameters and
 // ordered targets): during a rolling config change an entry for another

@@ -25,6 +25,10 @@ func FuzzDecode(f *testing.F) {
 	q.b.Observe(1, &routing.Context{Prompt: conversation(1)})
 	f.Add(q.node.FlushQueues())
 	f.Add(a.node.LoadReport())
+	// A load report echoing one of fuzzq's (below): a trip to measure.
+	echo := newMember(f, "b", 1)
+	echo.node.HandleLoads(newTTFTMember(f, "fuzzq", &now).node.LoadReport(), time.Now())
+	f.Add(echo.node.LoadReport())
 	f.Add(a.node.SnapshotRequest())
 	f.Add(a.node.SnapshotReply(newMember(f, "b", 1).node.SnapshotRequest(), 1<<20))
 	f.Add([]byte{})
@@ -48,7 +52,9 @@ func FuzzDecode(f *testing.F) {
 				}
 			}
 		}
-		_, _ = fleet.DecodeLoads(data)
+		if m, err := fleet.DecodeLoads(data); err == nil && len(m.Echoes) > 255 {
+			t.Fatalf("%d echoes accepted", len(m.Echoes))
+		}
 		_, _ = fleet.DecodeSnapshotRequest(data)
 		_, _ = fleet.DecodeSnapshot(data)
 		n := newMember(t, "fuzz", 1)
@@ -66,6 +72,11 @@ func FuzzDecode(f *testing.F) {
 		at := time.Second
 		qm := newTTFTMember(t, "fuzzq", &at)
 		qm.b.(routing.SharedQueue).SetPlace(1, 2)
+		qm.node.LoadReport()
+		qm.node.HandleLoads(data, time.Now())
+		if trip := qm.node.Stats(time.Now()).Trip; trip < 0 {
+			t.Fatalf("trip %v after an echo", trip)
+		}
 		qm.node.HandleObservations(data, time.Now())
 		if d := qm.b.(routing.Deferrer).Defer(&routing.Context{Prompt: conversation(2)}, nil, routing.Set{}); d < 0 {
 			t.Fatalf("Defer = %v after folding", d)

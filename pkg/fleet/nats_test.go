@@ -60,6 +60,15 @@ func TestOverNATS(t *testing.T) {
 	// Loads: a's in-flight counts reach b (the counts are read under the
 	// node's lock, so the test sets them before a report is due).
 	eventually(t, "b hears a", func() bool { return b.node.Stats(time.Now()).Peers == 1 })
+	// Each measures its trip to the other from the other's echoes: more
+	// than nothing, less than a load interval on one machine.
+	eventually(t, "a and b measure their trip", func() bool {
+		ta, tb := a.node.Stats(time.Now()).Trip, b.node.Stats(time.Now()).Trip
+		return ta > 0 && tb > 0
+	})
+	if ta := a.node.Stats(time.Now()).Trip; ta >= a.node.Options().LoadInterval {
+		t.Fatalf("a's trip to b through a local NATS: %v", ta)
+	}
 	placed := a.send(conversation(1))
 	eventually(t, "a's observation reaches b", func() bool { return b.node.Stats(time.Now()).ChunksFolded > 0 })
 	if got := b.send(conversation(1) + " again"); got != placed {

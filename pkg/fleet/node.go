@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,6 +109,12 @@ type Node struct {
 	peers   map[string]*peer
 	obsSeq  uint64
 	loadSeq uint64
+	// sent are the send times of the node's latest load reports, by seq
+	// modulo its length, for the peers' echoes of them.
+	sent [sentLoads]sentLoad
+	// trip is how late the slowest live peer hears this node's messages
+	// (half its measured round trip; 0: none measured).
+	trip time.Duration
 
 	// unwarmed is signalled when a route is bound for the first time;
 	// queuing when a route's balancer starts sharing its queue.
@@ -127,7 +134,27 @@ type peer struct {
 	heard     time.Time
 	loads     map[routeKey][]uint32
 	loadsTill time.Time
+	// loadSeq and loadAt are the peer's latest load report and when it
+	// came, for this node's echo of it.
+	loadSeq uint64
+	loadAt  time.Time
+	// rtt is the smoothed round trip to the peer (0: none measured).
+	rtt time.Duration
 }
+
+// sentLoad is one of the node's load reports: its seq and send time.
+type sentLoad struct {
+	seq uint64
+	at  time.Time
+}
+
+// sentLoads is how many of its load reports a node remembers: a peer echoes
+// the latest it heard, one or two load intervals old.
+const sentLoads = 8
+
+// maxEchoes bounds the echoes in a load report, one a peer: a fleet of
+// more proxies measures its trip to the first (by id) of them.
+const maxEchoes = 255
 
 // Route is one route's shared state on a node.
 type Route struct {
@@ -236,6 +263,9 @@ func (r *Route) SetQueue(q Queue) {
 		// How often the peers report (its turns in a burst): a fleet's
 		// proxies share their options.
 		rp.SetReportInterval(r.node.opts.QueueInterval)
+		r.node.mu.Lock()
+		rp.SetReportTrip(r.node.trip)
+		r.node.mu.Unlock()
 	}
 	signal(r.node.queuing)
 }
@@ -480,11 +510,24 @@ func (n *Node) FlushObservations() []byte {
 	return b
 }
 
-// LoadReport encodes this node's in-flight counts for every bound route.
-func (n *Node) LoadReport() []byte {
+// LoadReport encodes this node's in-flight counts for every bound route,
+// sent now.
+func (n *Node) LoadReport() []byte { return n.LoadReportAt(time.Now()) }
+
+// LoadReportAt encodes this node's in-flight counts for every bound route,
+// sent at now, with its echoes of the peers' latest load reports.
+func (n *Node) LoadReportAt(now time.Time) []byte {
 	n.mu.Lock()
 	n.loadSeq++
+	n.sent[n.loadSeq%sentLoads] = sentLoad{n.loadSeq, now}
 	msg := &fleetv1.Loads{Proxy: n.opts.ID, Seq: n.loadSeq, TtlMs: uint32(loadTTLIntervals * n.opts.LoadInterval / time.Millisecond)}
+	for id, p := range n.peers {
+		if held := now.Sub(p.loadAt); p.loadSeq != 0 && held >= 0 && held < loadTTLIntervals*n.opts.LoadInterval {
+			msg.Echoes = append(msg.Echoes, &fleetv1.Echo{Proxy: id, Seq: p.loadSeq, HeldUs: uint64(held / time.Microsecond)})
+		}
+	}
+	slices.SortFunc(msg.Echoes, func(a, b *fleetv1.Echo) int { return strings.Compare(a.Proxy, b.Proxy) })
+	msg.Echoes = msg.Echoes[:min(len(msg.Echoes), maxEchoes)]
 	for _, r := range n.routes {
 		own := r.own.Load()
 		rl := &fleetv1.RouteLoads{Route: r.key.name, Layout: r.key.layout, InFlight: make([]uint32, r.n)}
@@ -540,6 +583,13 @@ func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.D
 	var folds []fold
 	var arrived []arrivals
 	n.mu.Lock()
+	// The arrivals' ages were measured at the peer's flush, a trip before
+	// now: fleetBursts lines them up with this proxy's own. (The queues'
+	// ages, aged alike, moved nothing in rolter-sim: docs/routing.md.)
+	var trip time.Duration
+	if p := n.peers[peer]; p != nil {
+		trip = p.rtt / 2
+	}
 	for _, rq := range queues {
 		r, box := boundBox(n, rq.Route, rq.Layout, func(r *Route) *queueBox { return r.queue.Load() })
 		if box == nil {
@@ -548,7 +598,7 @@ func (n *Node) foldQueues(peer string, queues []*fleetv1.RouteQueues, ttl time.D
 		if a, ok := box.Queue.(Arrivals); ok && len(rq.ArrivalAgesUs) > 0 {
 			ages := make([]time.Duration, len(rq.ArrivalAgesUs))
 			for i, us := range rq.ArrivalAgesUs {
-				ages[i] = micros(uint64(us))
+				ages[i] = micros(uint64(us)) + trip
 			}
 			arrived = append(arrived, arrivals{a, ages})
 		}
@@ -648,8 +698,64 @@ func (n *Node) HandleLoads(data []byte, now time.Time) {
 		p.loads[routeKey{rl.Route, rl.Layout}] = rl.InFlight
 	}
 	p.loadsTill = now.Add(time.Duration(msg.TtlMs) * time.Millisecond)
+	if msg.Seq > p.loadSeq {
+		p.loadSeq, p.loadAt = msg.Seq, now
+	}
+	for _, e := range msg.Echoes {
+		if e.Proxy == n.opts.ID {
+			n.sampleTrip(p, e, now)
+			break
+		}
+	}
 	for _, r := range n.routes {
 		n.sumLoads(r, now)
+	}
+	n.updateTrip(now)
+}
+
+// sampleTrip takes the round trip to p that its echo e of this node's load
+// report shows: from sending the report to hearing the echo, less the time
+// p held it. n.mu must be held.
+func (n *Node) sampleTrip(p *peer, e *fleetv1.Echo, now time.Time) {
+	sent := n.sent[e.Seq%sentLoads]
+	if sent.seq != e.Seq || e.Seq == 0 {
+		return // older than the reports remembered
+	}
+	// A round trip as long as a load report stays valid is not a fleet's
+	// network (or is a peer's lie): taken, it would stretch every turn in a
+	// burst (routing.ReportPacer) past the time the loads are believed.
+	rtt := now.Sub(sent.at) - micros(e.HeldUs)
+	if rtt < 0 || rtt >= loadTTLIntervals*n.opts.LoadInterval {
+		return
+	}
+	if p.rtt == 0 {
+		p.rtt = rtt
+		return
+	}
+	// Smoothed as TCP smooths its round trip (RFC 6298's 1/8).
+	p.rtt += (rtt - p.rtt) / 8
+}
+
+// updateTrip sets the node's trip, half the longest smoothed round trip to
+// a live peer, and hands it to the routes' balancers that pace their turns
+// by it. n.mu must be held.
+func (n *Node) updateTrip(now time.Time) {
+	var rtt time.Duration
+	for _, p := range n.peers {
+		if p.loads != nil && now.Before(p.loadsTill) {
+			rtt = max(rtt, p.rtt)
+		}
+	}
+	if rtt/2 == n.trip {
+		return
+	}
+	n.trip = rtt / 2
+	for _, r := range n.routes {
+		if q := r.queue.Load(); q != nil {
+			if rp, ok := q.Queue.(routing.ReportPacer); ok {
+				rp.SetReportTrip(n.trip)
+			}
+		}
 	}
 }
 
@@ -672,6 +778,7 @@ func (n *Node) Expire(now time.Time) {
 		for _, r := range n.routes {
 			n.sumLoads(r, now)
 		}
+		n.updateTrip(now)
 	}
 }
 

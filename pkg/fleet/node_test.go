@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"rolter.dev/pkg/fleet"
 	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/routing"
+	fleetv1 "rolter.dev/proto/rolter/fleet/v1"
 )
 
 const targets = 4
@@ -510,4 +513,91 @@ func TestArrivalsReachPeers(t *testing.T) {
 	if again := a.node.FlushQueues(); again != nil {
 		t.Fatalf("a second report with no new arrival: %v", again)
 	}
+}
+
+// pacedProbe is a queue-sharing balancer that records what the fleet tells
+// it of its peers' reports: their interval, their trip and their arrivals.
+type pacedProbe struct {
+	routing.SharedQueue
+	interval, trip time.Duration
+	folded         []time.Duration
+}
+
+func (p *pacedProbe) SetReportInterval(d time.Duration) { p.interval = d }
+func (p *pacedProbe) SetReportTrip(d time.Duration)     { p.trip = d }
+func (p *pacedProbe) TakeArrivals(dst []time.Duration) []time.Duration {
+	return p.SharedQueue.(routing.SharedArrivals).TakeArrivals(dst)
+}
+func (p *pacedProbe) FoldPeerArrivals(ages []time.Duration) {
+	p.folded = append(p.folded, ages...)
+}
+
+// Each proxy measures the trip of its messages from the peers' echoes of
+// its load reports (less the time a peer held one), tells its balancer, and
+// ages the peers' arrivals by it; a peer that goes silent takes its trip
+// with it.
+func TestTripMeasuredFromEchoes(t *testing.T) {
+	now := time.Second
+	a, b := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now)
+	pa, pb := &pacedProbe{SharedQueue: a.b.(routing.SharedQueue)}, &pacedProbe{SharedQueue: b.b.(routing.SharedQueue)}
+	a.route.SetQueue(pa)
+	b.route.SetQueue(pb)
+	if pa.interval != fleet.DefaultQueueInterval || pa.trip != 0 {
+		t.Fatalf("before any echo: interval %v, trip %v; want %v, 0", pa.interval, pa.trip, fleet.DefaultQueueInterval)
+	}
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// a → b takes 4 ms, b holds a's report 30 ms before its own, which
+	// takes 4 ms back: a measures 8 ms there and back.
+	b.node.HandleLoads(a.node.LoadReportAt(at(0)), at(4))
+	a.node.HandleLoads(b.node.LoadReportAt(at(34)), at(38))
+	if pa.trip != 4*time.Millisecond {
+		t.Fatalf("a's trip after b's echo: %v, want 4ms", pa.trip)
+	}
+	// And b from a's next report, which echoes b's.
+	b.node.HandleLoads(a.node.LoadReportAt(at(100)), at(104))
+	if pb.trip != 4*time.Millisecond {
+		t.Fatalf("b's trip after a's echo: %v, want 4ms", pb.trip)
+	}
+	// A slower round trip moves the estimate an eighth of the way.
+	a.node.HandleLoads(b.node.LoadReportAt(at(134)), at(150))
+	if want := 4*time.Millisecond + 750*time.Microsecond; pa.trip != want {
+		t.Fatalf("a's trip after a 20 ms round trip: %v, want %v", pa.trip, want)
+	}
+	// An echo of a report a never sent, or held longer than a's report
+	// has been out, measures nothing.
+	forged := mustEncode(&fleetv1.Loads{Proxy: "b", Seq: 99, TtlMs: 300, Echoes: []*fleetv1.Echo{{Proxy: "a", Seq: 77, HeldUs: 1}}})
+	a.node.HandleLoads(forged, at(160))
+	a.node.LoadReportAt(at(200))
+	late := mustEncode(&fleetv1.Loads{Proxy: "b", Seq: 100, TtlMs: 300, Echoes: []*fleetv1.Echo{{Proxy: "a", Seq: 3, HeldUs: 60_000}}})
+	a.node.HandleLoads(late, at(210))
+	// Nor does a round trip as long as a load report stays valid (300 ms).
+	slow := mustEncode(&fleetv1.Loads{Proxy: "b", Seq: 101, TtlMs: 300, Echoes: []*fleetv1.Echo{{Proxy: "a", Seq: 3, HeldUs: 0}}})
+	a.node.HandleLoads(slow, at(500))
+	if want := 4*time.Millisecond + 750*time.Microsecond; pa.trip != want {
+		t.Fatalf("a's trip after forged echoes: %v, want %v", pa.trip, want)
+	}
+
+	// b's arrivals reach a aged by the trip: 3 ms at b's report, 4.75 ms
+	// on the way.
+	b.b.(routing.Deferrer).Defer(&routing.Context{Prompt: conversation(1)}, nil, routing.Set{})
+	now += 3 * time.Millisecond
+	a.node.HandleObservations(b.node.FlushQueues(), at(505))
+	if want := []time.Duration{7*time.Millisecond + 750*time.Microsecond}; !slices.Equal(pa.folded, want) {
+		t.Fatalf("a folded b's arrivals as %v, want %v", pa.folded, want)
+	}
+
+	// b falls silent: once its loads expire a has no trip.
+	a.node.Expire(at(500 + 3*int(fleet.DefaultLoadInterval/time.Millisecond)))
+	if pa.trip != 0 {
+		t.Fatalf("a's trip after b expired: %v, want 0", pa.trip)
+	}
+}
+
+func mustEncode(m proto.Message) []byte {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

@@ -40,6 +40,10 @@ type Stats struct {
 	Peers int
 	// LastHeard is when a peer was last heard from (zero: never).
 	LastHeard time.Time
+	// Trip is how late the slowest live peer hears this node: half the
+	// smoothed round trip its echoes of the node's load reports show (0:
+	// none measured).
+	Trip time.Duration
 }
 
 type counters struct {
@@ -84,6 +88,7 @@ func (n *Node) Stats(now time.Time) Stats {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	s.Trip = n.trip
 	for _, p := range n.peers {
 		if p.heard.After(s.LastHeard) {
 			s.LastHeard = p.heard

@@ -23,7 +23,8 @@ import (
 // in place j waits j turns, long enough to hear the picks of those before
 // it. The order being the prompt's, the requests of a burst that share a
 // new prefix are placed first by one proxy, and the others follow its copy
-// instead of making their own. A turn is two queue intervals (turnGap).
+// instead of making their own. A turn is two queue intervals, longer where
+// the fleet's messages take more than half of one to arrive (turnGap).
 //
 // A request is in a burst when another reached its proxy less than a turn
 // before it, or when most of the proxy's arrivals do (bursty: then a lone
@@ -59,6 +60,9 @@ type burstTurns struct {
 	// reportEvery is the fleet's queue interval (SetReportInterval; ns, 0:
 	// unknown).
 	reportEvery atomic.Int64
+	// trip is how late the peers hear this proxy's reports
+	// (SetReportTrip; ns, 0: unknown).
+	trip atomic.Int64
 	// arrivals counts the requests Defer saw with peers, inBurst those of
 	// them within a turn of the one before (over the rates' window: see
 	// bursty).
@@ -229,20 +233,29 @@ func (t *predictedTTFT) SetReportInterval(d time.Duration) {
 	t.turns.reportEvery.Store(int64(max(d, 0)))
 }
 
-// turnGap is how long a proxy's turn in a burst lasts: two of the fleet's
-// queue intervals (else, without the fleet's pacing, two of the measured
-// report gaps; 0: unknown). A pick made just after a report leaves with
-// the next one, an interval later, and reaches the peers after the trip,
-// which the second interval covers (a NATS hop on a LAN is well under a
-// millisecond, the default queue interval 5 ms). The interval, not the
-// measured gap: a peer with nothing queued skips its reports, which
-// lengthens the gaps between them but not the wait for its next tick.
+// turnGap is how long a proxy's turn in a burst lasts: long enough for a
+// pick made just after a report to leave with the next one, an interval
+// later, and reach the peers a trip after that, with a trip to spare (the
+// peers' arrivals, placed by their ages on receipt, may be late by the
+// trip's jitter). That is two of the fleet's queue intervals while the
+// trip is at most half of one (a NATS hop on a LAN is well under a
+// millisecond, the default interval 5 ms), and an interval and two trips
+// beyond (a fleet across zones). Without the fleet's pacing, two of the
+// measured report gaps; 0: unknown. The interval, not the measured gap: a
+// peer with nothing queued skips its reports, which lengthens the gaps
+// between them but not the wait for its next tick.
 func (t *predictedTTFT) turnGap() time.Duration {
 	gap := t.turns.reportEvery.Load()
 	if gap <= 0 {
 		gap = t.reportGap.Load()
 	}
-	return 2 * time.Duration(gap)
+	trip := time.Duration(t.turns.trip.Load())
+	return max(2*time.Duration(gap), time.Duration(gap)+2*trip)
+}
+
+// SetReportTrip implements [ReportPacer].
+func (t *predictedTTFT) SetReportTrip(d time.Duration) {
+	t.turns.trip.Store(int64(max(d, 0)))
 }
 
 // Defer implements [Deferrer]: how long ctx waits for its turn (see Turns

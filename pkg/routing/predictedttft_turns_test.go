@@ -81,17 +81,22 @@ func TestTurnsOrderTheProxies(t *testing.T) {
 	}
 }
 
+// secondOfTwo is the rank, of two proxies, that comes second in ctx's
+// order.
+func secondOfTwo(ctx *Context) int {
+	if turnOf(ctx, 0, 2) == 0 {
+		return 1
+	}
+	return 0
+}
+
 // Nothing waits alone, outside a burst, or before the queue interval is
 // known; and a request is ordered by its opening, so requests that share
 // a system prompt are ordered alike.
 func TestTurnsOnlyInABurst(t *testing.T) {
 	now := time.Second
 	ctx := &Context{Prompt: strings.Repeat("shared system prompt ", 40)}
-	// The place in ctx's order of rank 0 of two: one rank goes first.
-	rank := 0
-	if turnOf(ctx, 0, 2) == 0 {
-		rank = 1
-	}
+	rank := secondOfTwo(ctx)
 	alone := newPlacedTTFT(t, &now, 2, 0, 1)
 	alone.Defer(ctx, nil, Set{})
 	if d := alone.Defer(ctx, nil, Set{}); d != 0 {
@@ -129,6 +134,33 @@ func TestTurnsOnlyInABurst(t *testing.T) {
 	u.reportGap.Store(int64(8 * time.Millisecond))
 	if got := u.turnGap(); got != 16*time.Millisecond {
 		t.Fatalf("turn %v from the measured gap alone, want 16 ms", got)
+	}
+}
+
+// A turn covers the wait for the next report and the report's trip, with a
+// trip to spare: two intervals while the trip is at most half of one, the
+// interval and two trips beyond.
+func TestTurnsCoverTheTrip(t *testing.T) {
+	now := time.Second
+	ctx := &Context{Prompt: strings.Repeat("shared system prompt ", 40)}
+	p := newPlacedTTFT(t, &now, 2, secondOfTwo(ctx), 2) // 5 ms interval
+	for _, tc := range []struct{ trip, turn time.Duration }{
+		{0, 10 * time.Millisecond},
+		{2500 * time.Microsecond, 10 * time.Millisecond},
+		{5 * time.Millisecond, 15 * time.Millisecond},
+		{20 * time.Millisecond, 45 * time.Millisecond},
+	} {
+		p.SetReportTrip(tc.trip)
+		if got := p.turnGap(); got != tc.turn {
+			t.Fatalf("trip %v: turn %v, want %v", tc.trip, got, tc.turn)
+		}
+	}
+	// A request 20 ms after another is in a burst on a 45 ms turn, and
+	// waits one of them.
+	p.Defer(&Context{Prompt: "first"}, nil, Set{})
+	now += 20 * time.Millisecond
+	if d := p.Defer(ctx, nil, Set{}); d != 45*time.Millisecond {
+		t.Fatalf("with a 20 ms trip a request 20 ms after the last waits %v, want one turn (45 ms)", d)
 	}
 }
 

@@ -232,10 +232,13 @@ type SharedArrivals interface {
 const MaxReportedArrivals = 1024
 
 // ReportPacer is implemented by balancers that need to know how often the
-// peers' queue reports arrive before they have measured it: the fleet
-// tells them its own queue interval, which a fleet's proxies share.
+// peers' queue reports arrive before they have measured it, and how late:
+// the fleet tells them its own queue interval, which a fleet's proxies
+// share, and the trip of its messages to the slowest peer, which it
+// measures (0 until it has).
 type ReportPacer interface {
 	SetReportInterval(d time.Duration)
+	SetReportTrip(d time.Duration)
 }
 
 // SharedSpeculation is implemented by balancers that pass the KV blocks

@@ -82,13 +82,23 @@ func (r *run) bindShare(p int, px *proxy) {
 // first request, as in a fleet that was running before the traffic came:
 // each proxy knows its place among the others (routing.SharedQueue's
 // SetPlace) from the first pick, not from the first load interval on.
+// Two rounds of reports, the first sent three trips before the start and
+// the second one trip before it, each heard a trip after it was sent, so
+// that each proxy has also measured its trip to the others (the second
+// round's echoes of the first).
 func (r *run) joinShare() {
-	now := simEpoch.Add(r.now)
-	for p, n := range r.share.nodes {
-		data := n.LoadReport()
-		for q, m := range r.share.nodes {
-			if q != p {
-				m.HandleLoads(data, now)
+	start := simEpoch.Add(r.now)
+	d := r.cfg.ShareDelay
+	for _, sent := range []time.Time{start.Add(-3 * d), start.Add(-d)} {
+		reports := make([][]byte, len(r.share.nodes))
+		for p, n := range r.share.nodes {
+			reports[p] = n.LoadReportAt(sent)
+		}
+		for p, data := range reports {
+			for q, m := range r.share.nodes {
+				if q != p {
+					m.HandleLoads(data, sent.Add(d))
+				}
 			}
 		}
 	}
@@ -117,7 +127,7 @@ func (r *run) shareEvent(e event) {
 			m := &shareMsg{from: p, loads: e.kind == evShareLoad}
 			switch e.kind {
 			case evShareLoad:
-				m.data = n.LoadReport()
+				m.data = n.LoadReportAt(now)
 				n.Expire(now)
 			case evShareQueue:
 				m.data = n.FlushQueues()

@@ -24,6 +24,7 @@ var (
 	fleetPubErrors = fleetDesc("publish_errors_total", "Publishes NATS refused (connection closed).")
 	fleetPeers     = fleetDesc("peers", "Peers heard from within their load-report TTL.")
 	fleetStateAge  = fleetDesc("state_age_seconds", "Seconds since a peer was last heard from; absent until one is.")
+	fleetTrip      = fleetDesc("trip_seconds", "How late the slowest live peer hears this proxy: half the smoothed round trip shown by the peers' echoes of its load reports (predicted_ttft's turns in a burst lengthen once it exceeds half the queue interval); absent until measured.")
 	peerQueued     = prometheus.NewDesc("rolter_fleet_peer_queued_prefill_tokens",
 		"Uncached prompt tokens the peers report pending at a target (sent, no first token yet), summed over their unexpired queue reports (predicted_ttft with sharing).", []string{"model", "provider"}, nil)
 	sharedChunks = prometheus.NewDesc("rolter_shared_prefix_chunks",
@@ -31,7 +32,7 @@ var (
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{fleetPublished, fleetReceived, fleetDropped, fleetSnapshots, fleetPubErrors, fleetPeers, fleetStateAge, peerQueued, sharedChunks} {
+	for _, d := range []*prometheus.Desc{fleetPublished, fleetReceived, fleetDropped, fleetSnapshots, fleetPubErrors, fleetPeers, fleetStateAge, fleetTrip, peerQueued, sharedChunks} {
 		ch <- d
 	}
 }
@@ -61,6 +62,9 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(fleetPeers, prometheus.GaugeValue, float64(s.Peers))
 	if !s.LastHeard.IsZero() {
 		ch <- prometheus.MustNewConstMetric(fleetStateAge, prometheus.GaugeValue, now.Sub(s.LastHeard).Seconds())
+	}
+	if s.Trip > 0 {
+		ch <- prometheus.MustNewConstMetric(fleetTrip, prometheus.GaugeValue, s.Trip.Seconds())
 	}
 	rt := c.p.rt.Load()
 	if rt == nil {

@@ -435,8 +435,12 @@ type Loads struct {
 	Proxy string                 `protobuf:"bytes,1,opt,name=proxy,proto3" json:"proxy,omitempty"`
 	Seq   uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
 	// ttl_ms is how long the counts stay valid without a newer report.
-	TtlMs         uint32        `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
-	Routes        []*RouteLoads `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
+	TtlMs  uint32        `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	Routes []*RouteLoads `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
+	// echoes answer the peers' load reports heard since: from one, the peer
+	// that sent it learns the round trip to this proxy (its own clock twice,
+	// minus held_us), and so how late every fleet message is.
+	Echoes        []*Echo `protobuf:"bytes,5,rep,name=echoes,proto3" json:"echoes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -499,6 +503,77 @@ func (x *Loads) GetRoutes() []*RouteLoads {
 	return nil
 }
 
+func (x *Loads) GetEchoes() []*Echo {
+	if x != nil {
+		return x.Echoes
+	}
+	return nil
+}
+
+// Echo names the latest load report a proxy heard from one peer.
+type Echo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// proxy is the peer's id, seq its report's.
+	Proxy string `protobuf:"bytes,1,opt,name=proxy,proto3" json:"proxy,omitempty"`
+	Seq   uint64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// held_us is the microseconds from hearing that report to sending this
+	// one.
+	HeldUs        uint64 `protobuf:"varint,3,opt,name=held_us,json=heldUs,proto3" json:"held_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Echo) Reset() {
+	*x = Echo{}
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Echo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Echo) ProtoMessage() {}
+
+func (x *Echo) ProtoReflect() protoreflect.Message {
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Echo.ProtoReflect.Descriptor instead.
+func (*Echo) Descriptor() ([]byte, []int) {
+	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Echo) GetProxy() string {
+	if x != nil {
+		return x.Proxy
+	}
+	return ""
+}
+
+func (x *Echo) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *Echo) GetHeldUs() uint64 {
+	if x != nil {
+		return x.HeldUs
+	}
+	return 0
+}
+
 // RouteLoads is one route's in-flight count per target.
 type RouteLoads struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -512,7 +587,7 @@ type RouteLoads struct {
 
 func (x *RouteLoads) Reset() {
 	*x = RouteLoads{}
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[6]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -524,7 +599,7 @@ func (x *RouteLoads) String() string {
 func (*RouteLoads) ProtoMessage() {}
 
 func (x *RouteLoads) ProtoReflect() protoreflect.Message {
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[6]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -537,7 +612,7 @@ func (x *RouteLoads) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteLoads.ProtoReflect.Descriptor instead.
 func (*RouteLoads) Descriptor() ([]byte, []int) {
-	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{6}
+	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RouteLoads) GetRoute() string {
@@ -574,7 +649,7 @@ type SnapshotRequest struct {
 
 func (x *SnapshotRequest) Reset() {
 	*x = SnapshotRequest{}
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[7]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +661,7 @@ func (x *SnapshotRequest) String() string {
 func (*SnapshotRequest) ProtoMessage() {}
 
 func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[7]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +674,7 @@ func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{7}
+	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SnapshotRequest) GetProxy() string {
@@ -630,7 +705,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[8]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -642,7 +717,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[8]
+	mi := &file_rolter_fleet_v1_fleet_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -655,7 +730,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{8}
+	return file_rolter_fleet_v1_fleet_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Snapshot) GetProxy() string {
@@ -715,12 +790,17 @@ const file_rolter_fleet_v1_fleet_proto_rawDesc = "" +
 	"\ranswer_age_us\x18\a \x01(\x04H\x01R\vanswerAgeUs\x88\x01\x01\x12\x1b\n" +
 	"\tkv_blocks\x18\b \x03(\x06R\bkvBlocksB\x0f\n" +
 	"\r_leave_age_usB\x10\n" +
-	"\x0e_answer_age_us\"{\n" +
+	"\x0e_answer_age_us\"\xaa\x01\n" +
 	"\x05Loads\x12\x14\n" +
 	"\x05proxy\x18\x01 \x01(\tR\x05proxy\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06ttl_ms\x18\x03 \x01(\rR\x05ttlMs\x123\n" +
-	"\x06routes\x18\x04 \x03(\v2\x1b.rolter.fleet.v1.RouteLoadsR\x06routes\"W\n" +
+	"\x06routes\x18\x04 \x03(\v2\x1b.rolter.fleet.v1.RouteLoadsR\x06routes\x12-\n" +
+	"\x06echoes\x18\x05 \x03(\v2\x15.rolter.fleet.v1.EchoR\x06echoes\"G\n" +
+	"\x04Echo\x12\x14\n" +
+	"\x05proxy\x18\x01 \x01(\tR\x05proxy\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x17\n" +
+	"\aheld_us\x18\x03 \x01(\x04R\x06heldUs\"W\n" +
 	"\n" +
 	"RouteLoads\x12\x14\n" +
 	"\x05route\x18\x01 \x01(\tR\x05route\x12\x16\n" +
@@ -746,7 +826,7 @@ func file_rolter_fleet_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_rolter_fleet_v1_fleet_proto_rawDescData
 }
 
-var file_rolter_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_rolter_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_rolter_fleet_v1_fleet_proto_goTypes = []any{
 	(*Observations)(nil),    // 0: rolter.fleet.v1.Observations
 	(*RouteChunks)(nil),     // 1: rolter.fleet.v1.RouteChunks
@@ -754,22 +834,24 @@ var file_rolter_fleet_v1_fleet_proto_goTypes = []any{
 	(*RouteQueues)(nil),     // 3: rolter.fleet.v1.RouteQueues
 	(*TargetQueue)(nil),     // 4: rolter.fleet.v1.TargetQueue
 	(*Loads)(nil),           // 5: rolter.fleet.v1.Loads
-	(*RouteLoads)(nil),      // 6: rolter.fleet.v1.RouteLoads
-	(*SnapshotRequest)(nil), // 7: rolter.fleet.v1.SnapshotRequest
-	(*Snapshot)(nil),        // 8: rolter.fleet.v1.Snapshot
+	(*Echo)(nil),            // 6: rolter.fleet.v1.Echo
+	(*RouteLoads)(nil),      // 7: rolter.fleet.v1.RouteLoads
+	(*SnapshotRequest)(nil), // 8: rolter.fleet.v1.SnapshotRequest
+	(*Snapshot)(nil),        // 9: rolter.fleet.v1.Snapshot
 }
 var file_rolter_fleet_v1_fleet_proto_depIdxs = []int32{
 	1, // 0: rolter.fleet.v1.Observations.routes:type_name -> rolter.fleet.v1.RouteChunks
 	3, // 1: rolter.fleet.v1.Observations.queues:type_name -> rolter.fleet.v1.RouteQueues
 	2, // 2: rolter.fleet.v1.RouteChunks.targets:type_name -> rolter.fleet.v1.TargetChunks
 	4, // 3: rolter.fleet.v1.RouteQueues.targets:type_name -> rolter.fleet.v1.TargetQueue
-	6, // 4: rolter.fleet.v1.Loads.routes:type_name -> rolter.fleet.v1.RouteLoads
-	1, // 5: rolter.fleet.v1.Snapshot.routes:type_name -> rolter.fleet.v1.RouteChunks
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	7, // 4: rolter.fleet.v1.Loads.routes:type_name -> rolter.fleet.v1.RouteLoads
+	6, // 5: rolter.fleet.v1.Loads.echoes:type_name -> rolter.fleet.v1.Echo
+	1, // 6: rolter.fleet.v1.Snapshot.routes:type_name -> rolter.fleet.v1.RouteChunks
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_rolter_fleet_v1_fleet_proto_init() }
@@ -784,7 +866,7 @@ func file_rolter_fleet_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rolter_fleet_v1_fleet_proto_rawDesc), len(file_rolter_fleet_v1_fleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
