@@ -187,9 +187,8 @@ func (t *predictedTTFT) TakeArrivals(dst []time.Duration) []time.Duration {
 	return dst
 }
 
-// FoldPeerArrivals implements [SharedArrivals]. The ages are the peer's at
-// its report; the trip since (well under a millisecond on a LAN) makes
-// them look that much older.
+// FoldPeerArrivals implements [SharedArrivals]. The ages are as on
+// receipt: the fleet adds the trip since the peer's report (pkg/fleet).
 func (t *predictedTTFT) FoldPeerArrivals(ages []time.Duration) {
 	turn := t.turnGap()
 	if turn <= 0 || len(ages) == 0 {

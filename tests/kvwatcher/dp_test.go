@@ -32,6 +32,11 @@ func TestDataParallelReplica(t *testing.T) {
 	eventually(t, "both ranks' prompts through their replay sockets", 5*time.Second, func() bool {
 		return ix.Fresh("vllm-dp") && ix.PrefixMatch("vllm-dp", ids(onRank0)) == full && ix.PrefixMatch("vllm-dp", ids(onRank1)) == full
 	})
+	// A replay is counted once its socket goes idle, after the blocks it
+	// carried were published: the index can see them first.
+	eventually(t, "one catch-up replay per rank", 5*time.Second, func() bool {
+		return w.metric(t, "rolter_kvwatcher_replay_attempts_total", "kind", "catchup", "result", "ok") >= 2
+	})
 	if n := w.metric(t, "rolter_kvwatcher_replay_attempts_total", "kind", "catchup", "result", "ok"); n != 2 {
 		t.Errorf("%v catch-up replays, want one per rank", n)
 	}
