@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|other-trace|arxiv-trace OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|trips|other-trace|arxiv-trace OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # other-trace replays a Mooncake-format trace this repository does not
 # carry, named by OTHER_TRACE (docs/routing.md: Mooncake's
@@ -254,10 +254,23 @@ fleets)
 			run $w --replicas "$1" --proxies "$2" --share on --strategies predicted_ttft,predicted_ttft:turns=0
 		done
 	done ;;
+trips)
+	# The fleet's message trip (--share-delay; the queue interval is 5 ms):
+	# 4 proxies on 8 replicas, in turns and blind, against one proxy.
+	A=tests/sim/testdata/mooncake_arxiv_excerpt.jsonl
+	for w in "--workload gsp" "--workload multiturn" "--workload agent" "--workload unique" \
+		"--workload trace --trace-limit $L --capacity 32768" "--workload trace --trace $A --capacity 32768"; do
+		# shellcheck disable=SC2086
+		run $w --strategies predicted_ttft
+		for d in 2ms 5ms 10ms 20ms; do
+			# shellcheck disable=SC2086
+			run $w --proxies 4 --share on --share-delay $d --strategies predicted_ttft,predicted_ttft:turns=0
+		done
+	done ;;
 other-trace)
 	: "${OTHER_TRACE:?set OTHER_TRACE to a Mooncake-format JSONL trace}"
 	trace_runs "$OTHER_TRACE" ;;
 arxiv-trace)
 	trace_runs tests/sim/testdata/mooncake_arxiv_excerpt.jsonl ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|other-trace|arxiv-trace OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|trips|other-trace|arxiv-trace OUT" >&2; exit 2 ;;
 esac

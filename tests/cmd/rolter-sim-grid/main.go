@@ -206,18 +206,19 @@ func report(w io.Writer, runs []*run) {
 	}
 }
 
-// alone is cmd without its --proxies, --share and --strategies flags:
-// what names the run through one proxy that a run through several
-// compares with; several reports whether cmd runs several.
+// alone is cmd without its --proxies, --strategies and sharing flags
+// (--share and the --share-… settings of the fleet's messages): what names
+// the run through one proxy that a run through several compares with;
+// several reports whether cmd runs several.
 func alone(cmd string) (key string, several bool) {
 	f := strings.Fields(cmd)
 	var out []string
 	for i := 0; i < len(f); i++ {
-		switch f[i] {
-		case "--proxies":
+		switch {
+		case f[i] == "--proxies":
 			several = i+1 < len(f) && f[i+1] != "1"
 			i++
-		case "--share", "--strategies":
+		case f[i] == "--share", f[i] == "--strategies", strings.HasPrefix(f[i], "--share-"):
 			i++
 		default:
 			out = append(out, f[i])

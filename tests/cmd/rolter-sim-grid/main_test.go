@@ -87,17 +87,21 @@ func TestProxiesReport(t *testing.T) {
 {"strategy":"predicted_ttft:turns=0","token_hit_rate":0.70,"ttft_mean_ms":125}
 # bin/rolter-sim --quiet --json --seed 2 --workload agent --proxies 4 --share on --strategies predicted_ttft
 {"strategy":"predicted_ttft","token_hit_rate":0.5,"ttft_mean_ms":300}
+# bin/rolter-sim --quiet --json --seed 2 --workload gsp --proxies 4 --share on --share-delay 10ms --strategies predicted_ttft
+{"strategy":"predicted_ttft","token_hit_rate":0.80,"ttft_mean_ms":125}
 `
 	runs := readText(t, file)
 	var b bytes.Buffer
 	proxiesReport(&b, runs)
 	rows := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(rows) != 4 {
-		t.Fatalf("%d lines, want a header, its rule and 2 rows:\n%s", len(rows), b.String())
+	if len(rows) != 5 {
+		t.Fatalf("%d lines, want a header, its rule and 3 rows:\n%s", len(rows), b.String())
 	}
 	for _, want := range []string{
 		"| gsp, seed 2, proxies 4, shared | predicted_ttft | 102.0 (100.0) | 0.980 | 79.0 (80.0) | 0.988 | yes |",
 		"| gsp, seed 2, proxies 4, shared | predicted_ttft:turns=0 | 125.0 (100.0) | 0.800 | 70.0 (80.0) | 0.875 | **no** |",
+		// The fleet's settings name no one-proxy run of their own.
+		"| gsp, seed 2, proxies 4, shared, share-delay 10ms | predicted_ttft | 125.0 (100.0) | 0.800 | 80.0 (80.0) | 1.000 | **no** |",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Fatalf("no row %q in\n%s", want, b.String())
