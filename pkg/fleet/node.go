@@ -152,8 +152,9 @@ type sentLoad struct {
 // the latest it heard, one or two load intervals old.
 const sentLoads = 8
 
-// maxEchoes bounds the echoes in a load report, one a peer: a fleet of
-// more proxies measures its trip to the first (by id) of them.
+// maxEchoes bounds the echoes in a load report, one a peer: in a fleet of
+// more proxies, those past the first 255 by id hear no echo from this
+// node (their trip is measured from the others').
 const maxEchoes = 255
 
 // Route is one route's shared state on a node.
@@ -698,9 +699,9 @@ func (n *Node) HandleLoads(data []byte, now time.Time) {
 		p.loads[routeKey{rl.Route, rl.Layout}] = rl.InFlight
 	}
 	p.loadsTill = now.Add(time.Duration(msg.TtlMs) * time.Millisecond)
-	if msg.Seq > p.loadSeq {
-		p.loadSeq, p.loadAt = msg.Seq, now
-	}
+	// The latest heard, even a lower seq: a peer that kept its id through
+	// a restart counts from 1 again.
+	p.loadSeq, p.loadAt = msg.Seq, now
 	for _, e := range msg.Echoes {
 		if e.Proxy == n.opts.ID {
 			n.sampleTrip(p, e, now)

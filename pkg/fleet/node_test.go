@@ -594,6 +594,26 @@ func TestTripMeasuredFromEchoes(t *testing.T) {
 	}
 }
 
+// A peer that restarts under the same id counts its load reports from 1
+// again; the echoes follow it, and it measures its trip at once.
+func TestTripAfterAPeerRestarts(t *testing.T) {
+	now := time.Second
+	a, b := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now)
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	for i := range 5 {
+		a.node.HandleLoads(b.node.LoadReportAt(at(100*i)), at(100*i+2))
+	}
+	again := newTTFTMember(t, "b", &now)
+	probe := &pacedProbe{SharedQueue: again.b.(routing.SharedQueue)}
+	again.route.SetQueue(probe)
+	a.node.HandleLoads(again.node.LoadReportAt(at(600)), at(602))
+	again.node.HandleLoads(a.node.LoadReportAt(at(650)), at(652))
+	if probe.trip != 2*time.Millisecond {
+		t.Fatalf("the restarted peer's trip: %v, want 2ms", probe.trip)
+	}
+}
+
 func mustEncode(m proto.Message) []byte {
 	b, err := proto.Marshal(m)
 	if err != nil {
