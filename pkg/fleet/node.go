@@ -142,6 +142,9 @@ type peer struct {
 	rtt time.Duration
 }
 
+// live reports whether p's latest load report still holds at now.
+func (p *peer) live(now time.Time) bool { return p.loads != nil && now.Before(p.loadsTill) }
+
 // sentLoad is one of the node's load reports: its seq and send time.
 type sentLoad struct {
 	seq uint64
@@ -743,7 +746,7 @@ func (n *Node) sampleTrip(p *peer, e *fleetv1.Echo, now time.Time) {
 func (n *Node) updateTrip(now time.Time) {
 	var rtt time.Duration
 	for _, p := range n.peers {
-		if p.loads != nil && now.Before(p.loadsTill) {
+		if p.live(now) {
 			rtt = max(rtt, p.rtt)
 		}
 	}
@@ -767,7 +770,7 @@ func (n *Node) Expire(now time.Time) {
 	defer n.mu.Unlock()
 	changed := false
 	for id, p := range n.peers {
-		if p.loads != nil && !now.Before(p.loadsTill) {
+		if p.loads != nil && !p.live(now) {
 			p.loads = nil
 			changed = true
 		}
@@ -801,7 +804,7 @@ func (n *Node) peer(id string, now time.Time) *peer {
 func (n *Node) sumLoads(r *Route, now time.Time) {
 	rank, size := 0, 1
 	for id, p := range n.peers {
-		if _, ok := p.loads[r.key]; ok && now.Before(p.loadsTill) {
+		if _, ok := p.loads[r.key]; ok && p.live(now) {
 			size++
 			if id < n.opts.ID {
 				rank++
@@ -816,7 +819,7 @@ func (n *Node) sumLoads(r *Route, now time.Time) {
 	for i := range r.peerLoad {
 		var sum int64
 		for _, p := range n.peers {
-			if c := p.loads[r.key]; i < len(c) && now.Before(p.loadsTill) {
+			if c := p.loads[r.key]; i < len(c) && p.live(now) {
 				sum += int64(c[i])
 			}
 		}

@@ -221,8 +221,9 @@ type SharedArrivals interface {
 	// this balancer since the last call (at most MaxReportedArrivals, the
 	// latest), and forgets them.
 	TakeArrivals(dst []time.Duration) []time.Duration
-	// FoldPeerArrivals records a peer's arrivals, given by their ages when
-	// the peer reported them.
+	// FoldPeerArrivals records a peer's arrivals, given by their ages on
+	// receipt (the fleet adds its measured trip to the ages the peer
+	// reported).
 	FoldPeerArrivals(ages []time.Duration)
 }
 
