@@ -63,6 +63,33 @@ type Server struct {
 	RequireAuth bool `toml:"require_auth"`
 	// MetricsPath is where Prometheus metrics are served.
 	MetricsPath string `toml:"metrics_path"`
+	// CORS answers browsers' cross-origin requests to the API paths.
+	CORS CORS `toml:"cors"`
+}
+
+// CORS configures the proxy's answers to browsers' cross-origin requests
+// (the Fetch standard's CORS protocol) on the API paths, /v1/... Its
+// defaults are vLLM's (--allowed-origins and --allowed-headers ["*"],
+// --allow-credentials off), so that a browser app that called vLLM
+// directly keeps working behind the proxy. Validated in cors.go; the
+// proxy applies it in dataplane/internal/proxy/cors.go.
+type CORS struct {
+	// AllowedOrigins lists the origins (scheme://host[:port], as browsers
+	// send them in Origin) whose pages may call the API, or is ["*"] for
+	// any. Empty turns CORS off: no Access-Control-* header is added and
+	// OPTIONS is answered 405 as any method a path does not serve.
+	AllowedOrigins []string `toml:"allowed_origins"`
+	// AllowedHeaders lists the request headers a page may send, or is
+	// ["*"]: whatever its preflight asks for (Access-Control-Request-Headers
+	// reflected, as vLLM does; the literal "*" would not cover
+	// Authorization).
+	AllowedHeaders []string `toml:"allowed_headers"`
+	// MaxAgeSecs is how long a browser may reuse a preflight's answer.
+	MaxAgeSecs int `toml:"max_age_secs"`
+	// AllowCredentials lets pages send cookies and TLS client certificates
+	// (a virtual key in a header needs no credentials). Never with
+	// AllowedOrigins ["*"]: browsers refuse credentials from a wildcard.
+	AllowCredentials bool `toml:"allow_credentials"`
 }
 
 // Retry configures retries of retryable upstream failures.

@@ -85,6 +85,18 @@ const (
 	MaxIdleSecs = 86400
 )
 
+// server.cors: vLLM's CORS (vllm/entrypoints/openai/cli_args.py,
+// FrontendArgs; installed as Starlette's CORSMiddleware in
+// vllm/entrypoints/openai/api_server.py, build_app).
+const (
+	// DefaultCORSMaxAgeSecs is Starlette's CORSMiddleware max_age, which
+	// vLLM leaves at its default.
+	DefaultCORSMaxAgeSecs = 600
+	// MaxCORSMaxAgeSecs bounds it: one day, Firefox's own cap (Chromium
+	// caps at two hours).
+	MaxCORSMaxAgeSecs = 86400
+)
+
 // Default returns a Config holding every section default. [Parse] decodes
 // the file on top of it, so a key the file leaves out keeps its default and a
 // key it sets to zero stays zero.
@@ -98,6 +110,7 @@ func Default() Config {
 			ClientWriteTimeoutMS: DefaultClientWriteTimeoutMS,
 			RequireAuth:          true,
 			MetricsPath:          DefaultMetricsPath,
+			CORS:                 CORS{AllowedOrigins: []string{"*"}, AllowedHeaders: []string{"*"}, MaxAgeSecs: DefaultCORSMaxAgeSecs},
 		},
 		Retry:    Retry{MaxRetries: 2, BaseBackoffMS: 100, MaxBackoffMS: 2000},
 		Cooldown: Cooldown{BaseSecs: 5, MaxSecs: 300},

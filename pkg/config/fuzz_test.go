@@ -20,6 +20,8 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add([]byte("[[routes]]\ntargets = [{weight = -9223372036854775808}]\n"))
 	f.Add([]byte("[server]\nmax_body_bytes = 1e400\n"))
+	f.Add([]byte("[server.cors]\nallowed_origins = [\"https://a.example:8443\", \"http://[::1]:3000\"]\nallowed_headers = [\"Authorization\"]\nallow_credentials = true\nmax_age_secs = 0\n"))
+	f.Add([]byte("[server.cors]\nallowed_origins = []\nallowed_headers = []\n"))
 	f.Add([]byte("[[virtual_keys]]\nexpires_at = 1979-05-27\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := config.Parse(data)

@@ -193,6 +193,8 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 		keys:        make(map[Digest]*Key, len(cfg.VirtualKeys)),
 	}
 	s.Server.KeyPepper = ""
+	s.Server.CORS.AllowedOrigins = slices.Clone(cfg.Server.CORS.AllowedOrigins)
+	s.Server.CORS.AllowedHeaders = slices.Clone(cfg.Server.CORS.AllowedHeaders)
 	s.pepper = []byte(cfg.Server.KeyPepper)
 	if env, ok := opts.LookupEnv("ROLTER_KEY_PEPPER"); ok && env != "" {
 		s.pepper = []byte(env)

@@ -91,6 +91,7 @@ func (c *Config) validateSections(v *validator) {
 	if !strings.HasPrefix(s.MetricsPath, "/") {
 		v.add("server.metrics_path", "must start with /, got %q", s.MetricsPath)
 	}
+	validateCORS(v, "server.cors", s.CORS)
 	v.between("retry.max_retries", c.Retry.MaxRetries, 0, 10)
 	v.positive("retry.base_backoff_ms", c.Retry.BaseBackoffMS)
 	if c.Retry.MaxBackoffMS < c.Retry.BaseBackoffMS {

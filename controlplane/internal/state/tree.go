@@ -16,9 +16,11 @@ var timeType = reflect.TypeFor[time.Time]()
 // Tree converts a config value (a struct with toml tags, or anything made
 // of them) into the generic tree the TOML encoder writes: tables as
 // map[string]any, arrays as []any, times as time.Time. Nil pointers, nil
-// maps and empty slices are left out; every other field is written, zero or
-// not, so that decoding the tree on top of [config.Default] gives back the
-// same value.
+// maps, nil slices and empty arrays of tables are left out; every other
+// field is written, zero or not, so that decoding the tree on top of
+// [config.Default] gives back the same value. So is an empty but non-nil
+// array of scalars: `server.cors.allowed_origins = []` (CORS off) differs
+// from an absent key, whose default is ["*"].
 func Tree(v any) any {
 	t, _ := tree(reflect.ValueOf(v))
 	return t
@@ -62,6 +64,9 @@ func tree(v reflect.Value) (any, bool) {
 		return m, true
 	case reflect.Slice, reflect.Array:
 		if v.Len() == 0 {
+			if v.Kind() == reflect.Slice && !v.IsNil() && !tables(v.Type().Elem()) {
+				return []any{}, true
+			}
 			return nil, false
 		}
 		out := make([]any, 0, v.Len())
@@ -83,6 +88,14 @@ func tree(v reflect.Value) (any, bool) {
 		return v.Float(), true
 	}
 	return nil, false
+}
+
+// tables reports whether values of t are written as TOML tables.
+func tables(t reflect.Type) bool {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.Kind() == reflect.Map || t.Kind() == reflect.Struct && t != timeType
 }
 
 // MarshalTOML writes a config value as TOML through [Tree]. The output is

@@ -21,6 +21,7 @@ type Metrics struct {
 	EngineLoadFails   *prometheus.CounterVec // provider
 	InFlight          prometheus.Gauge
 	AuthFailures      *prometheus.CounterVec   // reason
+	CORSPreflights    *prometheus.CounterVec   // result
 	ClientDisconnects *prometheus.CounterVec   // reason
 	Latency           *prometheus.HistogramVec // model, variant
 	TTFT              *prometheus.HistogramVec // model, variant
@@ -55,6 +56,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		HealthDown:       cv("health_down_total", "Providers marked unhealthy by active health checks.", "provider"),
 		HealthRecovered:  cv("health_recovered_total", "Providers marked healthy again by active health checks.", "provider"),
 		AuthFailures:     cv("auth_failures_total", "Requests refused by authentication or authorization.", "reason"),
+		CORSPreflights:   cv("cors_preflights_total", "Browsers' CORS preflights the proxy answered, by result: allowed, or denied (the origin is not in server.cors.allowed_origins).", "result"),
 		EngineLoadFails:  cv("engine_load_scrape_failures_total", "Failed scrapes of a replica's engine load (request, status, body, parse, missing metric).", "provider"),
 		Tokenize:         cv("tokenize_total", "Requests of precise routes without a token-ids header, by how their token ids were obtained: cached, engine (the replica's /tokenize), or why not: timeout, error, unsupported (a body /tokenize cannot reproduce), none (no replica to ask).", "model", "outcome"),
 		EngineLoad: prometheus.NewGaugeVec(prometheus.GaugeOpts{

@@ -23,7 +23,9 @@
 // allow-list. Every write to the client is bounded by
 // server.client_write_timeout_ms (clientwrite.go): a client that stops
 // reading is cut off and its upstream request cancelled, as for a client
-// that disconnects.
+// that disconnects. A browser's CORS preflight to an API path is answered
+// before all of it, and every other response of an API path gets its
+// CORS headers as they go out (cors.go).
 //
 // # Concurrency
 //

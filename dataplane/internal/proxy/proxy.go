@@ -253,50 +253,61 @@ var errHalted = errors.New("proxy: halted: the proxy shut down before the respon
 // (net/http sends a HEAD answer's headers without its body).
 const allowRead = "GET, HEAD"
 
-// drainAwareWriter adds "Connection: close" to a response whose headers are
-// written while the proxy drains. Deciding when the headers go out, not when
-// the request arrived, covers a request already in flight when draining
+// headerWriter adds the headers that are decided when a response's headers
+// go out, not when its request arrived: "Connection: close" while the proxy
+// drains, and the CORS headers.
+//
+// Draining: deciding then covers a request already in flight when draining
 // starts (a slow answer, a stream waiting for its first event): its response
 // closes the connection too, instead of leaving the client a keep-alive
 // connection that the server closes at shutdown, which can cross the next
 // request sent on it (a POST, that HTTP/1.1 cannot retry).
-type drainAwareWriter struct {
+//
+// CORS: only then are the headers final, the upstream's included, which
+// corsPolicy.answer replaces with the proxy's and exposes.
+type headerWriter struct {
 	http.ResponseWriter
 	draining *atomic.Bool
-	wrote    bool
+	// cors is the policy of the request (nil: none), origin its Origin.
+	cors   *corsPolicy
+	origin string
+	wrote  bool
 }
 
-func (w *drainAwareWriter) header() {
+func (w *headerWriter) header() {
 	if !w.wrote {
 		w.wrote = true
 		if w.draining.Load() {
 			w.ResponseWriter.Header().Set("Connection", "close")
 		}
+		if w.cors != nil {
+			w.cors.answer(w.ResponseWriter.Header(), w.origin)
+		}
 	}
 }
 
-func (w *drainAwareWriter) WriteHeader(code int) {
+func (w *headerWriter) WriteHeader(code int) {
 	if code >= 200 { // 1xx informational headers are not the response's
 		w.header()
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
-func (w *drainAwareWriter) Write(b []byte) (int, error) {
+func (w *headerWriter) Write(b []byte) (int, error) {
 	w.header()
 	return w.ResponseWriter.Write(b)
 }
 
 // FlushError is what http.ResponseController calls: a flush before any
 // write sends the headers too.
-func (w *drainAwareWriter) FlushError() error {
+func (w *headerWriter) FlushError() error {
 	w.header()
 	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 // Unwrap lets http.ResponseController reach the server's writer (read
 // deadlines, full duplex).
-func (w *drainAwareWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *headerWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // endpoint describes one API path.
 type endpoint struct {
@@ -370,7 +381,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	w = &drainAwareWriter{ResponseWriter: w, draining: &p.draining}
+	hw := &headerWriter{ResponseWriter: w, draining: &p.draining}
+	w = hw
+	rt := p.rt.Load()
+	// A preflight is answered here, before any auth: browsers send no key
+	// on it (cors.go).
+	if c := rt.corsFor(r.URL.Path); c != nil {
+		if isPreflight(r) {
+			p.servePreflight(w, r, c)
+			return
+		}
+		hw.cors, hw.origin = c, r.Header.Get("Origin")
+	}
 	switch r.URL.Path {
 	case "/v1/models":
 		w.Header().Set("X-Request-Id", requestID(r))
@@ -401,7 +423,6 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveModel(w, r, id)
 		return
 	}
-	rt := p.rt.Load()
 	if rt != nil && r.URL.Path == rt.snap.Server.MetricsPath || rt == nil && r.URL.Path == config.DefaultMetricsPath {
 		promhttp.HandlerFor(p.gatherer, promhttp.HandlerOpts{}).ServeHTTP(w, r)
 		return

@@ -93,11 +93,18 @@ func newServer(t *testing.T, p *Proxy) string {
 
 func post(t *testing.T, url, key, body string, hdr ...string) (*http.Response, []byte) {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
+	h := []string{"Content-Type", "application/json"}
 	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
+		h = append(h, "Authorization", "Bearer "+key)
 	}
+	return send(t, http.MethodPost, url, body, append(h, hdr...)...)
+}
+
+// send makes one request with the given headers (name, value, …) and
+// returns the response with its body read.
+func send(t *testing.T, method, url, body string, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), method, url, strings.NewReader(body))
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}

@@ -30,6 +30,8 @@ type runtime struct {
 	// prices bill usage records; accounting writes them.
 	prices     *usage.PriceTable
 	accounting *accounting
+	// cors is nil when [server.cors] allowed_origins is empty.
+	cors *corsPolicy
 }
 
 type route struct {
@@ -72,6 +74,7 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 	rt := &runtime{
 		snap:   snap,
 		routes: make(map[string]*route, len(snap.Routes)),
+		cors:   newCORSPolicy(snap.Server.CORS),
 		breaker: reliability.BreakerConfig{
 			Enabled:          snap.Breaker.Enabled,
 			FailureThreshold: snap.Breaker.FailureThreshold,
