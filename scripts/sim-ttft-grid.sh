@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|trips|other-trace|arxiv-trace OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|trips|hetero|other-trace|arxiv-trace OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # other-trace replays a Mooncake-format trace this repository does not
 # carry, named by OTHER_TRACE (docs/routing.md: Mooncake's
@@ -267,10 +267,22 @@ trips)
 			run $w --proxies 4 --share on --share-delay $d --strategies predicted_ttft,predicted_ttft:turns=0
 		done
 	done ;;
+hetero)
+	# Heterogeneous fleets (--slowdown): every second replica twice as slow,
+	# one in four twice as slow, and every second with steps that slow
+	# with the batch.
+	A=tests/sim/testdata/mooncake_arxiv_excerpt.jsonl
+	for w in "--workload gsp" "--workload multiturn" "--workload agent" "--workload unique" \
+		"--workload trace --trace-limit $L --capacity 32768" "--workload trace --trace $A --capacity 32768"; do
+		for h in "--slowdown 1,2" "--slowdown 1,1,1,2" "--slowdown 1,2 --itl-growth-ms 0.3"; do
+			# shellcheck disable=SC2086
+			run $w $h --strategies $T
+		done
+	done ;;
 other-trace)
 	: "${OTHER_TRACE:?set OTHER_TRACE to a Mooncake-format JSONL trace}"
 	trace_runs "$OTHER_TRACE" ;;
 arxiv-trace)
 	trace_runs tests/sim/testdata/mooncake_arxiv_excerpt.jsonl ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|trips|other-trace|arxiv-trace OUT" >&2; exit 2 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|trips|hetero|other-trace|arxiv-trace OUT" >&2; exit 2 ;;
 esac

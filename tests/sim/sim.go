@@ -43,6 +43,11 @@ type Config struct {
 	// steps carry the batch too; not modelled). 0, the default, keeps both
 	// independent of what runs beside the request.
 	DecodeGrowth time.Duration
+	// Slowdown makes the fleet heterogeneous (older GPUs beside newer ones,
+	// a replica with less tensor parallelism): replica i's prefill and
+	// decode times are multiplied by Slowdown[i mod len(Slowdown)]. Empty:
+	// every replica as configured.
+	Slowdown []float64
 	// Proxies is the number of proxies, each with its own balancer state and
 	// its own in-flight counts; every request goes to a uniformly random one
 	// (an L4 spread).
@@ -112,6 +117,9 @@ func (c *Config) validate() error {
 	check(c.CapacityBlocks < 1, "capacity: %d blocks, want >= 1", c.CapacityBlocks)
 	check(c.MaxBatch < 1, "max batch: %d, want >= 1", c.MaxBatch)
 	check(c.PrefillPerToken < 0 || c.PrefillBase < 0 || c.DecodePerToken < 0 || c.DecodeGrowth < 0, "negative service time")
+	for _, f := range c.Slowdown {
+		check(!(f > 0) || math.IsInf(f, 0), "slowdown: %v, want a finite factor > 0", f)
+	}
 	check(c.Proxies < 1, "proxies: %d, want >= 1", c.Proxies)
 	check(c.Concurrency < 0, "concurrency: %d, want >= 0", c.Concurrency)
 	check(c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0), "rate: %v, want a finite number >= 0", c.Rate)
@@ -585,13 +593,13 @@ func (r *run) schedule(i int) {
 		r.updateUsage(i)
 		f.Started = r.now
 		beside := time.Duration(rep.running-1) * r.cfg.DecodeGrowth // the batch's share of every step
-		prefill := r.cfg.PrefillBase + time.Duration(len(toks)-f.Cached)*r.cfg.PrefillPerToken + beside
+		prefill := r.slow(i, r.cfg.PrefillBase+time.Duration(len(toks)-f.Cached)*r.cfg.PrefillPerToken+beside)
 		end := r.now + prefill
 		if !r.cfg.ParallelPrefill {
 			end = max(r.now, rep.prefillFree) + prefill
 			rep.prefillFree = end
 		}
-		decode := time.Duration(f.Req.Output-1) * (r.cfg.DecodePerToken + beside)
+		decode := r.slow(i, time.Duration(f.Req.Output-1)*(r.cfg.DecodePerToken+beside))
 		rep.stats.Busy += prefill + decode
 		rep.stats.Requests++
 		rep.stats.PromptTokens += int64(len(toks))
@@ -599,6 +607,14 @@ func (r *run) schedule(i int) {
 		r.push(end, evFirstToken, nil, f)
 		r.push(end+decode, evDone, nil, f)
 	}
+}
+
+// slow scales replica i's service time d by its Config.Slowdown.
+func (r *run) slow(i int, d time.Duration) time.Duration {
+	if len(r.cfg.Slowdown) == 0 {
+		return d
+	}
+	return time.Duration(float64(d) * r.cfg.Slowdown[i%len(r.cfg.Slowdown)])
 }
 
 func (r *run) firstToken(f *Flight) {

@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"image/png"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -169,6 +170,23 @@ func TestSerialPrefill(t *testing.T) {
 	cfg.ParallelPrefill = true
 	if r := mustRun(t, cfg, w, "round_robin"); r.TTFTP99 != n {
 		t.Fatalf("parallel prefill: TTFT p99 %v, want %v", r.TTFTP99, n)
+	}
+}
+
+// Slowdown scales a replica's prefill and decode: of two simultaneous
+// requests spread round robin over a replica at speed and one twice as
+// slow, the first gets its first token after one prefill, the second after
+// two, and the second replica is busy twice as long.
+func TestSlowdown(t *testing.T) {
+	cfg, w, n := simultaneous(2)
+	cfg.Replicas = 2
+	cfg.Slowdown = []float64{1, 2}
+	r := mustRun(t, cfg, w, "round_robin")
+	if r.TTFTP50 != n || r.TTFTP99 != 2*n {
+		t.Fatalf("TTFT p50 %v p99 %v, want %v and %v", r.TTFTP50, r.TTFTP99, n, 2*n)
+	}
+	if b := r.Replicas; len(b) != 2 || b[1].Busy != 2*b[0].Busy || b[0].Busy == 0 {
+		t.Fatalf("busy %+v, want the second replica twice the first", b)
 	}
 }
 
@@ -376,6 +394,9 @@ func TestConfigValidation(t *testing.T) {
 		func(c *Config) { c.DecodePerToken = -1 },
 		func(c *Config) { c.DecodeGrowth = -1 },
 		func(c *Config) { c.Rate = -1 },
+		func(c *Config) { c.Slowdown = []float64{1, 0} },
+		func(c *Config) { c.Slowdown = []float64{math.Inf(1)} },
+		func(c *Config) { c.Slowdown = []float64{math.NaN()} },
 	} {
 		cfg := DefaultConfig()
 		mutate(&cfg)

@@ -26,8 +26,10 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -97,6 +99,17 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&c.ParallelPrefill, "parallel-prefill", false, "prefill running requests independently (vllmsim's model) instead of one at a time per replica")
 	fs.Float64Var(&o.itlMS, "itl-ms", 20, "decode time per output token, ms")
 	fs.Float64Var(&o.itlGrowthMS, "itl-growth-ms", 0, "an engine step's growth per other request running at the replica, added to --itl-ms and once to the time to first token (steps that slow with the batch, as vLLM's do), ms")
+	fs.Func("slowdown", "a heterogeneous fleet: comma-separated factors on the replicas' prefill and decode times, repeated over the replicas (e.g. 1,2: every second replica twice as slow)", func(v string) error {
+		c.Slowdown = c.Slowdown[:0]
+		for _, f := range strings.Split(v, ",") {
+			x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil || !(x > 0) || math.IsInf(x, 0) {
+				return fmt.Errorf("want finite factors > 0, got %q", f)
+			}
+			c.Slowdown = append(c.Slowdown, x)
+		}
+		return nil
+	})
 	fs.IntVar(&c.Proxies, "proxies", 1, "proxies, each with its own balancer state, behind a random L4 spread")
 	fs.Func("share", "on: the proxies share prefix observations and in-flight counts as rolter-proxy --nats does (rolter strategies only); off: independent (default)", func(v string) error {
 		switch v {
@@ -327,6 +340,9 @@ func (o *options) jsonRecord(r sim.Result, unbounded, oracle float64) map[string
 	}
 	if r.Decisions != nil {
 		rec["decisions"] = r.Decisions
+	}
+	if len(o.cfg.Slowdown) > 0 {
+		rec["slowdown"] = o.cfg.Slowdown
 	}
 	// Per replica, the requests served, the busy time the imbalance is
 	// computed from and the token hit rate, to see where a strategy piled up

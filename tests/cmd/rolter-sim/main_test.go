@@ -143,6 +143,9 @@ func TestErrors(t *testing.T) {
 		{"--workload", "trace", "--trace", "/nonexistent.jsonl"},
 		{"extra"},
 		{"--kv-delay", "soon"},
+		{"--slowdown", "1,x"},
+		{"--slowdown", "0"},
+		{"--slowdown", ""},
 	} {
 		var out, errb bytes.Buffer
 		if err := run(append(args, "--quiet"), &out, &errb); err == nil {
