@@ -167,7 +167,9 @@ func (p *Proxy) serveHit(w http.ResponseWriter, r *http.Request, x *exchange, l 
 	if !l.Entry.IsSSE() && l.Entry.Status < 300 && x.rt.policy.Active(x.dreq) {
 		// The same policy as a live response, run on the stored upstream
 		// bytes for this delivery (a reload's new rules reach old entries).
-		p.deliver(w, r, x, l.Entry.Status, l.Entry.ContentType, l.Entry.Body)
+		if p.deliver(w, r, x, l.Entry.Status, l.Entry.ContentType, l.Entry.Body) != nil {
+			p.refuseHalted(w, x)
+		}
 		return
 	}
 	w.WriteHeader(l.Entry.Status)
@@ -253,7 +255,9 @@ func (p *Proxy) relayBuffered(w http.ResponseWriter, r *http.Request, x *exchang
 		rec.finish(nil) // Store counts a body over max_entry_bytes as too large
 	}
 	x.usage = usage.Parse(ctype, buf.Bytes())
-	p.deliver(w, r, x, resp.StatusCode, ctype, buf.Bytes())
+	if err := p.deliver(w, r, x, resp.StatusCode, ctype, buf.Bytes()); err != nil {
+		return relayUnsent, err // forward answers it, with no verdict on the target
+	}
 	if x.withheld != "" {
 		return relayStopped, nil
 	}

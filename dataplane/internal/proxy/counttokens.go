@@ -43,6 +43,10 @@ func (p *Proxy) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 		status = e.status
 		refuse(w, r, cb, dialectAnthropic, e, msg)
 	}
+	if p.halted.Err() != nil {
+		fail(errShuttingDown, msgShuttingDown)
+		return
+	}
 	if rt == nil {
 		fail(errNoTarget, "no configuration loaded yet")
 		return
@@ -106,6 +110,8 @@ func (p *Proxy) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(rt.snap.Timeouts.RequestSecs)*time.Second)
 	defer cancel()
+	ctx, stop := p.untilHalt(ctx)
+	defer stop(nil)
 	var lastErr string
 	for _, t := range hosted {
 		resp, err := p.countHosted(ctx, r, w.Header().Get("X-Request-Id"), t, raw)
@@ -121,7 +127,7 @@ func (p *Proxy) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(resp.body)
 		return
 	}
-	if len(engines) > 0 {
+	if len(engines) > 0 && !halted(ctx) {
 		msgs, err := req.chatMessages()
 		if err != nil {
 			fail(errInvalidRequest, err.Error())
@@ -140,6 +146,12 @@ func (p *Proxy) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write(b)
 			return
 		}
+	}
+	if halted(ctx) {
+		// No target failed; the targets left were not asked (their calls
+		// fail at once on the cancelled context).
+		fail(errShuttingDown, msgShuttingDown)
+		return
 	}
 	fail(errUpstream, fmt.Sprintf("no target of model %q could count the tokens (last: %s)", req.Model, lastErr))
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"net/http"
 	"strconv"
 	"time"
@@ -35,7 +36,8 @@ func refusal(r delivery.Refuse) apiError {
 // requestLegs runs the request side of the delivery policy: a stream that
 // no post-response stage can handle is refused up front, pre-call
 // guardrails, then the PII sanitizer's request leg. It returns the body to
-// forward, or a refusal.
+// forward, or a refusal. Halt cuts the sanitizer's call; the caller then
+// refuses the request whatever this returns.
 func (p *Proxy) requestLegs(r *http.Request, x *exchange, raw []byte) ([]byte, *delivery.Refuse) {
 	pol := x.rt.policy
 	if x.body.Stream {
@@ -53,7 +55,13 @@ func (p *Proxy) requestLegs(r *http.Request, x *exchange, raw []byte) ([]byte, *
 	if g.Changed {
 		raw = g.Body
 	}
-	leg, ref := pol.SanitizeRequest(r.Context(), x.dreq, raw)
+	ctx := r.Context()
+	if x.rt.snap.Delivery.PII.Enabled { // a hook costs every request: only with a sanitizer to call
+		var stop context.CancelCauseFunc
+		ctx, stop = p.untilHalt(ctx)
+		defer stop(nil)
+	}
+	leg, ref := pol.SanitizeRequest(ctx, x.dreq, raw)
 	if ref != nil {
 		return nil, ref
 	}
@@ -77,8 +85,16 @@ func reparse(x *exchange, raw []byte) bool {
 
 // deliver sends a buffered successful body through the delivery policy:
 // the (possibly transformed) body, or the refusal in the endpoint's dialect.
-func (p *Proxy) deliver(w http.ResponseWriter, r *http.Request, x *exchange, status int, ctype string, body []byte) {
-	d := x.rt.policy.Apply(r.Context(), x.dreq, status, ctype, body)
+// When Halt cut a call of the policy (a plugin, the PII sanitizer) it sends
+// nothing and returns errHalted: what the policy made of the failed call
+// (a fail_open skip, a fail_closed refusal) is not the answer.
+func (p *Proxy) deliver(w http.ResponseWriter, r *http.Request, x *exchange, status int, ctype string, body []byte) error {
+	ctx, stop := p.untilHalt(r.Context())
+	defer stop(nil)
+	d := x.rt.policy.Apply(ctx, x.dreq, status, ctype, body)
+	if halted(ctx) {
+		return errHalted
+	}
 	switch d := d.(type) {
 	case delivery.Refuse:
 		x.withheld = d.Reason // it starts with the code already
@@ -96,6 +112,7 @@ func (p *Proxy) deliver(w http.ResponseWriter, r *http.Request, x *exchange, sta
 			p.clientGone(x, err)
 		}
 	}
+	return nil
 }
 
 // usageTap measures a response's usage from the bytes relayed to the

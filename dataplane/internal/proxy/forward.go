@@ -217,6 +217,11 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		x.dreq.KeyID = key.ID
 	}
 	fwd, ref := p.requestLegs(r, x, raw)
+	if p.halted.Err() != nil {
+		// Halt may have cut the sanitizer's call: its failure is no answer.
+		p.refuseHalted(w, x)
+		return
+	}
 	if ref != nil {
 		// Refused before any upstream call: an error, not a withheld answer.
 		fail(refusal(*ref), ref.Message)
@@ -257,6 +262,12 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		}
 	}
 	p.tokenIDs(ctx, x, raw)
+	if p.halted.Err() != nil {
+		// Halt may have cut /tokenize: the request is refused before it is
+		// routed (a balancer that defers counts its arrival).
+		p.refuseHalted(w, x)
+		return
+	}
 	p.forward(w, r, x)
 	if x.abort {
 		// The response started and the upstream broke it off: end it so
@@ -812,12 +823,9 @@ func connectionHeaders(h http.Header) map[string]bool {
 // errHalted, and so do the reads of its body.
 func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, context.CancelFunc, error) {
 	prov := t.cfg.Provider
-	ctx, cancelCause := context.WithCancelCause(r.Context())
-	// Halt cancels the attempt as the header timeout below does; the hook
-	// is released when the attempt ends (cancel), else every attempt would
-	// stay registered on the proxy's long-lived halt context.
-	stopHalt := context.AfterFunc(p.halted, func() { cancelCause(errHalted) })
-	cancel := func() { stopHalt(); cancelCause(nil) }
+	// Halt cancels the attempt as the header timeout below does.
+	ctx, cancelCause := p.untilHalt(r.Context())
+	cancel := func() { cancelCause(nil) }
 	var timedOut bool
 	var mu sync.Mutex
 	timer := time.AfterFunc(time.Duration(x.rt.snap.Timeouts.RequestSecs)*time.Second, func() {
@@ -876,7 +884,7 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 	stopped := timer.Stop()
 	if err != nil {
 		cancel()
-		if errors.Is(context.Cause(ctx), errHalted) {
+		if halted(ctx) {
 			return nil, nil, fmt.Errorf("%w: %s", errHalted, prov.Name)
 		}
 		mu.Lock()
@@ -904,7 +912,7 @@ type haltBody struct {
 
 func (b *haltBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && !errors.Is(err, io.EOF) && errors.Is(context.Cause(b.ctx), errHalted) {
+	if err != nil && !errors.Is(err, io.EOF) && halted(b.ctx) {
 		err = errHalted
 	}
 	return n, err
@@ -969,7 +977,8 @@ const (
 	// policy withheld the response.
 	relayStopped
 	// relayUnsent: the upstream broke off before a byte went to the
-	// client, so another target may still answer.
+	// client, so another target may still answer; or Halt cut the
+	// delivery policy (errHalted) before the answer went out.
 	relayUnsent
 	// relayCut: the upstream broke off after the response had started. A
 	// stream was sent an error event; the caller must abort the connection

@@ -235,19 +235,35 @@ func (p *Proxy) Close() error {
 func (p *Proxy) SetDraining(v bool) { p.draining.Store(v) }
 
 // Halt ends what is still running at the end of a drain, so that closing
-// the server's connections then cuts nothing: every upstream attempt in
-// flight is cancelled; a stream that had started gets an error event saying
-// the proxy shut down and its connection is aborted, so it cannot pass for a
+// the server's connections then cuts nothing: every call the proxy makes
+// for a request is cancelled (upstream attempts, count_tokens' counts, an
+// engine's /tokenize for routing, post_response plugins and the PII
+// sanitizer); a stream that had started gets an error event saying the
+// proxy shut down and its connection is aborted, so it cannot pass for a
 // complete answer; a response that had not started is answered 503
-// shutting_down, not retried on another target; requests arriving after
-// Halt get the same 503. None of it counts against the targets. Halt does not
-// wait for the handlers to finish (http.Server.Shutdown does). It is
-// idempotent and safe for concurrent use, and cannot be undone.
+// shutting_down in the endpoint's dialect, not retried on another target,
+// nor routed when Halt cut a call made before routing; requests arriving
+// after Halt get the same 503. None of it counts against the targets. Halt
+// does not wait for the handlers to finish (http.Server.Shutdown does). It
+// is idempotent and safe for concurrent use, and cannot be undone.
 func (p *Proxy) Halt() { p.haltNow() }
 
 // errHalted is the error of an upstream attempt that Halt cancelled: the
 // transport error of send, or the read error of the response body.
 var errHalted = errors.New("proxy: halted: the proxy shut down before the response finished")
+
+// untilHalt returns a child of ctx that Halt cancels with the cause
+// errHalted, and its cancel function, which also unhooks it from the halt:
+// call it when the call is done, else the hook stays registered on the
+// proxy's long-lived halt context.
+func (p *Proxy) untilHalt(ctx context.Context) (context.Context, context.CancelCauseFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(p.halted, func() { cancel(errHalted) })
+	return ctx, func(cause error) { stop(); cancel(cause) }
+}
+
+// halted reports whether Halt cancelled ctx (one of untilHalt, or its child).
+func halted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), errHalted) }
 
 // allowRead is the Allow header of the paths that are read: HEAD as GET
 // (net/http sends a HEAD answer's headers without its body).

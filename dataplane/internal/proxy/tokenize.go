@@ -31,7 +31,9 @@ func routesOnKV(strategy string) bool {
 // /tokenize did not time out or go unanswered lately (parked for the
 // cooldown's base time; asked anyway when every candidate is). A failure or
 // a timeout leaves the ids unset: the route decides on its approximate
-// state, and rolter_tokenize_total counts why.
+// state, and rolter_tokenize_total counts why. Halt cuts the call
+// (shutting_down, no verdict on the replica); serveAPI then refuses the
+// request.
 func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 	if p.kv == nil || len(x.rctx.TokenIDs) > 0 || len(x.pools) == 0 || !routesOnKV(x.pools[0].pool.strategy) {
 		return
@@ -90,6 +92,8 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 	if timeout <= 0 {
 		timeout = config.DefaultTokenizeTimeoutMS * time.Millisecond
 	}
+	ctx, stop := p.untilHalt(ctx)
+	defer stop(nil)
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cctx, span := p.tracer.Start(cctx, "tokenize")
@@ -100,6 +104,8 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 	switch {
 	case err == nil:
 		x.rctx.TokenIDs = ids
+	case halted(ctx):
+		outcome = "shutting_down"
 	case errors.Is(err, context.DeadlineExceeded) || cctx.Err() != nil && ctx.Err() == nil:
 		outcome = "timeout"
 	case errors.Is(err, tokenize.ErrRejected):
