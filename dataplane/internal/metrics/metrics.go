@@ -58,7 +58,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		AuthFailures:     cv("auth_failures_total", "Requests refused by authentication or authorization.", "reason"),
 		CORSPreflights:   cv("cors_preflights_total", "Browsers' CORS preflights the proxy answered, by result: allowed, or denied (the origin is not in server.cors.allowed_origins).", "result"),
 		EngineLoadFails:  cv("engine_load_scrape_failures_total", "Failed scrapes of a replica's engine load (request, status, body, parse, missing metric).", "provider"),
-		Tokenize:         cv("tokenize_total", "Requests of precise routes without a token-ids header, by how their token ids were obtained: cached, engine (the replica's /tokenize), or why not: timeout, error, unsupported (a body /tokenize cannot reproduce), none (no replica to ask).", "model", "outcome"),
+		Tokenize:         cv("tokenize_total", "Requests of precise routes without a token-ids header, by how their token ids were obtained: cached, engine (the replica's /tokenize), or why not: timeout, error, rejected (a client error from the engine), unsupported (a body /tokenize cannot reproduce), none (no replica to ask), shutting_down (the proxy halted during the call).", "model", "outcome"),
 		EngineLoad: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rolter_engine_load_requests", Help: "Requests running plus waiting on the replica, as last scraped from its metrics ([providers.engine_load]).",
 		}, []string{"provider"}),
