@@ -2,11 +2,14 @@ package proxy
 
 import (
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"rolter.dev/pkg/syncbuf"
 )
 
 const (
@@ -253,5 +256,36 @@ func TestCORSReload(t *testing.T) {
 	}
 	if n := up.hits.Load(); n != 0 {
 		t.Errorf("the upstream was called %d times", n)
+	}
+}
+
+// TestOpenGatewayWarnsOfBrowsers: a gateway open to every client
+// (require_auth = false, no keys) says at its first request that any web
+// page may call it while CORS allows every origin, and not when it lists
+// origins.
+func TestOpenGatewayWarnsOfBrowsers(t *testing.T) {
+	up := newUpstream(t, "a")
+	route := "[accounting]\nsink = \"none\"\n[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n"
+	for _, tc := range []struct {
+		cors string
+		want bool
+	}{
+		{"", true},
+		{"[server.cors]\nallowed_origins = [\"https://app.example\"]\n", false},
+		{"[server.cors]\nallowed_origins = []\n", false},
+	} {
+		var logs syncbuf.Buffer
+		p := New(Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		applyDoc(t, p, openAuth+tc.cors+providers(up)+route)
+		if resp, b := post(t, newServer(t, p)+"/v1/chat/completions", "", `{"model":"m"}`); resp.StatusCode != 200 {
+			t.Fatalf("%q: status %d: %s", tc.cors, resp.StatusCode, b)
+		}
+		out := logs.String()
+		if !strings.Contains(out, "open to every client") {
+			t.Fatalf("%q: no open-gateway warning in %q", tc.cors, out)
+		}
+		if got := strings.Contains(out, "any web page"); got != tc.want {
+			t.Errorf("%q: warning names web pages: %v, want %v (%q)", tc.cors, got, tc.want, out)
+		}
 	}
 }

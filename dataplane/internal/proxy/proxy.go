@@ -500,7 +500,13 @@ func credentials(r *http.Request) (secret string, malformed bool) {
 func (p *Proxy) authenticate(rt *runtime, r *http.Request) (*config.Key, *apiError, string) {
 	if rt.snap.Open() {
 		if p.openWarned.CompareAndSwap(false, true) {
-			p.log.Warn("no virtual keys configured and server.require_auth = false: the proxy is open to every client")
+			msg := "no virtual keys configured and server.require_auth = false: the proxy is open to every client"
+			if rt.cors != nil && rt.cors.anyOrigin {
+				// A browser on the operator's network runs any site's
+				// script, which may then call the gateway and read it.
+				msg += `, and server.cors.allowed_origins = ["*"] (the default) lets any web page a user opens call it; set allowed_origins to your pages' origins, or [] to refuse browsers`
+			}
+			p.log.Warn(msg)
 		}
 		return nil, nil, ""
 	}
