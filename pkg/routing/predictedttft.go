@@ -95,12 +95,14 @@ const (
 // prefill also delays the requests that will wait for those slots after it
 // (slotExternality).
 //
-// With peers (SetPlace), a target that is not this proxy's home also costs
-// the wait behind peers' picks of the last report gap, which no report has
-// shown yet (see blindCollision), unless the cheapest targets tie (homeTie
-// breaks ties). Before its pick, a request that arrives in a burst may
-// wait for its turn (Defer, predictedttft_turns.go), so that the proxies
-// place a burst one after another instead of blind.
+// With peers (SetPlace), before its pick a request that arrives in a
+// burst may wait for its turn (Defer, predictedttft_turns.go), so that the
+// proxies place a burst one after another instead of blind; ties go to
+// this proxy's home targets first (homeTie). A pick is not charged for the
+// peers' picks of the last report gap that no report has shown yet: that
+// charge (blindCollision, before the turns drew an order per time slot)
+// took follow-ups away from the replicas holding their conversations
+// (docs/routing.md, a lottery per time slot).
 //
 // pending(i) and pending_tokens(i) are the requests this balancer sent to i
 // (Observe) that have no first token yet and their uncached prefill tokens,
@@ -166,6 +168,9 @@ type predictedTTFT struct {
 	specTTL time.Duration
 	intn    func(int) int
 	now     func() time.Duration
+	// fleetNow is the clock the fleet's proxies share, for the turns'
+	// order (Spec.FleetNow).
+	fleetNow func() time.Duration
 
 	index   *chunkindex.Index
 	publish func(int, string)
@@ -219,7 +224,7 @@ type predictedTTFT struct {
 	// place is this proxy's rank among the proxies serving the route and
 	// their number (SetPlace), packed as rank<<32 | size; size ≤ 1: alone.
 	place atomic.Uint64
-	// The peers' report gap (see blindCollision): per peer its latest
+	// The peers' report gap (see concurrent): per peer its latest
 	// report's time, the sum and count of the gaps between a peer's
 	// consecutive reports (under peerMu), and their mean (ns).
 	peerLast  map[string]time.Duration
@@ -267,7 +272,9 @@ type predictedTTFT struct {
 	// The latest own arrivals' times (a ring, ns), and over the arrivals
 	// since a peer's report gap was known, Σ of the own arrivals within
 	// that gap on either side and their count (under mu); concurrent is
-	// their mean (float64 bits; see blindCollision).
+	// their mean (float64 bits): how many requests each peer receives
+	// around each of this proxy's, before the peers report their arrivals
+	// (Defer's blind picks).
 	recent           [recentArrivals]int64
 	recentN          int
 	closeSum, closeN float64
@@ -355,7 +362,7 @@ const maxUtilisation = 0.99
 const maxUnsent = 4096
 
 // recentArrivals bounds the own arrivals kept to count those within a
-// peer's report gap (see blindCollision): a burst larger than this counts
+// peer's report gap (see concurrent): a burst larger than this counts
 // as this many.
 const recentArrivals = 64
 
@@ -374,7 +381,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	n := len(spec.Weights)
 	t := &predictedTTFT{
 		n: n, kv: spec.KV, engine: spec.Engine, capCfg: spec.KVCapacityTokens,
-		specTTL: spec.SpeculativeTTL, intn: p.intn, now: p.now, publish: spec.Share,
+		specTTL: spec.SpeculativeTTL, intn: p.intn, now: p.now, fleetNow: p.fleetNow, publish: spec.Share,
 		index:      chunkindex.New(n, max(DefaultMaxTrieNodes/chunkindex.ChunkBytes, 1)),
 		pendTokens: make([]atomic.Int64, n),
 		pendCount:  make([]atomic.Int64, n),
@@ -998,10 +1005,6 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 	}
 	var tbuf [MaxTargets]uint8
 	tied := tiedAt(pred, el, best, tbuf[:0])
-	if c.collision > 0 && len(tied) == 1 {
-		best = t.addCollision(pred, el, c.collision, c.rank, c.size)
-		tied = tiedAt(pred, el, best, tbuf[:0])
-	}
 	if i, ok := t.homeTie(tied, tw); ok {
 		return i
 	}
@@ -1016,12 +1019,10 @@ func (t *predictedTTFT) Pick(ctx *Context, loads []int, eligible Set) int {
 
 // pickCosts is what costs leaves for Pick's tie rules and for Defer.
 type pickCosts struct {
-	el         Set     // the eligible targets costed (quiet ones left out before the law is fitted)
-	best       float64 // the least cost over el
-	precise    bool    // match came from the engines' KV events
-	rates      queueRates
-	collision  float64 // blindCollision, for the targets that are not home
-	rank, size int     // this proxy's place (placeOf)
+	el      Set     // the eligible targets costed (quiet ones left out before the law is fitted)
+	best    float64 // the least cost over el
+	precise bool    // match came from the engines' KV events
+	rates   queueRates
 }
 
 // costs sets pred[i], for every target i of el, to the cost Pick
@@ -1069,8 +1070,6 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 	if rates.timed && t.engine != nil { // no engine counts: no slot waits
 		saturation = t.slotSaturation()
 	}
-	rank, size := t.placeOf()
-	collision := t.blindCollision(&m, rates, size)
 	held, shared := 0.0, 0.0 // the longest prefix an eligible target holds, and its shared part (see waste)
 	if fitted {
 		for wi, w := range el.w {
@@ -1131,7 +1130,7 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 			best = min(best, pred[i])
 		}
 	}
-	return pickCosts{el: el, best: best, precise: precise, rates: rates, collision: collision, rank: rank, size: size}
+	return pickCosts{el: el, best: best, precise: precise, rates: rates}
 }
 
 // waste is the price of re-prefilling tokens of a prefix that lives at
@@ -1274,69 +1273,16 @@ func (t *predictedTTFT) tiedOfTwo(tied []uint8, w tieWeigher) (int, bool) {
 	return a, true
 }
 
-// blindCollision is the wait a request sent now to a target that is not
-// this proxy's home (see homeTie) expects behind peers' requests that no
-// report has shown yet. A peer's pick reaches this proxy with its next
-// queue report, so for about one report gap it is invisible, and a burst
-// spread over the proxies by the L4 balancer is placed by each of them
-// blind to the others: rolter-sim's conversation trace, whose timestamps
-// come in 3 s buckets of about nine requests, waits 269 ms per request
-// behind same-instant picks of other proxies through 4 sharing proxies
-// against 42 ms through one (docs/routing.md, several proxies).
-//
-// The L4 balancer splits the traffic at random, so a peer receives within
-// a report gap of this request as many requests, on average, as this
-// proxy does besides this one (concurrent, measured over its own
-// arrivals). Those of them that no target holds any of (the novelty share
-// q) go to the peer's home targets, n / size of them; half are ahead of
-// this request. So each target that is not home expects concurrent × q ×
-// size / n / 2 requests ahead that it cannot see, each a mean service (the
-// law's per-request and queued-token weights for the mean uncached
-// prefill), and the home targets none. 0 alone, with more proxies than
-// targets, or before a peer's report gap is known.
-func (t *predictedTTFT) blindCollision(m *ttftLaw, r queueRates, size int) float64 {
-	if size <= 1 || size > t.n || !r.started {
-		return 0
-	}
-	service, ok := t.meanService(m)
-	if !ok {
-		return 0
-	}
-	conc := loadFloat(&t.concurrent)
-	return conc * r.q * float64(size) / float64(t.n) / 2 * service
-}
-
 // meanService is one request's mean service on the law m (ms): its
 // per-request weight and its queued-token weight for the mean uncached
-// prefill, what a peer's blind pick adds where it lands (blindCollision,
-// blindPickCost); false before any request was sent.
+// prefill, what a peer's blind pick adds where it lands (blindPickCost);
+// false before any request was sent.
 func (t *predictedTTFT) meanService(m *ttftLaw) (float64, bool) {
 	mean, ok := t.meanUncached()
 	if !ok {
 		return 0, false
 	}
 	return max(0, m.w[lawAhead]) + max(0, m.w[lawQueued])*mean/1000, true
-}
-
-// addCollision adds the blind collision wait to pred's targets that are not
-// home and returns the new minimum. Pick adds it only when pred's minimum
-// is not tied: targets that cost the same are already broken towards home
-// by homeTie, which also draws a lighter one at random, and that draw is
-// what spreads new prefixes evenly (a wait added to ties instead sent each
-// proxy's new gsp groups to its own two home targets: rolter-sim gsp --rate
-// 20 through 4 proxies, imbalance 1.38 against 1.12).
-func (t *predictedTTFT) addCollision(pred []float64, el Set, collision float64, rank, size int) float64 {
-	best := math.Inf(1)
-	for wi, w := range el.w {
-		for ; w != 0; w &= w - 1 {
-			i := wi*64 + bitIndex(w)
-			if !t.isHome(i, rank, size) {
-				pred[i] += collision
-			}
-			best = min(best, pred[i])
-		}
-	}
-	return best
 }
 
 // tiedAt appends to dst the targets of el whose pred is at most best +
@@ -1353,8 +1299,8 @@ func tiedAt(pred []float64, el Set, best float64, dst []uint8) []uint8 {
 	return dst
 }
 
-// arriveLocked counts an own arrival at now for blindCollision's
-// concurrent: the own arrivals within a peer's report gap before it, twice
+// arriveLocked counts an own arrival at now for concurrent: the own
+// arrivals within a peer's report gap before it, twice
 // (each such pair is within the gap of both); t.mu must be held.
 func (t *predictedTTFT) arriveLocked(now time.Duration) {
 	gap := time.Duration(t.reportGap.Load())

@@ -1,8 +1,6 @@
 package routing
 
 import (
-	"encoding/binary"
-	"hash/fnv"
 	"math"
 	"slices"
 	"sync"
@@ -18,13 +16,22 @@ import (
 // two proxies receive at once is prefilled on two targets.
 //
 // So a request that arrives in a burst waits for its turn: the proxies of
-// a fleet order themselves for each request by a hash of its prompt's
-// opening, the same order at every proxy (rendezvous hashing), and the one
-// in place j waits j turns, long enough to hear the picks of those before
-// it. The order being the prompt's, the requests of a burst that share a
-// new prefix are placed first by one proxy, and the others follow its copy
-// instead of making their own. A turn is two queue intervals, longer where
-// the fleet's messages take more than half of one to arrive (turnGap).
+// a fleet draw an order of themselves for each time slot (as many turns
+// long as there are proxies) by rendezvous hashing over the slot's index
+// on a clock they share, the same order at every proxy, and the one in
+// place j waits j turns, long enough to hear the picks of those before it.
+// Within a slot each turn is one proxy's, so no two proxies pick blind to
+// each other; the requests of a burst that share a new prefix are placed
+// by the first proxy that has one, and the others follow its copy instead
+// of making their own; and the slots' draws share the first place out
+// fairly. A turn is two queue intervals, longer where the fleet's messages
+// take more than half of one to arrive (turnGap).
+//
+// The clock is the fleet's (Spec.FleetNow: the wall clock in production).
+// Clocks that disagree by d put about d / slot of the arrivals in different
+// slots at different proxies, whose orders are then independent draws: as
+// blind as an order drawn per request, the design this replaced, never
+// worse (docs/routing.md, a lottery per time slot).
 //
 // A request is in a burst when another reached its proxy less than a turn
 // before it, or when most of the proxy's arrivals do (bursty: then a lone
@@ -221,12 +228,6 @@ func (t *predictedTTFT) bursty() bool {
 	return ok && share > 0.5
 }
 
-// turnKeyBytes is how much of a prompt's opening orders the proxies for
-// it: past a chat template's fixed opening (a few dozen bytes) into the
-// request's own text, and within the system prompt that a group of
-// requests shares (gsp's: 2,048 tokens).
-const turnKeyBytes = 512
-
 // SetReportInterval implements [ReportPacer].
 func (t *predictedTTFT) SetReportInterval(d time.Duration) {
 	t.turns.reportEvery.Store(int64(max(d, 0)))
@@ -282,7 +283,7 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 	if !inBurst && !t.bursty() && !fleetBursty {
 		return 0
 	}
-	j := turnOf(ctx, rank, size)
+	j := turnOf(t.fleetNow(), turn, rank, size)
 	if j == 0 {
 		return 0
 	}
@@ -356,25 +357,15 @@ func margin(pred []float64, el Set, best float64) float64 {
 	return second - best
 }
 
-// turnOf is this proxy's place, among size proxies, in ctx's order: how
-// many of the others rank ctx's prompt opening higher (rendezvous hashing,
-// the same at every proxy).
-func turnOf(ctx *Context, rank, size int) int {
-	h := fnv.New64a()
-	switch {
-	case ctx.Prompt != "":
-		h.Write([]byte(ctx.Prompt[:min(len(ctx.Prompt), turnKeyBytes)]))
-	case len(ctx.TokenIDs) > 0:
-		var b [4]byte
-		for _, id := range ctx.TokenIDs[:min(len(ctx.TokenIDs), turnKeyBytes/4)] {
-			binary.LittleEndian.PutUint32(b[:], id)
-			h.Write(b[:])
-		}
-	}
-	key := h.Sum64()
-	mine, j := turnScore(key, rank), 0
+// turnOf is this proxy's place, among size proxies, in the order drawn
+// for the time slot that fleetNow is in (slots of size turns, counted
+// from the fleet clock's zero): how many of the others rank the slot
+// higher (rendezvous hashing, the same at every proxy).
+func turnOf(fleetNow, turn time.Duration, rank, size int) int {
+	slot := uint64(fleetNow / (time.Duration(size) * turn))
+	mine, j := turnScore(slot, rank), 0
 	for p := range size {
-		if s := turnScore(key, p); p != rank && (s > mine || s == mine && p < rank) {
+		if s := turnScore(slot, p); p != rank && (s > mine || s == mine && p < rank) {
 			j++
 		}
 	}

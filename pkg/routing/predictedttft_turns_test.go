@@ -13,10 +13,17 @@ import (
 
 // newPlacedTTFT is a predicted_ttft balancer over n targets on the virtual
 // clock *now, at place rank among size proxies whose queue interval is 5
-// ms.
+// ms, in the fleet's first time slot (a fleet clock at 0): every request
+// orders the proxies alike (see secondOfTwo).
 func newPlacedTTFT(t *testing.T, now *time.Duration, n, rank, size int) *predictedTTFT {
 	t.Helper()
-	b, err := New(Spec{Strategy: PredictedTTFT, Weights: slices.Repeat([]int{1}, n), Now: func() time.Duration { return *now }})
+	return newSlottedTTFT(t, now, func() time.Duration { return 0 }, n, rank, size)
+}
+
+// newSlottedTTFT is newPlacedTTFT on the fleet clock fleetNow.
+func newSlottedTTFT(t *testing.T, now *time.Duration, fleetNow func() time.Duration, n, rank, size int) *predictedTTFT {
+	t.Helper()
+	b, err := New(Spec{Strategy: PredictedTTFT, Weights: slices.Repeat([]int{1}, n), Now: func() time.Duration { return *now }, FleetNow: fleetNow})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,17 +33,13 @@ func newPlacedTTFT(t *testing.T, now *time.Duration, n, rank, size int) *predict
 	return p
 }
 
-// newFittedTTFT is newPlacedTTFT over two targets at the place second in
-// ctx's order of two, on the routing simulator's fitted law, with
-// concurrent own arrivals around each, after the first token of a
-// 16,000-byte prompt of each letter of served at target 0, 1, ….
-func newFittedTTFT(t *testing.T, now *time.Duration, ctx *Context, concurrent float64, served ...string) *predictedTTFT {
+// newFittedTTFT is newPlacedTTFT over two targets at the place second of
+// two, on the routing simulator's fitted law, with concurrent own arrivals
+// around each, after the first token of a 16,000-byte prompt of each
+// letter of served at target 0, 1, ….
+func newFittedTTFT(t *testing.T, now *time.Duration, concurrent float64, served ...string) *predictedTTFT {
 	t.Helper()
-	rank := 0
-	if turnOf(ctx, 0, 2) == 0 {
-		rank = 1
-	}
-	p := newPlacedTTFT(t, now, 2, rank, 2)
+	p := newPlacedTTFT(t, now, 2, secondOfTwo(), 2)
 	p.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
 	p.concurrent.Store(math.Float64bits(concurrent))
 	for i, r := range served {
@@ -47,18 +50,21 @@ func newFittedTTFT(t *testing.T, now *time.Duration, ctx *Context, concurrent fl
 	return p
 }
 
-// In a burst the proxies take turns in the same order at every proxy: for
-// each request, the four proxies of a fleet wait 0, 1, 2 and 3 turns of
-// two queue intervals, the order drawn from the prompt's opening.
+// In a burst the proxies take turns in the same order at every proxy: in
+// each time slot of four turns, the four proxies of a fleet wait 0, 1, 2
+// and 3 turns of two queue intervals, the order drawn for the slot.
 func TestTurnsOrderTheProxies(t *testing.T) {
 	now := time.Second
 	firsts := make([]int, 4)
+	ctx := &Context{Prompt: "a request " + strings.Repeat("x", 600)}
 	for k := range 20 {
-		ctx := &Context{Prompt: fmt.Sprintf("system prompt of group %d. ", k) + strings.Repeat("x", 600)}
+		// Any instant of slot k, on a fleet clock at some distance from
+		// the proxies' own.
+		fleet := time.Hour + time.Duration(4*k)*10*time.Millisecond + time.Duration(k%4)*time.Millisecond
 		var waits []time.Duration
 		first := -1
 		for rank := range 4 {
-			p := newPlacedTTFT(t, &now, 4, rank, 4)
+			p := newSlottedTTFT(t, &now, func() time.Duration { return fleet }, 4, rank, 4)
 			if d := p.Defer(&Context{Prompt: "an earlier request"}, nil, Set{}); d != 0 {
 				t.Fatalf("the first request of a burst waits %v", d)
 			}
@@ -74,29 +80,29 @@ func TestTurnsOrderTheProxies(t *testing.T) {
 		}
 		firsts[first]++
 	}
-	// The order is the prompt's: over 20 prompts every proxy goes first
-	// some time (all on one would be 4^-19).
+	// The order is the slot's: over 20 slots every proxy goes first some
+	// time (all on one would be 4^-19).
 	if slices.Contains(firsts, 0) {
-		t.Fatalf("proxies going first over 20 prompts: %v", firsts)
+		t.Fatalf("proxies going first over 20 slots: %v", firsts)
 	}
 }
 
-// secondOfTwo is the rank, of two proxies, that comes second in ctx's
-// order.
-func secondOfTwo(ctx *Context) int {
-	if turnOf(ctx, 0, 2) == 0 {
+// secondOfTwo is the rank, of two proxies, that comes second in the
+// fleet's first time slot (newPlacedTTFT's).
+func secondOfTwo() int {
+	if turnOf(0, 10*time.Millisecond, 0, 2) == 0 {
 		return 1
 	}
 	return 0
 }
 
 // Nothing waits alone, outside a burst, or before the queue interval is
-// known; and a request is ordered by its opening, so requests that share
-// a system prompt are ordered alike.
+// known; and the requests of one time slot order the proxies alike,
+// whatever their prompts.
 func TestTurnsOnlyInABurst(t *testing.T) {
 	now := time.Second
 	ctx := &Context{Prompt: strings.Repeat("shared system prompt ", 40)}
-	rank := secondOfTwo(ctx)
+	rank := secondOfTwo()
 	alone := newPlacedTTFT(t, &now, 2, 0, 1)
 	alone.Defer(ctx, nil, Set{})
 	if d := alone.Defer(ctx, nil, Set{}); d != 0 {
@@ -122,9 +128,9 @@ func TestTurnsOnlyInABurst(t *testing.T) {
 	if d := p.Defer(ctx, nil, Set{}); d != 10*time.Millisecond {
 		t.Fatalf("a request 9 ms after the last waits %v, want one turn (10 ms)", d)
 	}
-	follow := &Context{Prompt: ctx.Prompt + "and a question of its own"}
-	if d := p.Defer(follow, nil, Set{}); d != 10*time.Millisecond {
-		t.Fatalf("a request with the same opening waits %v, want one turn too", d)
+	other := &Context{Prompt: "another prompt altogether"}
+	if d := p.Defer(other, nil, Set{}); d != 10*time.Millisecond {
+		t.Fatalf("another request of the slot waits %v, want one turn too", d)
 	}
 	// A measured report gap gives way to the fleet's interval.
 	p.reportGap.Store(int64(8 * time.Millisecond))
@@ -143,7 +149,7 @@ func TestTurnsOnlyInABurst(t *testing.T) {
 func TestTurnsCoverTheTrip(t *testing.T) {
 	now := time.Second
 	ctx := &Context{Prompt: strings.Repeat("shared system prompt ", 40)}
-	p := newPlacedTTFT(t, &now, 2, secondOfTwo(ctx), 2) // 5 ms interval
+	p := newPlacedTTFT(t, &now, 2, secondOfTwo(), 2) // 5 ms interval
 	for _, tc := range []struct{ trip, turn time.Duration }{
 		{0, 10 * time.Millisecond},
 		{2500 * time.Microsecond, 10 * time.Millisecond},
@@ -179,7 +185,7 @@ func TestTurnsSkipAClearChoice(t *testing.T) {
 		ctx  *Context
 		wait bool
 	}{{"follow-up", follow, false}, {"new prompt", fresh, true}} {
-		p := newFittedTTFT(t, &now, tc.ctx, 4, "a") // in a burst: blind picks would cost
+		p := newFittedTTFT(t, &now, 4, "a") // in a burst: blind picks would cost
 		service, ok := p.meanService(&simLaw)
 		if !ok {
 			t.Fatal("no mean service with a request observed")
@@ -286,7 +292,7 @@ func TestTurnsWeighTheBlindPick(t *testing.T) {
 		concurrent float64
 		wait       bool
 	}{{4, true}, {0.02, false}} {
-		p := newFittedTTFT(t, &now, ctx, tc.concurrent, "e", "h") // both targets served alike: no clear choice
+		p := newFittedTTFT(t, &now, tc.concurrent, "e", "h") // both targets served alike: no clear choice
 		match, pred := make([]float64, 2), make([]float64, 2)
 		c := p.costs(ctx, nil, All(2), 1, match, pred)
 		if service, _ := p.meanService(&simLaw); margin(pred, c.el, c.best) >= service {
@@ -309,7 +315,7 @@ func TestTurnsFirstOfABurst(t *testing.T) {
 		wait     bool
 	}{{3, true}, {1, false}} {
 		now := time.Second
-		p := newFittedTTFT(t, &now, ctx, 4, "g")
+		p := newFittedTTFT(t, &now, 4, "g")
 		for b := range 10 {
 			for k := range tc.perBurst {
 				p.Defer(&Context{Prompt: fmt.Sprintf("burst %d request %d", b, k)}, nil, Set{})
@@ -334,7 +340,7 @@ func TestTurnsFleetBursts(t *testing.T) {
 		wait  bool
 	}{{0, true}, {500 * time.Millisecond, false}} {
 		now := time.Second
-		p := newFittedTTFT(t, &now, ctx, 0.02, "e", "h") // own arrivals one by one; no clear choice
+		p := newFittedTTFT(t, &now, 0.02, "e", "h") // own arrivals one by one; no clear choice
 		for b := range 10 {
 			p.Defer(&Context{Prompt: fmt.Sprintf("burst %d", b)}, nil, Set{})
 			ages := make([]time.Duration, 3)
@@ -354,7 +360,7 @@ func TestTurnsFleetBursts(t *testing.T) {
 	}
 	// Before any own arrival has settled, the peers' alone decide nothing.
 	now := time.Second
-	p := newFittedTTFT(t, &now, ctx, 0.02, "e", "h")
+	p := newFittedTTFT(t, &now, 0.02, "e", "h")
 	p.FoldPeerArrivals([]time.Duration{0, 0, 0})
 	if d := p.Defer(ctx, nil, Set{}); d != 0 {
 		t.Fatalf("a first arrival among unsettled peers' waits %v", d)

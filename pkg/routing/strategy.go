@@ -120,6 +120,13 @@ type Spec struct {
 	// count). Nil means the process's monotonic clock. The routing
 	// simulator passes its virtual clock.
 	Now func() time.Duration
+	// FleetNow, when set, is a clock every proxy of a fleet reads alike
+	// (to well under a queue interval): predicted_ttft's turns in a burst
+	// draw the proxies' order for each time slot from it. Nil means Now
+	// when that is set (a simulated clock, the same for every simulated
+	// proxy), else the wall clock (time since the Unix epoch, which NTP
+	// keeps within a millisecond or so on a LAN).
+	FleetNow func() time.Duration
 }
 
 // params are a Spec's per-route parameters with defaults applied.
@@ -131,6 +138,7 @@ type params struct {
 	scorers    [numScorers]float64
 	intn       func(n int) int
 	now        func() time.Duration // Spec.Now; nil: the monotonic clock
+	fleetNow   func() time.Duration // Spec.FleetNow, else Spec.Now, else the wall clock
 }
 
 // params applies defaults and rejects values no route can mean: negative or
@@ -143,9 +151,17 @@ func (s *Spec) params() (params, error) {
 		maxNodes:   cmp.Or(s.MaxTrieNodes, DefaultMaxTrieNodes),
 		intn:       s.IntN,
 		now:        s.Now,
+		fleetNow:   s.FleetNow,
 	}
 	if p.intn == nil {
 		p.intn = rand.IntN
+	}
+	switch {
+	case p.fleetNow != nil:
+	case s.Now != nil:
+		p.fleetNow = s.Now
+	default:
+		p.fleetNow = func() time.Duration { return time.Duration(time.Now().UnixNano()) }
 	}
 	var errs []error
 	if !finiteNonNegative(s.Threshold) {

@@ -324,6 +324,12 @@ func TestBurstTakesTurnsThroughProxies(t *testing.T) {
 		})
 	}
 	system := longSystem("burst-", 400)
+	// The proxies draw their order for each time slot of the wall clock
+	// (two turns of two queue intervals: 1 s, from the Unix epoch): start
+	// a tenth into a slot, so that both requests, a fraction of a second
+	// later, fall in the same one.
+	slot := int64(2 * 2 * share.ShareQueueInterval)
+	time.Sleep(time.Until(time.Unix(0, (time.Now().UnixNano()/slot+1)*slot+slot/10)))
 	served := make([]string, len(proxies))
 	errs := make([]error, len(proxies))
 	start := make(chan struct{})
