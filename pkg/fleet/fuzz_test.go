@@ -77,6 +77,12 @@ func FuzzDecode(f *testing.F) {
 		if trip := qm.node.Stats(time.Now()).Trip; trip < 0 {
 			t.Fatalf("trip %v after an echo", trip)
 		}
+		// Twice, so that a report echoing qm's gives the round trip and
+		// its clock an offset: whatever the clock says, at most a day.
+		qm.node.HandleLoads(data, time.Now())
+		if off := qm.node.Stats(time.Now()).ClockOffset; off < 0 || off > 24*time.Hour {
+			t.Fatalf("clock offset %v", off)
+		}
 		qm.node.HandleObservations(data, time.Now())
 		if d := qm.b.(routing.Deferrer).Defer(&routing.Context{Prompt: conversation(2)}, nil, routing.Set{}); d < 0 {
 			t.Fatalf("Defer = %v after folding", d)

@@ -69,6 +69,12 @@ func TestOverNATS(t *testing.T) {
 	if ta := a.node.Stats(time.Now()).Trip; ta >= a.node.Options().LoadInterval {
 		t.Fatalf("a's trip to b through a local NATS: %v", ta)
 	}
+	// One machine, one clock: the offset measured is the trips' asymmetry,
+	// well under a load interval.
+	eventually(t, "a measures b's clock", func() bool { return a.node.Stats(time.Now()).ClockOffset > 0 })
+	if off := a.node.Stats(time.Now()).ClockOffset; off >= a.node.Options().LoadInterval {
+		t.Fatalf("a's clock offset to b on one machine: %v", off)
+	}
 	placed := a.send(conversation(1))
 	eventually(t, "a's observation reaches b", func() bool { return b.node.Stats(time.Now()).ChunksFolded > 0 })
 	if got := b.send(conversation(1) + " again"); got != placed {

@@ -140,6 +140,10 @@ type peer struct {
 	loadAt  time.Time
 	// rtt is the smoothed round trip to the peer (0: none measured).
 	rtt time.Duration
+	// offset is how far the peer's wall clock runs ahead of this node's,
+	// smoothed (see sampleOffset); offsetSeen, whether it was measured.
+	offset     time.Duration
+	offsetSeen bool
 }
 
 // live reports whether p's latest load report still holds at now.
@@ -524,7 +528,7 @@ func (n *Node) LoadReportAt(now time.Time) []byte {
 	n.mu.Lock()
 	n.loadSeq++
 	n.sent[n.loadSeq%sentLoads] = sentLoad{n.loadSeq, now}
-	msg := &fleetv1.Loads{Proxy: n.opts.ID, Seq: n.loadSeq, TtlMs: uint32(loadTTLIntervals * n.opts.LoadInterval / time.Millisecond)}
+	msg := &fleetv1.Loads{Proxy: n.opts.ID, Seq: n.loadSeq, TtlMs: uint32(loadTTLIntervals * n.opts.LoadInterval / time.Millisecond), SentUnixUs: now.UnixMicro()}
 	for id, p := range n.peers {
 		if held := now.Sub(p.loadAt); p.loadSeq != 0 && held >= 0 && held < loadTTLIntervals*n.opts.LoadInterval {
 			msg.Echoes = append(msg.Echoes, &fleetv1.Echo{Proxy: id, Seq: p.loadSeq, HeldUs: uint64(held / time.Microsecond)})
@@ -711,6 +715,7 @@ func (n *Node) HandleLoads(data []byte, now time.Time) {
 			break
 		}
 	}
+	n.sampleOffset(p, msg.SentUnixUs, now)
 	for _, r := range n.routes {
 		n.sumLoads(r, now)
 	}
@@ -738,6 +743,31 @@ func (n *Node) sampleTrip(p *peer, e *fleetv1.Echo, now time.Time) {
 	}
 	// Smoothed as TCP smooths its round trip (RFC 6298's 1/8).
 	p.rtt += (rtt - p.rtt) / 8
+}
+
+// maxOffset bounds a peer's measured clock offset (see sampleOffset).
+const maxOffset = 24 * time.Hour
+
+// sampleOffset takes how far p's wall clock runs ahead of this node's from
+// a load report p sent at sentUs (its clock) and this node heard at now:
+// the report was sent half a round trip before it came, as NTP reckons.
+// predicted_ttft's turns in a burst draw the proxies' order per slot of the
+// wall clock, so clocks apart by a good part of a turn (10 ms) order the
+// requests near a slot's edge differently at different proxies; the
+// metric shows it. Nothing is taken before the round trip is measured, nor
+// from a peer that does not send its clock. n.mu must be held.
+func (n *Node) sampleOffset(p *peer, sentUs int64, now time.Time) {
+	if sentUs == 0 || p.rtt == 0 {
+		return
+	}
+	// Clamped to a day either way: a clock that far off is shown as a day,
+	// and the smoothing's arithmetic cannot overflow.
+	d := min(max(time.UnixMicro(sentUs).Add(p.rtt/2).Sub(now), -maxOffset), maxOffset)
+	if !p.offsetSeen {
+		p.offset, p.offsetSeen = d, true
+		return
+	}
+	p.offset += (d - p.offset) / 8 // as the round trip is smoothed
 }
 
 // updateTrip sets the node's trip, half the longest smoothed round trip to

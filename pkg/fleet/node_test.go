@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -611,6 +612,55 @@ func TestTripAfterAPeerRestarts(t *testing.T) {
 	again.node.HandleLoads(a.node.LoadReportAt(at(650)), at(652))
 	if probe.trip != 2*time.Millisecond {
 		t.Fatalf("the restarted peer's trip: %v, want 2ms", probe.trip)
+	}
+}
+
+// Each proxy measures how far a live peer's wall clock is from its own,
+// from the clock the peer's load reports carry and half the round trip
+// (NTP's reckoning), smoothed by an eighth; the largest either way shows in
+// Stats. Nothing is taken before the round trip is known, nor from a peer
+// that sends no clock; a clock days off shows as a day.
+func TestClockOffsetMeasured(t *testing.T) {
+	now := time.Second
+	a, b := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now)
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// b's clock runs 7 ms ahead of a's: b stamps its reports 7 ms later
+	// than a's clock reads, and a message takes 4 ms either way.
+	ahead := 7 * time.Millisecond
+	a.node.HandleLoads(b.node.LoadReportAt(at(-66).Add(ahead)), at(-62))
+	if got := a.node.Stats(at(-62)).ClockOffset; got != 0 {
+		t.Fatalf("offset before any round trip: %v, want none", got)
+	}
+	b.node.HandleLoads(a.node.LoadReportAt(at(0)), at(4).Add(ahead))
+	a.node.HandleLoads(b.node.LoadReportAt(at(34).Add(ahead)), at(38)) // its echo gives the round trip
+	if got := a.node.Stats(at(38)).ClockOffset; got != ahead {
+		t.Fatalf("a's offset to b: %v, want %v", got, ahead)
+	}
+	a.node.HandleLoads(b.node.LoadReportAt(at(134).Add(ahead)), at(138))
+	if got := a.node.Stats(at(138)).ClockOffset; got != ahead {
+		t.Fatalf("a's offset to b, again: %v, want %v", got, ahead)
+	}
+	// b moves 8 ms further ahead: an eighth of it shows at the next report.
+	a.node.HandleLoads(b.node.LoadReportAt(at(234).Add(ahead+8*time.Millisecond)), at(238))
+	if got, want := a.node.Stats(at(238)).ClockOffset, ahead+time.Millisecond; got != want {
+		t.Fatalf("after b jumped 8 ms: %v, want %v", got, want)
+	}
+	// A peer without a clock changes nothing; one stamped years off is a
+	// day off, and the smoothing stays finite.
+	a.node.HandleLoads(mustEncode(&fleetv1.Loads{Proxy: "b", Seq: 50, TtlMs: 300}), at(300))
+	if got, want := a.node.Stats(at(300)).ClockOffset, ahead+time.Millisecond; got != want {
+		t.Fatalf("after a report without a clock: %v, want %v", got, want)
+	}
+	for k := range 100 {
+		a.node.HandleLoads(mustEncode(&fleetv1.Loads{Proxy: "b", Seq: uint64(51 + k), TtlMs: 300, SentUnixUs: math.MinInt64}), at(300))
+	}
+	if got := a.node.Stats(at(300)).ClockOffset; got <= 23*time.Hour || got > 24*time.Hour {
+		t.Fatalf("a peer stamped at the epoch's far end: offset %v, want about a day", got)
+	}
+	// Once b's loads expire its offset no longer shows.
+	if got := a.node.Stats(at(300 + 3*int(fleet.DefaultLoadInterval/time.Millisecond))).ClockOffset; got != 0 {
+		t.Fatalf("after b expired: %v, want 0", got)
 	}
 }
 

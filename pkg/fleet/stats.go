@@ -44,6 +44,10 @@ type Stats struct {
 	// smoothed round trip its echoes of the node's load reports show (0:
 	// none measured).
 	Trip time.Duration
+	// ClockOffset is the largest difference, either way, between this
+	// node's wall clock and a live peer's, as their load reports and round
+	// trips show it (0: none measured).
+	ClockOffset time.Duration
 }
 
 type counters struct {
@@ -90,6 +94,9 @@ func (n *Node) Stats(now time.Time) Stats {
 	defer n.mu.Unlock()
 	s.Trip = n.trip
 	for _, p := range n.peers {
+		if p.offsetSeen && p.live(now) {
+			s.ClockOffset = max(s.ClockOffset, p.offset, -p.offset)
+		}
 		if p.heard.After(s.LastHeard) {
 			s.LastHeard = p.heard
 		}

@@ -25,6 +25,7 @@ var (
 	fleetPeers     = fleetDesc("peers", "Peers heard from within their load-report TTL.")
 	fleetStateAge  = fleetDesc("state_age_seconds", "Seconds since a peer was last heard from; absent until one is.")
 	fleetTrip      = fleetDesc("trip_seconds", "How late the slowest live peer hears this proxy: half the smoothed round trip shown by the peers' echoes of its load reports (predicted_ttft's turns in a burst lengthen once it exceeds half the queue interval); absent until measured.")
+	fleetClock     = fleetDesc("clock_offset_seconds", "The largest difference, either way, between this proxy's wall clock and a live peer's, from the clock its load reports carry and half the round trip (predicted_ttft's turns in a burst order the proxies per slot of the wall clock: keep it well under a turn, two queue intervals); absent until the trip is measured.")
 	peerQueued     = prometheus.NewDesc("rolter_fleet_peer_queued_prefill_tokens",
 		"Uncached prompt tokens the peers report pending at a target (sent, no first token yet), summed over their unexpired queue reports (predicted_ttft with sharing).", []string{"model", "provider"}, nil)
 	sharedChunks = prometheus.NewDesc("rolter_shared_prefix_chunks",
@@ -32,7 +33,7 @@ var (
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{fleetPublished, fleetReceived, fleetDropped, fleetSnapshots, fleetPubErrors, fleetPeers, fleetStateAge, fleetTrip, peerQueued, sharedChunks} {
+	for _, d := range []*prometheus.Desc{fleetPublished, fleetReceived, fleetDropped, fleetSnapshots, fleetPubErrors, fleetPeers, fleetStateAge, fleetTrip, fleetClock, peerQueued, sharedChunks} {
 		ch <- d
 	}
 }
@@ -65,6 +66,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if s.Trip > 0 {
 		ch <- prometheus.MustNewConstMetric(fleetTrip, prometheus.GaugeValue, s.Trip.Seconds())
+		ch <- prometheus.MustNewConstMetric(fleetClock, prometheus.GaugeValue, s.ClockOffset.Seconds())
 	}
 	rt := c.p.rt.Load()
 	if rt == nil {

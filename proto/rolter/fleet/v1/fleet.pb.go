@@ -440,7 +440,12 @@ type Loads struct {
 	// echoes answer the peers' load reports heard since: from one, the peer
 	// that sent it learns the round trip to this proxy (its own clock twice,
 	// minus held_us), and so how late every fleet message is.
-	Echoes        []*Echo `protobuf:"bytes,5,rep,name=echoes,proto3" json:"echoes,omitempty"`
+	Echoes []*Echo `protobuf:"bytes,5,rep,name=echoes,proto3" json:"echoes,omitempty"`
+	// sent_unix_us is the sender's wall clock when it sent this report
+	// (microseconds since the Unix epoch; 0: not sent). With the trip, a
+	// peer learns how far apart their clocks are: predicted_ttft's turns in
+	// a burst draw the proxies' order per slot of the wall clock.
+	SentUnixUs    int64 `protobuf:"varint,6,opt,name=sent_unix_us,json=sentUnixUs,proto3" json:"sent_unix_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -508,6 +513,13 @@ func (x *Loads) GetEchoes() []*Echo {
 		return x.Echoes
 	}
 	return nil
+}
+
+func (x *Loads) GetSentUnixUs() int64 {
+	if x != nil {
+		return x.SentUnixUs
+	}
+	return 0
 }
 
 // Echo names the latest load report a proxy heard from one peer.
@@ -790,13 +802,15 @@ const file_rolter_fleet_v1_fleet_proto_rawDesc = "" +
 	"\ranswer_age_us\x18\a \x01(\x04H\x01R\vanswerAgeUs\x88\x01\x01\x12\x1b\n" +
 	"\tkv_blocks\x18\b \x03(\x06R\bkvBlocksB\x0f\n" +
 	"\r_leave_age_usB\x10\n" +
-	"\x0e_answer_age_us\"\xaa\x01\n" +
+	"\x0e_answer_age_us\"\xcc\x01\n" +
 	"\x05Loads\x12\x14\n" +
 	"\x05proxy\x18\x01 \x01(\tR\x05proxy\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x15\n" +
 	"\x06ttl_ms\x18\x03 \x01(\rR\x05ttlMs\x123\n" +
 	"\x06routes\x18\x04 \x03(\v2\x1b.rolter.fleet.v1.RouteLoadsR\x06routes\x12-\n" +
-	"\x06echoes\x18\x05 \x03(\v2\x15.rolter.fleet.v1.EchoR\x06echoes\"G\n" +
+	"\x06echoes\x18\x05 \x03(\v2\x15.rolter.fleet.v1.EchoR\x06echoes\x12 \n" +
+	"\fsent_unix_us\x18\x06 \x01(\x03R\n" +
+	"sentUnixUs\"G\n" +
 	"\x04Echo\x12\x14\n" +
 	"\x05proxy\x18\x01 \x01(\tR\x05proxy\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x17\n" +
