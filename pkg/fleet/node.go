@@ -115,6 +115,9 @@ type Node struct {
 	// trip is how late the slowest live peer hears this node's messages
 	// (half its measured round trip; 0: none measured).
 	trip time.Duration
+	// clock is how far the reference proxy's wall clock runs ahead of
+	// this node's (see updateClock), as last handed to the balancers.
+	clock time.Duration
 
 	// unwarmed is signalled when a route is bound for the first time;
 	// queuing when a route's balancer starts sharing its queue.
@@ -273,6 +276,11 @@ func (r *Route) SetQueue(q Queue) {
 		rp.SetReportInterval(r.node.opts.QueueInterval)
 		r.node.mu.Lock()
 		rp.SetReportTrip(r.node.trip)
+		r.node.mu.Unlock()
+	}
+	if fc, ok := q.(routing.FleetClock); ok {
+		r.node.mu.Lock()
+		fc.SetFleetClockOffset(r.node.clock)
 		r.node.mu.Unlock()
 	}
 	signal(r.node.queuing)
@@ -720,6 +728,7 @@ func (n *Node) HandleLoads(data []byte, now time.Time) {
 		n.sumLoads(r, now)
 	}
 	n.updateTrip(now)
+	n.updateClock(now)
 }
 
 // sampleTrip takes the round trip to p that its echo e of this node's load
@@ -752,10 +761,11 @@ const maxOffset = 24 * time.Hour
 // a load report p sent at sentUs (its clock) and this node heard at now:
 // the report was sent half a round trip before it came, as NTP reckons.
 // predicted_ttft's turns in a burst draw the proxies' order per slot of the
-// wall clock, so clocks apart by a good part of a turn (10 ms) order the
-// requests near a slot's edge differently at different proxies; the
-// metric shows it. Nothing is taken before the round trip is measured, nor
-// from a peer that does not send its clock. n.mu must be held.
+// wall clock, so clocks apart by a good part of a turn (10 ms) would order
+// the requests near a slot's edge differently at different proxies:
+// updateClock sets every proxy's slots to one reference clock by these
+// offsets. Nothing is taken before the round trip is measured, nor from a
+// peer that does not send its clock. n.mu must be held.
 func (n *Node) sampleOffset(p *peer, sentUs int64, now time.Time) {
 	if sentUs == 0 || p.rtt == 0 {
 		return
@@ -793,6 +803,35 @@ func (n *Node) updateTrip(now time.Time) {
 	}
 }
 
+// updateClock sets how far the fleet's reference clock runs ahead of this
+// node's and hands it to the routes' balancers that read the fleet's clock
+// (routing.FleetClock). The reference is the live proxy with the smallest
+// id, this node included, so every proxy sets its slots to the same clock;
+// its offset as sampleOffset measured it (0 while not measured, or when
+// this node is the reference). n.mu must be held.
+func (n *Node) updateClock(now time.Time) {
+	ref, clock := n.opts.ID, time.Duration(0)
+	for id, p := range n.peers {
+		if p.live(now) && id < ref {
+			ref, clock = id, 0
+			if p.offsetSeen {
+				clock = p.offset
+			}
+		}
+	}
+	if clock == n.clock {
+		return
+	}
+	n.clock = clock
+	for _, r := range n.routes {
+		if q := r.queue.Load(); q != nil {
+			if fc, ok := q.Queue.(routing.FleetClock); ok {
+				fc.SetFleetClockOffset(clock)
+			}
+		}
+	}
+}
+
 // Expire forgets the loads of peers not heard within their TTL, and peers
 // silent for long. It is called every load interval.
 func (n *Node) Expire(now time.Time) {
@@ -813,6 +852,7 @@ func (n *Node) Expire(now time.Time) {
 			n.sumLoads(r, now)
 		}
 		n.updateTrip(now)
+		n.updateClock(now)
 	}
 }
 

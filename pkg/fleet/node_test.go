@@ -520,9 +520,11 @@ func TestArrivalsReachPeers(t *testing.T) {
 // it of its peers' reports: their interval, their trip and their arrivals.
 type pacedProbe struct {
 	routing.SharedQueue
-	interval, trip time.Duration
-	folded         []time.Duration
+	interval, trip, clock time.Duration
+	folded                []time.Duration
 }
+
+func (p *pacedProbe) SetFleetClockOffset(d time.Duration) { p.clock = d }
 
 func (p *pacedProbe) SetReportInterval(d time.Duration) { p.interval = d }
 func (p *pacedProbe) SetReportTrip(d time.Duration)     { p.trip = d }
@@ -661,6 +663,55 @@ func TestClockOffsetMeasured(t *testing.T) {
 	// Once b's loads expire its offset no longer shows.
 	if got := a.node.Stats(at(300 + 3*int(fleet.DefaultLoadInterval/time.Millisecond))).ClockOffset; got != 0 {
 		t.Fatalf("after b expired: %v, want 0", got)
+	}
+}
+
+// The proxies set their turns' clock to the reference proxy's, the live
+// one with the smallest id: each hands its balancer how far that clock runs
+// ahead of its own (the reference, 0); a reference that goes silent hands
+// the part to the next.
+func TestFleetClockFollowsTheReference(t *testing.T) {
+	now := time.Second
+	a, b, c := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now), newTTFTMember(t, "c", &now)
+	pa, pb, pc := &pacedProbe{SharedQueue: a.b.(routing.SharedQueue)}, &pacedProbe{SharedQueue: b.b.(routing.SharedQueue)}, &pacedProbe{SharedQueue: c.b.(routing.SharedQueue)}
+	a.route.SetQueue(pa)
+	b.route.SetQueue(pb)
+	c.route.SetQueue(pc)
+	t0 := time.Unix(1_700_000_000, 0)
+	// a's clock is the true one; b's runs 7 ms ahead, c's 3 ms behind; a
+	// message takes 2 ms.
+	skew := map[*member]time.Duration{a.member: 0, b.member: 7 * time.Millisecond, c.member: -3 * time.Millisecond}
+	members := []*member{a.member, b.member, c.member}
+	round := func(ms int) {
+		sent := t0.Add(time.Duration(ms) * time.Millisecond)
+		reports := make([][]byte, len(members))
+		for i, m := range members {
+			reports[i] = m.node.LoadReportAt(sent.Add(skew[m]))
+		}
+		for i, data := range reports {
+			for j, m := range members {
+				if i != j {
+					m.node.HandleLoads(data, sent.Add(2*time.Millisecond+skew[m]))
+				}
+			}
+		}
+	}
+	for k := range 3 {
+		round(100 * k)
+	}
+	if pa.clock != 0 || pb.clock != -7*time.Millisecond || pc.clock != 3*time.Millisecond {
+		t.Fatalf("clock offsets handed on: a %v, b %v, c %v; want 0, -7ms, 3ms (a's clock)", pa.clock, pb.clock, pc.clock)
+	}
+	// a falls silent: b, the smallest id left, is the reference.
+	members = []*member{b.member, c.member}
+	for _, m := range members {
+		m.node.Expire(t0.Add(time.Second + skew[m]))
+	}
+	for k := range 3 {
+		round(1100 + 100*k)
+	}
+	if pb.clock != 0 || pc.clock != 10*time.Millisecond {
+		t.Fatalf("without a: b %v, c %v; want 0 and 10ms (b's clock)", pb.clock, pc.clock)
 	}
 }
 

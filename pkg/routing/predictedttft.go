@@ -374,6 +374,7 @@ var (
 	_ SilenceReporter   = (*predictedTTFT)(nil)
 	_ SharedAffinity    = (*predictedTTFT)(nil)
 	_ SharedQueue       = (*predictedTTFT)(nil)
+	_ FleetClock        = (*predictedTTFT)(nil)
 	_ SharedSpeculation = (*predictedTTFT)(nil)
 )
 

@@ -27,11 +27,12 @@ import (
 // fairly. A turn is two queue intervals, longer where the fleet's messages
 // take more than half of one to arrive (turnGap).
 //
-// The clock is the fleet's (Spec.FleetNow: the wall clock in production).
-// Clocks that disagree by d put about d / slot of the arrivals in different
-// slots at different proxies, whose orders are then independent draws: as
-// blind as an order drawn per request, the design this replaced, never
-// worse (docs/routing.md, a lottery per time slot).
+// The clock is the fleet's (Spec.FleetNow: the wall clock in production),
+// set to its reference proxy's by the offset the fleet measures
+// (FleetClock). Clocks that still disagree by d put about d / slot of the
+// arrivals in different slots at different proxies, whose orders are then
+// independent draws (docs/routing.md, a lottery per time slot: uncorrected
+// clocks 100 ms apart cost more than the order per request this replaced).
 //
 // A request is in a burst when another reached its proxy less than a turn
 // before it, or when most of the proxy's arrivals do (bursty: then a lone
@@ -70,6 +71,9 @@ type burstTurns struct {
 	// trip is how late the peers hear this proxy's reports
 	// (SetReportTrip; ns, 0: unknown).
 	trip atomic.Int64
+	// clockOffset is how far the fleet's reference clock runs ahead of
+	// fleetNow (SetFleetClockOffset; ns).
+	clockOffset atomic.Int64
 	// arrivals counts the requests Defer saw with peers, inBurst those of
 	// them within a turn of the one before (over the rates' window: see
 	// bursty).
@@ -253,6 +257,11 @@ func (t *predictedTTFT) turnGap() time.Duration {
 	return max(2*time.Duration(gap), time.Duration(gap)+2*trip)
 }
 
+// SetFleetClockOffset implements [FleetClock].
+func (t *predictedTTFT) SetFleetClockOffset(d time.Duration) {
+	t.turns.clockOffset.Store(int64(d))
+}
+
 // SetReportTrip implements [ReportPacer].
 func (t *predictedTTFT) SetReportTrip(d time.Duration) {
 	t.turns.trip.Store(int64(max(d, 0)))
@@ -283,7 +292,7 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 	if !inBurst && !t.bursty() && !fleetBursty {
 		return 0
 	}
-	j := turnOf(t.fleetNow(), turn, rank, size)
+	j := turnOf(t.fleetNow()+time.Duration(t.turns.clockOffset.Load()), turn, rank, size)
 	if j == 0 {
 		return 0
 	}

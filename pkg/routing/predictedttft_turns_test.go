@@ -87,6 +87,43 @@ func TestTurnsOrderTheProxies(t *testing.T) {
 	}
 }
 
+// Proxies whose clocks disagree agree on the slots once the fleet hands
+// each the offset to its reference clock (FleetClock): four proxies with
+// clocks up to 25 ms apart, each a request just inside a slot's edge by the
+// reference clock, wait 0, 1, 2 and 3 turns; uncorrected, they fall in
+// different slots and do not.
+func TestTurnsFollowTheFleetClock(t *testing.T) {
+	now := time.Second
+	skews := []time.Duration{0, 25 * time.Millisecond, -9 * time.Millisecond, 13 * time.Millisecond}
+	agreed := 0
+	for k := range 20 {
+		// The last millisecond of a 40 ms slot (an hour is 90,000 of them).
+		ref := time.Hour + time.Duration(k)*40*time.Millisecond + 39*time.Millisecond
+		waits := func(correct bool) []time.Duration {
+			var ws []time.Duration
+			for rank, skew := range skews {
+				p := newSlottedTTFT(t, &now, func() time.Duration { return ref + skew }, 4, rank, 4)
+				if correct {
+					p.SetFleetClockOffset(-skew)
+				}
+				p.Defer(&Context{Prompt: "an earlier request"}, nil, Set{})
+				ws = append(ws, p.Defer(&Context{Prompt: fmt.Sprintf("request %d", k)}, nil, Set{}))
+			}
+			slices.Sort(ws)
+			return ws
+		}
+		if got, want := waits(true), []time.Duration{0, 10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond}; !slices.Equal(got, want) {
+			t.Fatalf("slot %d with the clocks set to the reference: waits %v, want %v", k, got, want)
+		}
+		if slices.Equal(waits(false), []time.Duration{0, 10 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond}) {
+			agreed++
+		}
+	}
+	if agreed == 20 {
+		t.Fatal("uncorrected clocks 25 ms apart agreed on every slot's order: the test shows nothing")
+	}
+}
+
 // secondOfTwo is the rank, of two proxies, that comes second in the
 // fleet's first time slot (newPlacedTTFT's).
 func secondOfTwo() int {

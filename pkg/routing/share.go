@@ -242,6 +242,18 @@ type ReportPacer interface {
 	SetReportTrip(d time.Duration)
 }
 
+// FleetClock is implemented by balancers that read a clock the fleet's
+// proxies must agree on (predicted_ttft's turns in a burst draw their
+// order per time slot of Spec.FleetNow). The fleet measures how far its
+// reference proxy's wall clock (the live one with the smallest id) runs
+// ahead of this proxy's, from the clocks their load reports carry, and
+// hands the difference on: the proxies' slots then agree though their
+// machines' clocks do not (0: this proxy is the reference, or the
+// difference is not measured yet).
+type FleetClock interface {
+	SetFleetClockOffset(d time.Duration)
+}
+
 // SharedSpeculation is implemented by balancers that pass the KV blocks
 // their picks speculated (see KVSharedSource) to the other proxies, with
 // their queue reports: a prefix one proxy sent to a target counts there at

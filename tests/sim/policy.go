@@ -115,6 +115,10 @@ type Env struct {
 	// Now is the run's virtual clock, for the balancers' own timers
 	// (routing.Spec.Now: the pipeline's session TTL).
 	Now func() time.Duration
+	// FleetNow is the proxy's wall clock, which predicted_ttft's turns
+	// draw their order from (routing.Spec.FleetNow): Now plus the proxy's
+	// clock offset (Config.ClockSkew); nil: Now.
+	FleetNow func() time.Duration
 }
 
 // Strategy names a policy and builds one instance per proxy.
@@ -258,6 +262,7 @@ func ParseStrategy(s string) (Strategy, error) {
 		sp := spec
 		sp.Share = env.Share
 		sp.Now = env.Now
+		sp.FleetNow = env.FleetNow
 		// Seeded draws (random, power_of_two, tie breaks), so runs reproduce.
 		sp.IntN = rand.New(rand.NewPCG(env.Seed, Key(uint64(len(base)), uint64(base[0])))).IntN
 		sp.Weights = make([]int, env.Replicas)

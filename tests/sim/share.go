@@ -92,12 +92,12 @@ func (r *run) joinShare() {
 	for _, sent := range []time.Time{start.Add(-3 * d), start.Add(-d)} {
 		reports := make([][]byte, len(r.share.nodes))
 		for p, n := range r.share.nodes {
-			reports[p] = n.LoadReportAt(sent)
+			reports[p] = n.LoadReportAt(sent.Add(r.skew[p]))
 		}
 		for p, data := range reports {
 			for q, m := range r.share.nodes {
 				if q != p {
-					m.HandleLoads(data, sent.Add(d))
+					m.HandleLoads(data, sent.Add(d+r.skew[q]))
 				}
 			}
 		}
@@ -124,6 +124,7 @@ func (r *run) shareEvent(e event) {
 	switch e.kind {
 	case evShareFlush, evShareQueue, evShareLoad:
 		for p, n := range sh.nodes {
+			now := now.Add(r.skew[p]) // each node reads its own wall clock
 			m := &shareMsg{from: p, loads: e.kind == evShareLoad}
 			switch e.kind {
 			case evShareLoad:
@@ -153,6 +154,7 @@ func (r *run) shareEvent(e event) {
 			if p == e.share.from {
 				continue
 			}
+			now := now.Add(r.skew[p])
 			if e.share.loads {
 				n.HandleLoads(e.share.data, now)
 			} else {

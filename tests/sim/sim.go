@@ -82,6 +82,11 @@ type Config struct {
 	// 25 ms, 5 ms and 100 ms).
 	Share                                                         bool
 	ShareDelay, ShareFlush, ShareQueueInterval, ShareLoadInterval time.Duration
+	// ClockSkew sets the proxies' wall clocks apart: each reads the
+	// virtual time plus an offset drawn uniformly from [0, ClockSkew) (a
+	// fleet without NTP). Only predicted_ttft's turns read it; 0: every
+	// proxy reads the same time.
+	ClockSkew time.Duration
 	// Progress, if set, is called once per completed request.
 	Progress func()
 }
@@ -121,6 +126,7 @@ func (c *Config) validate() error {
 		check(!(f > 0) || math.IsInf(f, 0), "slowdown: %v, want a finite factor > 0", f)
 	}
 	check(c.Proxies < 1, "proxies: %d, want >= 1", c.Proxies)
+	check(c.ClockSkew < 0, "clock skew: %v, want >= 0", c.ClockSkew)
 	check(c.Concurrency < 0, "concurrency: %d, want >= 0", c.Concurrency)
 	check(c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0), "rate: %v, want a finite number >= 0", c.Rate)
 	return errors.Join(errs...)
@@ -265,6 +271,7 @@ type run struct {
 	queued         []map[uint64]int // View.Queued, when a policy is a queueReader
 	watchers       []*kvWatcher     // per replica, when a policy reads KV events
 	share          *sharing         // nil unless the proxies share state
+	skew           []time.Duration  // each proxy's wall clock less the virtual time (Config.ClockSkew)
 
 	closed     bool
 	clients    int
@@ -296,9 +303,18 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 	r.cfg.ShareLoadInterval = cmp.Or(r.cfg.ShareLoadInterval, fleet.DefaultLoadInterval)
 	r.cfg.ShareQueueInterval = cmp.Or(r.cfg.ShareQueueInterval, fleet.DefaultQueueInterval)
 	events := false
+	r.skew = make([]time.Duration, cfg.Proxies)
+	if cfg.ClockSkew > 0 {
+		for p := range r.skew {
+			r.skew[p] = time.Duration(rand.New(rand.NewPCG(Key(cfg.Seed, uint64(p)), 0x736b6577)).Int64N(int64(cfg.ClockSkew)))
+		}
+	}
 	for p := range cfg.Proxies {
 		env := Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, CapacityBlocks: cfg.CapacityBlocks,
 			Seed: Key(cfg.Seed, uint64(p)), Now: func() time.Duration { return r.now }}
+		if off := r.skew[p]; off != 0 {
+			env.FleetNow = func() time.Duration { return r.now + off }
+		}
 		if r.shareEnabled() {
 			r.newShareNode(p, &env)
 		}

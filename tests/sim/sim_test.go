@@ -394,6 +394,7 @@ func TestConfigValidation(t *testing.T) {
 		func(c *Config) { c.DecodePerToken = -1 },
 		func(c *Config) { c.DecodeGrowth = -1 },
 		func(c *Config) { c.Rate = -1 },
+		func(c *Config) { c.ClockSkew = -1 },
 		func(c *Config) { c.Slowdown = []float64{1, 0} },
 		func(c *Config) { c.Slowdown = []float64{math.Inf(1)} },
 		func(c *Config) { c.Slowdown = []float64{math.NaN()} },

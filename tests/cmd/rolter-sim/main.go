@@ -126,6 +126,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&c.ShareFlush, "share-flush", fleet.DefaultFlushInterval, "with --share on: how often each proxy publishes its observations (rolter-proxy --share-flush)")
 	fs.DurationVar(&c.ShareLoadInterval, "share-load-interval", fleet.DefaultLoadInterval, "with --share on: how often each proxy publishes its in-flight counts")
 	fs.DurationVar(&c.ShareQueueInterval, "share-queue-interval", fleet.DefaultQueueInterval, "with --share on: how often each proxy publishes its queued prefill (predicted_ttft; rolter-proxy --share-queue-interval)")
+	fs.DurationVar(&c.ClockSkew, "share-clock-skew", 0, "with --share on: set the proxies' wall clocks apart by up to this (each a uniform draw), which predicted_ttft's turns draw their order from")
 	fs.IntVar(&c.Concurrency, "concurrency", 0, "closed-loop clients (0: the workload's default)")
 	fs.DurationVar(&c.Ramp, "ramp", 0, "start the closed-loop clients one by one over this time instead of all at once")
 	fs.Float64Var(&c.Rate, "rate", 0, "open-loop Poisson session arrivals per second instead of the closed loop")

@@ -146,6 +146,7 @@ func TestErrors(t *testing.T) {
 		{"--slowdown", "1,x"},
 		{"--slowdown", "0"},
 		{"--slowdown", ""},
+		{"--share-clock-skew", "-5ms"},
 	} {
 		var out, errb bytes.Buffer
 		if err := run(append(args, "--quiet"), &out, &errb); err == nil {
