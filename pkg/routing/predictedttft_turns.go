@@ -16,8 +16,8 @@ import (
 // two proxies receive at once is prefilled on two targets.
 //
 // So a request that arrives in a burst waits for its turn: the proxies of
-// a fleet draw an order of themselves for each time slot (as many turns
-// long as there are proxies) by rendezvous hashing over the slot's index
+// a fleet draw an order of themselves for each time slot (two queue
+// intervals per proxy: slotLength) by rendezvous hashing over the slot's index
 // on a clock they share, the same order at every proxy, and the one in
 // place j waits j turns, long enough to hear the picks of those before it.
 // Within a slot each turn is one proxy's, so no two proxies pick blind to
@@ -292,7 +292,7 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 	if !inBurst && !t.bursty() && !fleetBursty {
 		return 0
 	}
-	j := turnOf(t.fleetNow()+time.Duration(t.turns.clockOffset.Load()), turn, rank, size)
+	j := turnOf(t.fleetNow()+time.Duration(t.turns.clockOffset.Load()), t.slotLength(turn, size), rank, size)
 	if j == 0 {
 		return 0
 	}
@@ -366,15 +366,28 @@ func margin(pred []float64, el Set, best float64) float64 {
 	return second - best
 }
 
+// slotLength is how long one order of the proxies lasts: a turn per proxy,
+// the turn taken as two of the fleet's queue intervals, which its proxies
+// share, not the turn lengthened by this proxy's measured trip (turnGap),
+// which differs a little from proxy to proxy: slots of different lengths
+// would be numbered differently at different proxies, and their orders
+// drawn apart. turn stands in while the interval is unknown.
+func (t *predictedTTFT) slotLength(turn time.Duration, size int) time.Duration {
+	if every := time.Duration(t.turns.reportEvery.Load()); every > 0 {
+		turn = 2 * every
+	}
+	return time.Duration(size) * turn
+}
+
 // turnOf is this proxy's place, among size proxies, in the order drawn
-// for the time slot that fleetNow is in (slots of size turns, counted
-// from the fleet clock's zero): how many of the others rank the slot
-// higher (rendezvous hashing, the same at every proxy).
-func turnOf(fleetNow, turn time.Duration, rank, size int) int {
-	slot := uint64(fleetNow / (time.Duration(size) * turn))
-	mine, j := turnScore(slot, rank), 0
+// for the time slot of length slot that fleetNow is in (counted from the
+// fleet clock's zero): how many of the others rank the slot higher
+// (rendezvous hashing, the same at every proxy).
+func turnOf(fleetNow, slot time.Duration, rank, size int) int {
+	n := uint64(fleetNow / slot)
+	mine, j := turnScore(n, rank), 0
 	for p := range size {
-		if s := turnScore(slot, p); p != rank && (s > mine || s == mine && p < rank) {
+		if s := turnScore(n, p); p != rank && (s > mine || s == mine && p < rank) {
 			j++
 		}
 	}

@@ -124,10 +124,34 @@ func TestTurnsFollowTheFleetClock(t *testing.T) {
 	}
 }
 
+// Proxies that measured different trips take turns of different lengths,
+// but their slots are the fleet's queue interval's, the same at every
+// proxy, so they still agree on each slot's order: four proxies whose
+// trips make turns of 10, 15, 19 and 25 ms take places 0, 1, 2 and 3.
+func TestTurnsAgreeAcrossTrips(t *testing.T) {
+	now := time.Second
+	trips := []time.Duration{0, 5 * time.Millisecond, 7 * time.Millisecond, 10 * time.Millisecond}
+	for k := range 20 {
+		fleet := time.Hour + time.Duration(k)*40*time.Millisecond + 39*time.Millisecond
+		var places []int
+		for rank, trip := range trips {
+			p := newSlottedTTFT(t, &now, func() time.Duration { return fleet }, 4, rank, 4)
+			p.SetReportTrip(trip)
+			p.Defer(&Context{Prompt: "an earlier request"}, nil, Set{})
+			d := p.Defer(&Context{Prompt: fmt.Sprintf("request %d", k)}, nil, Set{})
+			places = append(places, int(d/p.turnGap()))
+		}
+		slices.Sort(places)
+		if !slices.Equal(places, []int{0, 1, 2, 3}) {
+			t.Fatalf("slot %d: places %v, want 0, 1, 2 and 3", k, places)
+		}
+	}
+}
+
 // secondOfTwo is the rank, of two proxies, that comes second in the
 // fleet's first time slot (newPlacedTTFT's).
 func secondOfTwo() int {
-	if turnOf(0, 10*time.Millisecond, 0, 2) == 0 {
+	if turnOf(0, 20*time.Millisecond, 0, 2) == 0 {
 		return 1
 	}
 	return 0
