@@ -28,6 +28,17 @@ run() {
 	echo "# bin/rolter-sim --quiet --json $*" >>"$out"
 	${SIM:-bin/rolter-sim} --quiet --json "$@" >>"$out"
 }
+# sharing_workloads F: F once for each of the six workloads the parts on
+# fleets of proxies run (fleets, trips, hetero), its arguments that
+# workload's flags.
+sharing_workloads() {
+	A=tests/sim/testdata/mooncake_arxiv_excerpt.jsonl
+	for w in "--workload gsp" "--workload multiturn" "--workload agent" "--workload unique" \
+		"--workload trace --trace-limit $L --capacity 32768" "--workload trace --trace $A --capacity 32768"; do
+		# shellcheck disable=SC2086
+		"$1" $w
+	done
+}
 # trace_runs FILE: a Mooncake-format trace, whole, at the judged capacities
 # and settings and through 4 sharing proxies.
 trace_runs() {
@@ -240,45 +251,36 @@ share)
 fleets)
 	# Fleets of proxies against one proxy on the same replicas: more proxies
 	# than replicas, as many, and small fleets (also blind: turns=0).
-	A=tests/sim/testdata/mooncake_arxiv_excerpt.jsonl
-	for w in "--workload gsp" "--workload multiturn" "--workload agent" "--workload unique" \
-		"--workload trace --trace-limit $L --capacity 32768" "--workload trace --trace $A --capacity 32768"; do
+	fleet_runs() {
 		for r in 8 4 2; do
-			# shellcheck disable=SC2086
-			run $w --replicas $r --strategies predicted_ttft
+			run "$@" --replicas $r --strategies predicted_ttft
 		done
 		for rp in "8 16" "8 8" "4 6" "4 8" "2 3"; do
-			# shellcheck disable=SC2086
-			set -- $rp
-			# shellcheck disable=SC2086
-			run $w --replicas "$1" --proxies "$2" --share on --strategies predicted_ttft,predicted_ttft:turns=0
+			run "$@" --replicas "${rp% *}" --proxies "${rp#* }" --share on --strategies predicted_ttft,predicted_ttft:turns=0
 		done
-	done ;;
+	}
+	sharing_workloads fleet_runs ;;
 trips)
 	# The fleet's message trip (--share-delay; the queue interval is 5 ms):
 	# 4 proxies on 8 replicas, in turns and blind, against one proxy.
-	A=tests/sim/testdata/mooncake_arxiv_excerpt.jsonl
-	for w in "--workload gsp" "--workload multiturn" "--workload agent" "--workload unique" \
-		"--workload trace --trace-limit $L --capacity 32768" "--workload trace --trace $A --capacity 32768"; do
-		# shellcheck disable=SC2086
-		run $w --strategies predicted_ttft
+	trip_runs() {
+		run "$@" --strategies predicted_ttft
 		for d in 2ms 5ms 10ms 20ms; do
-			# shellcheck disable=SC2086
-			run $w --proxies 4 --share on --share-delay $d --strategies predicted_ttft,predicted_ttft:turns=0
+			run "$@" --proxies 4 --share on --share-delay $d --strategies predicted_ttft,predicted_ttft:turns=0
 		done
-	done ;;
+	}
+	sharing_workloads trip_runs ;;
 hetero)
 	# Heterogeneous fleets (--slowdown): every second replica twice as slow,
 	# one in four twice as slow, and every second with steps that slow
 	# with the batch.
-	A=tests/sim/testdata/mooncake_arxiv_excerpt.jsonl
-	for w in "--workload gsp" "--workload multiturn" "--workload agent" "--workload unique" \
-		"--workload trace --trace-limit $L --capacity 32768" "--workload trace --trace $A --capacity 32768"; do
+	hetero_runs() {
 		for h in "--slowdown 1,2" "--slowdown 1,1,1,2" "--slowdown 1,2 --itl-growth-ms 0.3"; do
 			# shellcheck disable=SC2086
-			run $w $h --strategies $T
+			run "$@" $h --strategies $T
 		done
-	done ;;
+	}
+	sharing_workloads hetero_runs ;;
 other-trace)
 	: "${OTHER_TRACE:?set OTHER_TRACE to a Mooncake-format JSONL trace}"
 	trace_runs "$OTHER_TRACE" ;;
