@@ -270,19 +270,17 @@ func (r *Route) SetQueue(q Queue) {
 	r.queue.Store(&queueBox{q})
 	p := r.place.Load()
 	q.SetPlace(int(p>>32), max(int(uint32(p)), 1))
+	r.node.mu.Lock()
 	if rp, ok := q.(routing.ReportPacer); ok {
 		// How often the peers report (its turns in a burst): a fleet's
 		// proxies share their options.
 		rp.SetReportInterval(r.node.opts.QueueInterval)
-		r.node.mu.Lock()
 		rp.SetReportTrip(r.node.trip)
-		r.node.mu.Unlock()
 	}
 	if fc, ok := q.(routing.FleetClock); ok {
-		r.node.mu.Lock()
 		fc.SetFleetClockOffset(r.node.clock)
-		r.node.mu.Unlock()
 	}
+	r.node.mu.Unlock()
 	signal(r.node.queuing)
 }
 

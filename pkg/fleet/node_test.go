@@ -535,6 +535,13 @@ func (p *pacedProbe) FoldPeerArrivals(ages []time.Duration) {
 	p.folded = append(p.folded, ages...)
 }
 
+// at is the wall-clock instant ms milliseconds into the load reports'
+// tests (any fixed instant: the nodes read only differences of it, and
+// the clocks their reports carry).
+func at(ms int) time.Time {
+	return time.Unix(1_700_000_000, 0).Add(time.Duration(ms) * time.Millisecond)
+}
+
 // Each proxy measures the trip of its messages from the peers' echoes of
 // its load reports (less the time a peer held one), tells its balancer, and
 // ages the peers' arrivals by it; a peer that goes silent takes its trip
@@ -548,8 +555,6 @@ func TestTripMeasuredFromEchoes(t *testing.T) {
 	if pa.interval != fleet.DefaultQueueInterval || pa.trip != 0 {
 		t.Fatalf("before any echo: interval %v, trip %v; want %v, 0", pa.interval, pa.trip, fleet.DefaultQueueInterval)
 	}
-	t0 := time.Unix(1_700_000_000, 0)
-	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	// a → b takes 4 ms, b holds a's report 30 ms before its own, which
 	// takes 4 ms back: a measures 8 ms there and back.
 	b.node.HandleLoads(a.node.LoadReportAt(at(0)), at(4))
@@ -602,8 +607,6 @@ func TestTripMeasuredFromEchoes(t *testing.T) {
 func TestTripAfterAPeerRestarts(t *testing.T) {
 	now := time.Second
 	a, b := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now)
-	t0 := time.Unix(1_700_000_000, 0)
-	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	for i := range 5 {
 		a.node.HandleLoads(b.node.LoadReportAt(at(100*i)), at(100*i+2))
 	}
@@ -625,8 +628,6 @@ func TestTripAfterAPeerRestarts(t *testing.T) {
 func TestClockOffsetMeasured(t *testing.T) {
 	now := time.Second
 	a, b := newTTFTMember(t, "a", &now), newTTFTMember(t, "b", &now)
-	t0 := time.Unix(1_700_000_000, 0)
-	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	// b's clock runs 7 ms ahead of a's: b stamps its reports 7 ms later
 	// than a's clock reads, and a message takes 4 ms either way.
 	ahead := 7 * time.Millisecond
@@ -677,13 +678,12 @@ func TestFleetClockFollowsTheReference(t *testing.T) {
 	a.route.SetQueue(pa)
 	b.route.SetQueue(pb)
 	c.route.SetQueue(pc)
-	t0 := time.Unix(1_700_000_000, 0)
 	// a's clock is the true one; b's runs 7 ms ahead, c's 3 ms behind; a
 	// message takes 2 ms.
 	skew := map[*member]time.Duration{a.member: 0, b.member: 7 * time.Millisecond, c.member: -3 * time.Millisecond}
 	members := []*member{a.member, b.member, c.member}
 	round := func(ms int) {
-		sent := t0.Add(time.Duration(ms) * time.Millisecond)
+		sent := at(ms)
 		reports := make([][]byte, len(members))
 		for i, m := range members {
 			reports[i] = m.node.LoadReportAt(sent.Add(skew[m]))
@@ -705,7 +705,7 @@ func TestFleetClockFollowsTheReference(t *testing.T) {
 	// a falls silent: b, the smallest id left, is the reference.
 	members = []*member{b.member, c.member}
 	for _, m := range members {
-		m.node.Expire(t0.Add(time.Second + skew[m]))
+		m.node.Expire(at(1000).Add(skew[m]))
 	}
 	for k := range 3 {
 		round(1100 + 100*k)
