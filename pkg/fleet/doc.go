@@ -35,7 +35,10 @@
 // reached it since its last report (at most 1,024, 4 bytes each), from
 // which the receiver's balancer learns whether the fleet's requests come in
 // bursts that no single proxy receives two of; the receiver ages them by
-// the sender's trip (below).
+// the sender's trip (below). A balancer may also ask for its queue report
+// to leave at once, between ticks (routing.ReportTrigger; [Node.Urgent]):
+// predicted_ttft does for each pick of a burst, so that its turns last a
+// couple of trips rather than two intervals.
 //
 // Load: every load interval (100 ms) each node publishes its in-flight count
 // per route target (rolter.fleet.v1.Loads, which doubles as a heartbeat).

@@ -14,7 +14,8 @@ const warmTimeout = 2 * time.Second
 
 // Run connects the node to its peers over nc until ctx ends: it subscribes
 // to the group's subjects, publishes observations every flush interval,
-// queued prefill every queue interval and loads every load interval,
+// queued prefill every queue interval (and at once when a balancer asks:
+// Urgent) and loads every load interval,
 // answers snapshot requests, and asks for one whenever a route is bound for
 // the first time. Publishing never blocks the
 // request path; while NATS is down nats.go buffers (and then drops) what is
@@ -88,6 +89,13 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 			if b == nil && !n.sharesQueues() {
 				queues.Stop()
 				queuing = false
+			}
+		case <-n.urgent:
+			// A burst's pick: its queue report leaves now, not on the
+			// next tick (routing.ReportTrigger).
+			if b := n.FlushQueues(); b != nil {
+				n.stats.urgentReports.Add(1)
+				publish(obsSubj, b)
 			}
 		case <-n.queuing:
 			if !queuing {

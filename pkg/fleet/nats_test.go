@@ -215,3 +215,80 @@ func TestLastPicksAtShutdown(t *testing.T) {
 		}
 	}
 }
+
+// A pick in a burst leaves at once: the balancer asks (routing's
+// ReportTrigger) and Run publishes its queue report between ticks. The
+// intervals here are an hour, so no tick can send it.
+func TestBurstPickReportedAtOnce(t *testing.T) {
+	s := natstest.Start(t)
+	now := time.Second
+	a := fleet.NewNode(fleet.Options{ID: "a", LoadInterval: time.Hour, FlushInterval: time.Hour, QueueInterval: time.Hour})
+	route := a.Bind("llama", 9, targets)
+	b, err := routing.New(routing.Spec{Strategy: routing.PredictedTTFT, Weights: []int{1, 1, 1, 1}, Share: route.Record,
+		Now: func() time.Duration { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	route.SetQueue(b.(routing.SharedQueue))
+	b.(routing.SharedQueue).SetPlace(0, 2) // as a peer's load report would
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	got := make(chan *fleetv1.Observations, 8)
+	obsSubj, _, _ := fleet.Subjects(a.Options().Group)
+	sub, err := nc.Subscribe(obsSubj, func(m *nats.Msg) {
+		if msg, err := fleet.DecodeObservations(m.Data); err == nil {
+			got <- msg
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	runNode(t, nc, a)
+
+	d := b.(routing.Deferrer)
+	lone := &routing.Context{Prompt: "a lone request"}
+	d.Defer(lone, nil, routing.Set{})
+	b.Observe(1, lone)
+	burst := &routing.Context{Prompt: strings.Repeat("the second request of a burst. ", 40)}
+	d.Defer(burst, nil, routing.Set{}) // in the same instant: a burst
+	b.Observe(2, burst)
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case msg := <-got:
+			for _, q := range msg.Queues {
+				for _, tq := range q.Targets {
+					if tq.Target == 2 && tq.Requests == 1 {
+						if st := a.Stats(time.Now()); st.UrgentReports == 0 || st.QueueTicks != 0 {
+							t.Fatalf("urgent reports %d, queue ticks %d: want the report sent at once", st.UrgentReports, st.QueueTicks)
+						}
+						return
+					}
+				}
+			}
+		case <-deadline:
+			t.Fatal("the burst's pick was not published before the queue tick")
+		}
+	}
+}
+
+// runNode runs n over nc until the test ends.
+func runNode(t *testing.T, nc *nats.Conn, n *fleet.Node) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx, nc, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+}

@@ -122,6 +122,9 @@ type Node struct {
 	// unwarmed is signalled when a route is bound for the first time;
 	// queuing when a route's balancer starts sharing its queue.
 	unwarmed, queuing chan struct{}
+	// urgent is signalled when a balancer asks for the queue reports to
+	// leave at once (routing.ReportTrigger).
+	urgent chan struct{}
 
 	stats counters
 }
@@ -214,6 +217,7 @@ func NewNode(o Options) *Node {
 		peers:    make(map[string]*peer),
 		unwarmed: make(chan struct{}, 1),
 		queuing:  make(chan struct{}, 1),
+		urgent:   make(chan struct{}, 1),
 	}
 }
 
@@ -280,9 +284,18 @@ func (r *Route) SetQueue(q Queue) {
 	if fc, ok := q.(routing.FleetClock); ok {
 		fc.SetFleetClockOffset(r.node.clock)
 	}
+	if rt, ok := q.(routing.ReportTrigger); ok {
+		urgent := r.node.urgent
+		rt.SetReportTrigger(func() { signal(urgent) })
+	}
 	r.node.mu.Unlock()
 	signal(r.node.queuing)
 }
+
+// Urgent is signalled when a balancer asks for the node's queue reports
+// to leave at once (routing.ReportTrigger): Run publishes FlushQueues on
+// it; a caller that drives the node itself (the routing simulator) does.
+func (n *Node) Urgent() <-chan struct{} { return n.urgent }
 
 // sharesQueues reports whether a bound route's balancer shares its queue.
 func (n *Node) sharesQueues() bool {

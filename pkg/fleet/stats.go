@@ -35,7 +35,10 @@ type Stats struct {
 	PublishErrors, Overflow uint64
 	// QueueTicks counts the queue intervals on which the node looked for
 	// queued prefill to publish: none while no route shares its queue.
-	QueueTicks uint64
+	// UrgentReports counts the queue reports published at once, between
+	// ticks, because a balancer asked (predicted_ttft's picks in a burst:
+	// routing.ReportTrigger).
+	QueueTicks, UrgentReports uint64
 	// Peers is the number of peers heard within their load TTL.
 	Peers int
 	// LastHeard is when a peer was last heard from (zero: never).
@@ -57,6 +60,7 @@ type counters struct {
 	malformed, unknownRoute, lostBatches              atomic.Uint64
 	snapshotsServed, snapshotsApplied                 atomic.Uint64
 	publishErrors, overflow, queueTicks               atomic.Uint64
+	urgentReports                                     atomic.Uint64
 }
 
 func (c *counters) published(bytes int, msg *fleetv1.Observations) {
@@ -89,6 +93,7 @@ func (n *Node) Stats(now time.Time) Stats {
 		PublishErrors:    n.stats.publishErrors.Load(),
 		Overflow:         n.stats.overflow.Load(),
 		QueueTicks:       n.stats.queueTicks.Load(),
+		UrgentReports:    n.stats.urgentReports.Load(),
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -422,6 +422,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	t.nextDue.Store(math.MaxInt64)
 	t.peerHeard.Store(-1)
 	t.turns.lastArrival.Store(-1)
+	t.turns.burstUntil.Store(-1)
 	t.bytesPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.indexedPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.index.TrackForks()     // for waste's shared part
@@ -1429,6 +1430,8 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	if t.kv != nil && t.specTTL > 0 && len(ctx.TokenIDs) > 0 {
 		t.speculate(target, ctx.TokenIDs, now)
 	}
+	// Last, so that the report carries what the lines above recorded.
+	t.reportBurstPick(now)
 	t.uncachedSum.Add(int64(e.tokens))
 	if t.observes.Add(1)%64 == 0 {
 		t.refreshCapacity()

@@ -24,8 +24,11 @@ import (
 // each other; the requests of a burst that share a new prefix are placed
 // by the first proxy that has one, and the others follow its copy instead
 // of making their own; and the slots' draws share the first place out
-// fairly. A turn is two queue intervals, longer where the fleet's messages
-// take more than half of one to arrive (turnGap).
+// fairly. A pick made in a burst does not wait for the fleet's next queue
+// tick: it asks for the proxy's queue report to leave at once
+// (ReportTrigger), so a turn is two of the fleet's measured trips (turnGap;
+// without the trigger, two queue intervals, longer where the messages take
+// more than half of one to arrive).
 //
 // The clock is the fleet's (Spec.FleetNow: the wall clock in production),
 // set to its reference proxy's by the offset the fleet measures
@@ -34,8 +37,9 @@ import (
 // independent draws (docs/routing.md, a lottery per time slot: uncorrected
 // clocks 100 ms apart cost more than the order per request this replaced).
 //
-// A request is in a burst when another reached its proxy less than a turn
-// before it, or when most of the proxy's arrivals do (bursty: then a lone
+// A request is in a burst when another reached its proxy less than two
+// queue intervals before it (a turn on the ticks: tickTurn, however short
+// the turns are), or when most of the proxy's arrivals do (bursty: then a lone
 // one is the first of a burst whose rest its peers are receiving). It
 // waits only where that may pay, on the fitted law:
 //   - where what the peers' blind picks around it are expected to cost it
@@ -88,6 +92,11 @@ type burstTurns struct {
 	// proxy's own arrivals.
 	peersReport atomic.Bool
 	fleet       fleetArrivals
+	// report publishes this proxy's queue reports at once
+	// (SetReportTrigger; nil: they leave on the fleet's queue ticks), for
+	// the picks made up to burstUntil (ns on t.now's clock): a burst's.
+	report     atomic.Pointer[func()]
+	burstUntil atomic.Int64
 }
 
 // fleetArrivals holds the arrivals fleetBursts weighs (under mu; times in
@@ -101,11 +110,13 @@ type fleetArrivals struct {
 	report, pending, peers []int64
 }
 
-// settleTurns is how long after an arrival the peers' arrivals around it
-// are known: a turn for those up to a turn after it, a turn for their
-// report (a queue interval and the trip: see turnGap), and a turn for a
-// late tick.
-const settleTurns = 3
+// settleAfter is how long after an arrival the peers' arrivals around it
+// are known: a turn for those up to a turn after it, the wait for their
+// report on the fleet's queue tick (the picks of a burst leave at once,
+// other arrivals with the tick: tickTurn), and a turn for a late report.
+func (t *predictedTTFT) settleAfter(turn time.Duration) time.Duration {
+	return 2*turn + t.tickTurn()
+}
 
 // maxHeldArrivals bounds fleetArrivals' pending and peers: past it a
 // proxy's own arrivals are not weighed and a peer's are dropped (its
@@ -154,7 +165,7 @@ func (t *predictedTTFT) fleetBursts(now, turn time.Duration, fitted bool) (burst
 // no pending one can have within a turn; t.turns.fleet.mu must be held.
 func (t *predictedTTFT) settleLocked(now, turn time.Duration) {
 	f := &t.turns.fleet
-	horizon := int64(now - settleTurns*turn)
+	horizon := int64(now - t.settleAfter(turn))
 	done := 0
 	for _, x := range f.pending {
 		if x >= horizon {
@@ -237,18 +248,48 @@ func (t *predictedTTFT) SetReportInterval(d time.Duration) {
 	t.turns.reportEvery.Store(int64(max(d, 0)))
 }
 
-// turnGap is how long a proxy's turn in a burst lasts: long enough for a
-// pick made just after a report to leave with the next one, an interval
-// later, and reach the peers a trip after that, with a trip to spare (the
-// peers' arrivals, placed by their ages on receipt, may be late by the
-// trip's jitter). That is two of the fleet's queue intervals while the
-// trip is at most half of one (a NATS hop on a LAN is well under a
-// millisecond, the default interval 5 ms), and an interval and two trips
-// beyond (a fleet across zones). Without the fleet's pacing, two of the
-// measured report gaps; 0: unknown. The interval, not the measured gap: a
-// peer with nothing queued skips its reports, which lengthens the gaps
-// between them but not the wait for its next tick.
+// turnGap is how long a proxy's turn in a burst lasts: long enough for
+// its picks to reach the peers before the next proxy's turn begins. Where
+// the fleet publishes a burst's picks at once (SetReportTrigger) that is a
+// trip, with as much again for its jitter (the trip is a smoothed mean),
+// and at least a trip and a fifth of the queue interval (promptSlack);
+// before the trip is measured, or without the trigger, tickTurn. 0:
+// unknown.
 func (t *predictedTTFT) turnGap() time.Duration {
+	tick := t.tickTurn()
+	if trip := time.Duration(t.turns.trip.Load()); trip > 0 && t.turns.report.Load() != nil {
+		return min(tick, max(2*trip, trip+t.promptSlack()))
+	}
+	return tick
+}
+
+// promptSlack is the least a turn allows beyond the trip of a report sent
+// at once: a fifth of the fleet's queue interval, 1 ms at the default 5
+// ms. A busy machine schedules the proxy's and its peers' goroutines late
+// by about that, which the trip measured on a LAN (well under a
+// millisecond) does not show; an operator whose machines or network are
+// slower lengthens the interval, and the turns with it.
+func (t *predictedTTFT) promptSlack() time.Duration {
+	gap := t.turns.reportEvery.Load()
+	if gap <= 0 {
+		gap = t.reportGap.Load()
+	}
+	return time.Duration(gap) / 5
+}
+
+// tickTurn is a turn where the picks leave with the fleet's queue reports
+// on its ticks: long enough for a pick made just after a report to leave
+// with the next one, an interval later, and reach the peers a trip after
+// that, with a trip to spare (the peers' arrivals, placed by their ages on
+// receipt, may be late by the trip's jitter). That is two of the fleet's
+// queue intervals while the trip is at most half of one (a NATS hop on a
+// LAN is well under a millisecond, the default interval 5 ms), and an
+// interval and two trips beyond (a fleet across zones). Without the
+// fleet's pacing, two of the measured report gaps; 0: unknown. The
+// interval, not the measured gap: a peer with nothing queued skips its
+// reports, which lengthens the gaps between them but not the wait for its
+// next tick.
+func (t *predictedTTFT) tickTurn() time.Duration {
 	gap := t.turns.reportEvery.Load()
 	if gap <= 0 {
 		gap = t.reportGap.Load()
@@ -260,6 +301,24 @@ func (t *predictedTTFT) turnGap() time.Duration {
 // SetFleetClockOffset implements [FleetClock].
 func (t *predictedTTFT) SetFleetClockOffset(d time.Duration) {
 	t.turns.clockOffset.Store(int64(d))
+}
+
+// SetReportTrigger implements [ReportTrigger].
+func (t *predictedTTFT) SetReportTrigger(report func()) {
+	if report == nil {
+		t.turns.report.Store(nil)
+		return
+	}
+	t.turns.report.Store(&report)
+}
+
+// reportBurstPick publishes this proxy's queue reports at once if now is
+// within a burst (see Defer), so that a pick made in its turn reaches the
+// peers before the next turn begins.
+func (t *predictedTTFT) reportBurstPick(now time.Duration) {
+	if r := t.turns.report.Load(); r != nil && int64(now) <= t.turns.burstUntil.Load() {
+		(*r)()
+	}
 }
 
 // SetReportTrip implements [ReportPacer].
@@ -279,7 +338,7 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 	turn := t.turnGap()
 	now := t.now()
 	last := t.turns.lastArrival.Swap(int64(now))
-	inBurst := last >= 0 && int64(now)-last < int64(turn)
+	inBurst := last >= 0 && int64(now)-last < int64(t.tickTurn())
 	t.turns.arrivals.Add(1)
 	if inBurst {
 		t.turns.inBurst.Add(1)
@@ -291,6 +350,14 @@ func (t *predictedTTFT) Defer(ctx *Context, loads []int, eligible Set) time.Dura
 	fleetBursty, peers, known := t.fleetBursts(now, turn, m != t.unitLaw)
 	if !inBurst && !t.bursty() && !fleetBursty {
 		return 0
+	}
+	// The picks until the burst's last turn has passed leave at once; and
+	// so, as the burst shows, does the first of it, picked alone before.
+	if until, was := int64(now+time.Duration(size)*turn), t.turns.burstUntil.Load(); until > was {
+		t.turns.burstUntil.Store(until)
+		if int64(now) > was {
+			t.reportBurstPick(now)
+		}
 	}
 	j := turnOf(t.fleetNow()+time.Duration(t.turns.clockOffset.Load()), t.slotLength(turn, size), rank, size)
 	if j == 0 {

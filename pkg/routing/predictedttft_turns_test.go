@@ -231,6 +231,60 @@ func TestTurnsCoverTheTrip(t *testing.T) {
 	}
 }
 
+// Where the fleet publishes a burst's picks at once (ReportTrigger), a
+// turn is two measured trips, at least a trip and a millisecond, never
+// longer than a turn on the fleet's ticks; and only a burst asks for
+// reports (its start, which carries the pick of its first request, made
+// alone before, and each pick in it), not a lone request's pick.
+func TestBurstPicksReportAtOnce(t *testing.T) {
+	now := time.Second
+	p := newPlacedTTFT(t, &now, 2, secondOfTwo(), 2) // 5 ms interval
+	reports := 0
+	p.SetReportTrigger(func() { reports++ })
+	for _, tc := range []struct{ trip, turn time.Duration }{
+		{0, 10 * time.Millisecond}, // not measured yet: the ticks' turn
+		{300 * time.Microsecond, 1300 * time.Microsecond},
+		{2 * time.Millisecond, 4 * time.Millisecond},
+		{20 * time.Millisecond, 40 * time.Millisecond},
+	} {
+		p.SetReportTrip(tc.trip)
+		if got := p.turnGap(); got != tc.turn {
+			t.Fatalf("trip %v: turn %v, want %v", tc.trip, got, tc.turn)
+		}
+	}
+	p.SetReportTrip(2 * time.Millisecond)
+	lone := &Context{Prompt: "a lone request"}
+	p.Defer(lone, nil, Set{})
+	p.Observe(0, lone)
+	if reports != 0 {
+		t.Fatalf("a lone request's pick asked for %d reports", reports)
+	}
+	burst := &Context{Prompt: strings.Repeat("the second request of a burst ", 40)}
+	d := p.Defer(burst, nil, Set{})
+	if d != 4*time.Millisecond {
+		t.Fatalf("the second of a burst waits %v, want one turn of two trips (4 ms)", d)
+	}
+	if reports != 1 {
+		t.Fatalf("the burst's start asked for %d reports, want 1 (the lone pick before it, the burst's first)", reports)
+	}
+	now += d
+	p.Observe(1, burst)
+	if reports != 2 {
+		t.Fatalf("the burst's pick asked for %d reports in all, want 2", reports)
+	}
+	now += time.Second
+	late := &Context{Prompt: "a request a second later"}
+	p.Defer(late, nil, Set{})
+	p.Observe(0, late)
+	if reports != 2 {
+		t.Fatalf("a request long after the burst asked for a report (%d in all)", reports)
+	}
+	p.SetReportTrigger(nil)
+	if got := p.turnGap(); got != 10*time.Millisecond {
+		t.Fatalf("without the trigger a turn is %v, want the ticks' 10 ms", got)
+	}
+}
+
 // A request waits only where a blind pick could change its choice: on the
 // fitted law, a follow-up whose 4,000-token prefix one idle target holds
 // costs less there than on the other by more than a request's mean service

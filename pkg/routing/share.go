@@ -242,6 +242,16 @@ type ReportPacer interface {
 	SetReportTrip(d time.Duration)
 }
 
+// ReportTrigger is implemented by balancers whose picks in a burst should
+// reach the peers sooner than the fleet's next queue tick (predicted_ttft's
+// turns): the fleet hands them report, which publishes the node's queue
+// reports at once (coalesced with any already asked for, never blocking).
+// Their turns then last a couple of the fleet's measured trips instead of
+// two queue intervals.
+type ReportTrigger interface {
+	SetReportTrigger(report func())
+}
+
 // FleetClock is implemented by balancers that read a clock the fleet's
 // proxies must agree on (predicted_ttft's turns in a burst draw their
 // order per time slot of Spec.FleetNow). The fleet measures how far its

@@ -289,10 +289,11 @@ func TestProxiesShareSpeculatedBlocks(t *testing.T) {
 // first one's pick meanwhile, and sends its request to the same replica.
 func TestBurstTakesTurnsThroughProxies(t *testing.T) {
 	f := startKVFleet(t, 4, "predicted_ttft", openKVConfig, "", vllmsim.Options{PrefillTokensPerSecond: 20_000})
-	// A long queue interval makes a turn (two intervals) long: each
-	// proxy's second request arrives within it however slow the machine,
-	// and the first pick's report reaches the other proxy within it.
-	share := app.Options{NATSURL: f.natsURL, ShareGroup: "turns", ShareQueueInterval: 250 * time.Millisecond}
+	// A long queue interval makes a burst long (two intervals: each
+	// proxy's second request arrives within it however slow the machine)
+	// and a turn too (a trip and a fifth of the interval: the first pick's
+	// report, which leaves at once, reaches the other proxy within it).
+	share := app.Options{NATSURL: f.natsURL, ShareGroup: "turns", ShareQueueInterval: time.Second}
 	a, _ := startProxyWith(t, f.cfg, share)
 	b, _ := startProxyWith(t, f.cfg, share)
 	proxies := []string{a.URL(), b.URL()}
@@ -325,8 +326,8 @@ func TestBurstTakesTurnsThroughProxies(t *testing.T) {
 	}
 	system := longSystem("burst-", 400)
 	// The proxies draw their order for each time slot of the wall clock
-	// (two turns of two queue intervals: 1 s, from the Unix epoch): start
-	// a tenth into a slot, so that both requests, a fraction of a second
+	// (two queue intervals per proxy: 4 s, from the Unix epoch): start a
+	// tenth into a slot, so that both requests, a fraction of a second
 	// later, fall in the same one.
 	slot := int64(2 * 2 * share.ShareQueueInterval)
 	time.Sleep(time.Until(time.Unix(0, (time.Now().UnixNano()/slot+1)*slot+slot/10)))

@@ -164,6 +164,23 @@ func (r *run) shareEvent(e event) {
 	}
 }
 
+// urgentShare publishes proxy p's queue reports at once if its balancer
+// asked, as its Defer and Observe may in a burst (fleet.Node.Urgent; Run's
+// loop in rolter-proxy), delivered to the others after the delay.
+func (r *run) urgentShare(p int) {
+	if r.share == nil {
+		return
+	}
+	n := r.share.nodes[p]
+	select {
+	case <-n.Urgent():
+		if data := n.FlushQueues(); data != nil {
+			r.pushShare(r.now+r.cfg.ShareDelay, evShareDeliver, &shareMsg{from: p, data: data})
+		}
+	default:
+	}
+}
+
 // fleetLoads is what proxy p's balancer sees: its own in-flight counts
 // plus its peers' latest, as the proxy's pick computes them.
 func (r *run) fleetLoads(p int, own []int) []int {

@@ -122,6 +122,15 @@ func TestBurstTakesTurns(t *testing.T) {
 	if turns.HitRate-blind.HitRate < (one.HitRate-blind.HitRate)/2 {
 		t.Fatalf("hit rate: one proxy %.3f, four in turns %.3f, four blind %.3f", one.HitRate, turns.HitRate, blind.HitRate)
 	}
+	// The turns' picks leave at once (pkg/routing's ReportTrigger, the
+	// proxies' Urgent), not on the queue ticks: with the ticks an hour
+	// apart the burst is placed as well.
+	cfg.ShareQueueInterval = time.Hour
+	untick := mustRun(t, cfg, w, "predicted_ttft")
+	t.Logf("hit rate with the queue ticks an hour apart: %.3f", untick.HitRate)
+	if untick.HitRate < turns.HitRate-0.01 {
+		t.Fatalf("hit rate: four in turns %.3f, with the queue ticks an hour apart %.3f", turns.HitRate, untick.HitRate)
+	}
 }
 
 // With more proxies than a trace's same-instant buckets have requests (8

@@ -500,7 +500,9 @@ func (r *run) issue(s *sessionState) {
 	}
 	f.sess = s
 	if d, ok := r.proxies[p].policy.(deferrer); ok {
-		if wait := d.Defer(f, r.view(p)); wait > 0 {
+		wait := d.Defer(f, r.view(p))
+		r.urgentShare(p) // a burst's start asks for a report
+		if wait > 0 {
 			r.deferred++
 			f.Proxy = p
 			r.push(r.now+wait, evTurn, nil, f)
@@ -551,6 +553,7 @@ func (r *run) dispatch(f *Flight, p int) {
 	f.Proxy, f.Target, f.Depth = p, target, v.Loads[target]
 	px.policy.Observe(target, f, v)
 	px.loads[target]++
+	r.urgentShare(p)
 
 	rep := r.replicas[target]
 	r.account(rep)

@@ -22,6 +22,7 @@ var (
 	fleetDropped   = fleetDesc("dropped_total", "Peer messages or entries dropped, by reason (malformed; unknown_route: a route or layout this proxy does not have, e.g. during a config change; lost_batch: gaps in a peer's sequence; queue_full: local picks not shared because more than 4,096 per route arrived between two flushes).", "reason")
 	fleetSnapshots = fleetDesc("snapshots_total", "Warm-up snapshots served to new peers and applied from a peer, by direction (served, applied).", "direction")
 	fleetPubErrors = fleetDesc("publish_errors_total", "Publishes NATS refused (connection closed).")
+	fleetUrgent    = fleetDesc("urgent_reports_total", "Queue reports published at once, between queue ticks, for predicted_ttft's picks in a burst.")
 	fleetPeers     = fleetDesc("peers", "Peers heard from within their load-report TTL.")
 	fleetStateAge  = fleetDesc("state_age_seconds", "Seconds since a peer was last heard from; absent until one is.")
 	fleetTrip      = fleetDesc("trip_seconds", "How late the slowest live peer hears this proxy: half the smoothed round trip shown by the peers' echoes of its load reports (predicted_ttft's turns in a burst lengthen once it exceeds half the queue interval); absent until measured.")
@@ -33,7 +34,7 @@ var (
 )
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{fleetPublished, fleetReceived, fleetDropped, fleetSnapshots, fleetPubErrors, fleetPeers, fleetStateAge, fleetTrip, fleetClock, peerQueued, sharedChunks} {
+	for _, d := range []*prometheus.Desc{fleetPublished, fleetReceived, fleetDropped, fleetSnapshots, fleetPubErrors, fleetUrgent, fleetPeers, fleetStateAge, fleetTrip, fleetClock, peerQueued, sharedChunks} {
 		ch <- d
 	}
 }
@@ -60,6 +61,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(fleetSnapshots, s.SnapshotsServed, "served")
 	counter(fleetSnapshots, s.SnapshotsApplied, "applied")
 	counter(fleetPubErrors, s.PublishErrors)
+	counter(fleetUrgent, s.UrgentReports)
 	ch <- prometheus.MustNewConstMetric(fleetPeers, prometheus.GaugeValue, float64(s.Peers))
 	if !s.LastHeard.IsZero() {
 		ch <- prometheus.MustNewConstMetric(fleetStateAge, prometheus.GaugeValue, now.Sub(s.LastHeard).Seconds())
