@@ -231,7 +231,7 @@ func (t *predictedTTFT) FoldPeerArrivals(ages []time.Duration) {
 }
 
 // bursty reports whether more than half of this proxy's arrivals over the
-// rates' window came within a turn of another: its traffic comes in
+// rates' window came within two queue intervals of another: its traffic comes in
 // bursts (a trace's same-instant buckets), so an arrival with none before
 // it is, more likely than not, the first of one, whose other requests its
 // peers are receiving. With 4 proxies a bucket of ~9 requests leaves each

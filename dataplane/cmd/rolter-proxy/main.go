@@ -34,7 +34,7 @@ func main() {
 	natsURL := flag.String("nats", "", "NATS URL: the kvwatchers' KV-event deltas (precise_cache_aware, predicted_ttft, lmcache_aware) and the proxies' shared routing state")
 	share := flag.Bool("share", true, "with --nats: share routing observations and in-flight counts with the other proxies of the fleet")
 	shareFlush := flag.Duration("share-flush", fleet.DefaultFlushInterval, "with --share: how often batched routing observations are published")
-	shareQueue := flag.Duration("share-queue-interval", fleet.DefaultQueueInterval, "with --share: how often each predicted_ttft route's queued prefill per target is published")
+	shareQueue := flag.Duration("share-queue-interval", fleet.DefaultQueueInterval, "with --share: how often each predicted_ttft route's queued prefill per target is published (a burst's picks also at once; a fifth of it is the least slack of a turn in a burst)")
 	shareGroup := flag.String("share-group", "default", "with --share: the fleet's name; proxies share state only within one group")
 	drainDelay := flag.Duration("drain-delay", 0, "on SIGTERM: answer /readyz with 503 but keep accepting requests this long (longer than your load balancer takes to notice), then close the listener")
 	drainTimeout := flag.Duration("drain-timeout", 30*time.Second, "on SIGTERM: how long in-flight requests and streams may take once the listener is closed")
