@@ -93,10 +93,7 @@ func (n *Node) Run(ctx context.Context, nc *nats.Conn, log *slog.Logger) error {
 		case <-n.urgent:
 			// A burst's pick: its queue report leaves now, not on the
 			// next tick (routing.ReportTrigger).
-			if b := n.FlushQueues(); b != nil {
-				n.stats.urgentReports.Add(1)
-				publish(obsSubj, b)
-			}
+			publish(obsSubj, n.FlushUrgent())
 		case <-n.queuing:
 			if !queuing {
 				queues.Reset(n.opts.QueueInterval)

@@ -462,6 +462,16 @@ func (n *Node) FlushQueues() []byte {
 	return b
 }
 
+// FlushUrgent is FlushQueues for a balancer that asked for its queue
+// report at once (Urgent), counted as such.
+func (n *Node) FlushUrgent() []byte {
+	b := n.FlushQueues()
+	if b != nil {
+		n.stats.urgentReports.Add(1)
+	}
+	return b
+}
+
 // queueTTLIntervals is how many queue intervals a queue report stays
 // valid: a non-empty queue is reported every interval, so it survives two
 // lost reports, and a peer that went silent stops counting soon after.

@@ -30,6 +30,9 @@ type sharing struct {
 	routes  []*fleet.Route
 	total   int // turns in the workload: ticking stops once all completed
 	scratch [][]int
+	// urgent and ticked count the queue reports published at once
+	// (fleet.Node.Urgent) and on the queue ticks.
+	urgent, ticked uint64
 }
 
 // shareMsg is one encoded fleet message on its way to the other proxies.
@@ -132,6 +135,9 @@ func (r *run) shareEvent(e event) {
 				n.Expire(now)
 			case evShareQueue:
 				m.data = n.FlushQueues()
+				if m.data != nil {
+					sh.ticked++
+				}
 			default:
 				m.data = n.FlushObservations()
 			}
@@ -174,7 +180,8 @@ func (r *run) urgentShare(p int) {
 	n := r.share.nodes[p]
 	select {
 	case <-n.Urgent():
-		if data := n.FlushQueues(); data != nil {
+		if data := n.FlushUrgent(); data != nil {
+			r.share.urgent++
 			r.pushShare(r.now+r.cfg.ShareDelay, evShareDeliver, &shareMsg{from: p, data: data})
 		}
 	default:

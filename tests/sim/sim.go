@@ -738,6 +738,14 @@ func (r *run) result() Result {
 		}
 		res.Decisions["deferred"] = r.deferred
 	}
+	if r.share != nil && r.share.urgent > 0 {
+		// Not decisions: the fleet's messages their turns cost.
+		if res.Decisions == nil {
+			res.Decisions = map[string]uint64{}
+		}
+		res.Decisions["reports_at_once"] = r.share.urgent
+		res.Decisions["reports_on_ticks"] = r.share.ticked
+	}
 	return res
 }
 
