@@ -293,7 +293,7 @@ func (r *Route) SetQueue(q Queue) {
 }
 
 // Urgent is signalled when a balancer asks for the node's queue reports
-// to leave at once (routing.ReportTrigger): Run publishes FlushQueues on
+// to leave at once (routing.ReportTrigger): Run publishes FlushUrgent on
 // it; a caller that drives the node itself (the routing simulator) does.
 func (n *Node) Urgent() <-chan struct{} { return n.urgent }
 

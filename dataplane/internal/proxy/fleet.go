@@ -25,7 +25,7 @@ var (
 	fleetUrgent    = fleetDesc("urgent_reports_total", "Queue reports published at once, between queue ticks, for predicted_ttft's picks in a burst.")
 	fleetPeers     = fleetDesc("peers", "Peers heard from within their load-report TTL.")
 	fleetStateAge  = fleetDesc("state_age_seconds", "Seconds since a peer was last heard from; absent until one is.")
-	fleetTrip      = fleetDesc("trip_seconds", "How late the slowest live peer hears this proxy: half the smoothed round trip shown by the peers' echoes of its load reports (predicted_ttft's turns in a burst lengthen once it exceeds half the queue interval); absent until measured.")
+	fleetTrip      = fleetDesc("trip_seconds", "How late the slowest live peer hears this proxy: half the smoothed round trip shown by the peers' echoes of its load reports (predicted_ttft's turns in a burst last two of it, at least it and a fifth of the queue interval); absent until measured.")
 	fleetClock     = fleetDesc("clock_offset_seconds", "The largest difference, either way, between this proxy's wall clock and a live peer's, from the clock its load reports carry and half the round trip (predicted_ttft's turns in a burst order the proxies per slot of the wall clock: keep it well under a turn, two queue intervals); absent until the trip is measured.")
 	peerQueued     = prometheus.NewDesc("rolter_fleet_peer_queued_prefill_tokens",
 		"Uncached prompt tokens the peers report pending at a target (sent, no first token yet), summed over their unexpired queue reports (predicted_ttft with sharing).", []string{"model", "provider"}, nil)
