@@ -308,14 +308,15 @@ func (p *KVPublisher) publish(buf []byte, ops []KVEvent) []byte {
 		p.logger.Error("encode kv event batch", "err", err)
 		return buf
 	}
+	// Counted before it is sent: a subscriber that has it must see it in
+	// Stats (TestKVPublisherLiveEvents read 5 of 6 once).
 	msg := kvevents.Message{
 		Topic:   []byte(p.opts.Topic),
-		Seq:     p.published.Load(),
+		Seq:     p.published.Add(1) - 1,
 		Payload: append([]byte(nil), buf...),
 	}
 	p.pub.send(msg.Frames())
 	p.remember(msg)
-	p.published.Add(1)
 	return buf
 }
 
