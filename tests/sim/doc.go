@@ -39,7 +39,8 @@
 // --nats does: each is a pkg/fleet node, its balancer built with
 // routing.Spec.Share, publishing its observations every Config.ShareFlush,
 // its queued prefill (predicted_ttft) every Config.ShareQueueInterval and
-// its in-flight counts every Config.ShareLoadInterval; every other node
+// at once when its balancer asks (a burst's picks: routing.ReportTrigger),
+// and its in-flight counts every Config.ShareLoadInterval; every other node
 // receives the encoded messages Config.ShareDelay later, and a proxy's
 // balancer sees its own counts plus its peers' latest (share.go). The
 // proxies know one another before the first request, as in a fleet that
