@@ -171,21 +171,16 @@ func TestLastPicksAtShutdown(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.After(5 * time.Second)
-	for {
-		select {
-		case msg := <-got:
-			for _, r := range msg.Routes {
-				for _, tc := range r.Targets {
-					if tc.Target == 2 && len(tc.Chunks) > 0 {
-						return
-					}
+	awaitObservations(t, got, 5*time.Second, "the pick made before shutdown was never published", func(msg *fleetv1.Observations) bool {
+		for _, r := range msg.Routes {
+			for _, tc := range r.Targets {
+				if tc.Target == 2 && len(tc.Chunks) > 0 {
+					return true
 				}
 			}
-		case <-deadline:
-			t.Fatal("the pick made before shutdown was never published")
 		}
-	}
+		return false
+	})
 }
 
 // A pick in a burst leaves at once: the balancer asks (routing's
@@ -204,22 +199,34 @@ func TestBurstPickReportedAtOnce(t *testing.T) {
 	burst := &routing.Context{Prompt: strings.Repeat("the second request of a burst. ", 40)}
 	d.Defer(burst, nil, routing.Set{}) // in the same instant: a burst
 	b.Observe(2, burst)
-	deadline := time.After(10 * time.Second)
+	awaitObservations(t, got, 10*time.Second, "the burst's pick was not published before the queue tick", func(msg *fleetv1.Observations) bool {
+		for _, q := range msg.Queues {
+			for _, tq := range q.Targets {
+				if tq.Target == 2 && tq.Requests == 1 {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	if st := a.Stats(time.Now()); st.UrgentReports == 0 || st.QueueTicks != 0 {
+		t.Fatalf("urgent reports %d, queue ticks %d: want the report sent at once", st.UrgentReports, st.QueueTicks)
+	}
+}
+
+// awaitObservations reads got until a message satisfies found, failing
+// with missing after within.
+func awaitObservations(t *testing.T, got <-chan *fleetv1.Observations, within time.Duration, missing string, found func(*fleetv1.Observations) bool) {
+	t.Helper()
+	deadline := time.After(within)
 	for {
 		select {
 		case msg := <-got:
-			for _, q := range msg.Queues {
-				for _, tq := range q.Targets {
-					if tq.Target == 2 && tq.Requests == 1 {
-						if st := a.Stats(time.Now()); st.UrgentReports == 0 || st.QueueTicks != 0 {
-							t.Fatalf("urgent reports %d, queue ticks %d: want the report sent at once", st.UrgentReports, st.QueueTicks)
-						}
-						return
-					}
-				}
+			if found(msg) {
+				return
 			}
 		case <-deadline:
-			t.Fatal("the burst's pick was not published before the queue tick")
+			t.Fatal(missing)
 		}
 	}
 }

@@ -79,7 +79,7 @@ type burstTurns struct {
 	// fleetNow (SetFleetClockOffset; ns).
 	clockOffset atomic.Int64
 	// arrivals counts the requests Defer saw with peers, inBurst those of
-	// them within a turn of the one before (over the rates' window: see
+	// them within two queue intervals of the one before (over the rates' window: see
 	// bursty).
 	arrivals, inBurst atomic.Int64
 	// settled counts this proxy's arrivals whose neighbourhood in the
@@ -435,8 +435,8 @@ func margin(pred []float64, el Set, best float64) float64 {
 
 // slotLength is how long one order of the proxies lasts: a turn per proxy,
 // the turn taken as two of the fleet's queue intervals, which its proxies
-// share, not the turn lengthened by this proxy's measured trip (turnGap),
-// which differs a little from proxy to proxy: slots of different lengths
+// share, not the turn set by this proxy's measured trip (turnGap), which
+// differs a little from proxy to proxy: slots of different lengths
 // would be numbered differently at different proxies, and their orders
 // drawn apart. turn stands in while the interval is unknown.
 func (t *predictedTTFT) slotLength(turn time.Duration, size int) time.Duration {

@@ -720,31 +720,29 @@ func (r *run) result() Result {
 		res.Throughput = float64(r.completed) / s
 		res.OutputTPS = float64(r.outputToks) / s
 	}
+	// count adds to a decision count, making the map on the first.
+	count := func(k string, v uint64) {
+		if res.Decisions == nil {
+			res.Decisions = map[string]uint64{}
+		}
+		res.Decisions[k] += v
+	}
 	for _, px := range r.proxies {
 		d, ok := px.policy.(interface{ Decisions() map[string]uint64 })
 		if !ok {
 			continue
 		}
 		for k, v := range d.Decisions() {
-			if res.Decisions == nil {
-				res.Decisions = map[string]uint64{}
-			}
-			res.Decisions[k] += v
+			count(k, v)
 		}
 	}
 	if r.deferred > 0 {
-		if res.Decisions == nil {
-			res.Decisions = map[string]uint64{}
-		}
-		res.Decisions["deferred"] = r.deferred
+		count("deferred", r.deferred)
 	}
 	if r.share != nil && r.share.urgent > 0 {
 		// Not decisions: the fleet's messages their turns cost.
-		if res.Decisions == nil {
-			res.Decisions = map[string]uint64{}
-		}
-		res.Decisions["reports_at_once"] = r.share.urgent
-		res.Decisions["reports_on_ticks"] = r.share.ticked
+		count("reports_at_once", r.share.urgent)
+		count("reports_on_ticks", r.share.ticked)
 	}
 	return res
 }
