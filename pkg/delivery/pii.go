@@ -245,9 +245,8 @@ func (p *Policy) SanitizeRequest(ctx context.Context, req Request, body []byte) 
 // sanitizeFailed counts and logs a failed sanitize call of a leg and
 // returns the refusal fail_closed asks for (nil under fail_open).
 func (p *Policy) sanitizeFailed(ctx context.Context, req *Request, leg string, err error) *Refuse {
-	class := failureClass(err)
-	p.stats.PIIErrors.Add(1)
-	p.log.LogAttrs(ctx, slog.LevelWarn, "pii sanitizer failed", slog.String("request_id", req.RequestID),
+	class, level := p.countFailure(&p.stats.PIIErrors, err)
+	p.log.LogAttrs(ctx, level, "pii sanitizer failed", slog.String("request_id", req.RequestID),
 		slog.String("leg", leg), slog.String("failure", class), slog.Bool("fail_closed", p.pii.failClosed))
 	if !p.pii.failClosed {
 		return nil
@@ -293,9 +292,9 @@ func (p *Policy) piiResponse(ctx context.Context, req *Request, body []byte, doc
 	if ticket != nil {
 		restored, err := p.pii.restore(ctx, p.client, req, ticket, texts)
 		if err != nil {
-			p.stats.PIIRestoreErrors.Add(1)
-			p.log.LogAttrs(ctx, slog.LevelWarn, "pii restore failed",
-				slog.String("request_id", req.RequestID), slog.String("failure", failureClass(err)))
+			class, level := p.countFailure(&p.stats.PIIRestoreErrors, err)
+			p.log.LogAttrs(ctx, level, "pii restore failed",
+				slog.String("request_id", req.RequestID), slog.String("failure", class))
 		} else {
 			p.stats.PIIRestorations.Add(1)
 			texts = restored

@@ -2,8 +2,10 @@ package delivery_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -262,6 +264,37 @@ func TestPIIResponseLegAndRestoration(t *testing.T) {
 			t.Errorf("calls: %d sanitize, %d restore", sanitizes, restores)
 		}
 	})
+}
+
+// A sanitizer call whose request ended first (the client left) is
+// counted in CallsCancelled, not as a sanitizer error.
+func TestPIICallCancelledIsNoError(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // so that the server sees the client leave
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	cfg := baseConfig()
+	cfg.PII.Enabled = true
+	cfg.PII.URL = srv.URL + "/sanitize"
+	cfg.PII.Direction = delivery.DirectionBoth
+	cfg.PII.Restoration = delivery.RestorationNever
+	cfg.PII.TimeoutMS = 60_000
+	p := newPolicy(t, cfg)
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { <-arrived; cancel() }()
+	p.SanitizeRequest(ctx, req, []byte(piiRequest))
+	if got := p.Stats().PIIErrors.Load(); got != 0 {
+		t.Errorf("pii errors = %d, want 0 for a cancelled call", got)
+	}
+	if got := p.Stats().CallsCancelled.Load(); got != 1 {
+		t.Errorf("cancelled calls = %d, want 1", got)
+	}
 }
 
 func TestPIIFailures(t *testing.T) {

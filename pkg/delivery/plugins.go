@@ -208,11 +208,19 @@ func postJSON(ctx context.Context, client *http.Client, url, token, requestID st
 
 func classify(ctx context.Context, err error) error {
 	var ne net.Error
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
 		return &callFailure{class: "timeout", err: err}
+	case errors.Is(ctx.Err(), context.Canceled):
+		return &callFailure{class: classCancelled, err: err}
 	}
 	return &callFailure{class: "unreachable", err: err}
 }
+
+// classCancelled is the failure of a call its caller gave up on: the
+// client left, or the proxy halted it (a drain). It is no fault of the
+// service called, so it is counted apart from the errors (countFailure).
+const classCancelled = "cancelled"
 
 // failureClass returns the class of a call error.
 func failureClass(err error) string {

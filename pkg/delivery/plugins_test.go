@@ -1,6 +1,7 @@
 package delivery_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -278,6 +279,39 @@ func TestPluginFailures(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A call cut because its request ended (the client hung up, a drain halted
+// it) is no failure of the plugin: it is counted apart, in CallsCancelled,
+// while a timeout of the same hanging plugin is an error.
+func TestPluginCallCancelledIsNoError(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	hang := func(w http.ResponseWriter, r *http.Request, _ delivery.Envelope) {
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		<-r.Context().Done()
+	}
+	srv := newPluginServer(t, hang)
+	for _, mode := range []string{delivery.FailOpen, delivery.FailClosed} {
+		t.Run(mode, func(t *testing.T) {
+			cfg := baseConfig()
+			pc := postPlugin("guard", srv.URL, mode)
+			pc.TimeoutMS = 60_000
+			cfg.Plugins = []delivery.PluginConfig{pc}
+			p := newPolicy(t, cfg)
+			ctx, cancel := context.WithCancel(t.Context())
+			go func() { <-arrived; cancel() }()
+			p.Apply(ctx, req, 200, jsonCT, []byte(chatBody))
+			if got := p.Stats().PluginErrors.Load(); got != 0 {
+				t.Errorf("plugin errors = %d, want 0 for a cancelled call", got)
+			}
+			if got := p.Stats().CallsCancelled.Load(); got != 1 {
+				t.Errorf("cancelled calls = %d, want 1", got)
+			}
+		})
 	}
 }
 

@@ -103,6 +103,10 @@ type Stats struct {
 	// failures of either leg, request-leg refusals, successful restores,
 	// failed restores, refused streams.
 	PIIEntities, PIIErrors, PIIBlocks, PIIRestorations, PIIRestoreErrors, PIIStreamRejections atomic.Uint64
+	// CallsCancelled counts the plugin and sanitizer calls cut because
+	// their request ended first (the client left, the proxy halted it):
+	// not in PluginErrors, PIIErrors or PIIRestoreErrors.
+	CallsCancelled atomic.Uint64
 	// Withheld counts every Refuse returned by [Policy.Apply].
 	Withheld atomic.Uint64
 }
@@ -301,6 +305,21 @@ func (p *Policy) Apply(ctx context.Context, req Request, status int, contentType
 	return send
 }
 
+// countFailure counts a failed call of a plugin or the sanitizer in errs
+// and returns its class and the level to log it at; a call cut because its
+// request ended (classCancelled) is counted in CallsCancelled instead and
+// logged at debug: a client that hangs up, or a drain, is no outage of
+// the service called.
+func (p *Policy) countFailure(errs *atomic.Uint64, err error) (string, slog.Level) {
+	class := failureClass(err)
+	if class == classCancelled {
+		p.stats.CallsCancelled.Add(1)
+		return class, slog.LevelDebug
+	}
+	errs.Add(1)
+	return class, slog.LevelWarn
+}
+
 // runPlugins calls each post_response plugin in order. A transform
 // replaces the body for the next plugin; a block stops the chain. It
 // returns the final body and whether a plugin transformed it.
@@ -311,9 +330,8 @@ func (p *Policy) runPlugins(ctx context.Context, req *Request, status int, conte
 			RequestID: req.RequestID, Status: status, ContentType: contentType, Body: body,
 		})
 		if err != nil {
-			p.stats.PluginErrors.Add(1)
-			class := failureClass(err)
-			p.log.LogAttrs(ctx, slog.LevelWarn, "post_response plugin failed",
+			class, level := p.countFailure(&p.stats.PluginErrors, err)
+			p.log.LogAttrs(ctx, level, "post_response plugin failed",
 				slog.String("request_id", req.RequestID), slog.String("plugin", pl.name),
 				slog.String("failure", class), slog.Bool("fail_closed", pl.failClosed))
 			if pl.failClosed {

@@ -70,6 +70,7 @@ var (
 	pluginBlocks    = cacheDesc("plugin_blocks_total", "Responses blocked by post_response plugins.")
 	pluginErrors    = cacheDesc("plugin_errors_total", "Failed plugin calls (unreachable, timeout, malformed reply).")
 	piiErrors       = cacheDesc("pii_sanitizer_errors_total", "Failed PII sanitizer or restore calls.")
+	callsCancelled  = cacheDesc("delivery_calls_cancelled_total", "Plugin and PII sanitizer calls cut because their request ended first (the client left, or a drain): not counted as errors.")
 	usageDropped    = cacheDesc("usage_records_dropped_total", "Usage records dropped because the accounting queue was full or a write failed.")
 )
 
@@ -112,6 +113,7 @@ func (c *inflightCollector) Collect(ch chan<- prometheus.Metric) {
 		pluginBlocks:    ds.PluginBlocks.Load(),
 		pluginErrors:    ds.PluginErrors.Load(),
 		piiErrors:       ds.PIIErrors.Load() + ds.PIIRestoreErrors.Load(),
+		callsCancelled:  ds.CallsCancelled.Load(),
 	} {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
 	}
