@@ -2,7 +2,7 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|trips|hetero|other-trace|arxiv-trace OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|random|returns|saturated|share|fleets|trips|hetero|other-trace|arxiv-trace OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # other-trace replays a Mooncake-format trace this repository does not
 # carry, named by OTHER_TRACE (docs/routing.md: Mooncake's
@@ -210,6 +210,13 @@ mixed4)
 		"--workload agent --seed 111 --block-size 32 --agent-tool-ms 1000 --agent-tool-len 2560 --replicas 10" \
 		"--workload gsp --seed 112 --ramp 3s --gsp-question-len 512 --capacity 1536 --replicas 6" \
 		"--workload unique --seed 113 --unique-len 8192 --rate 3 --replicas 10 --prefill-us 35"; do
+		# shellcheck disable=SC2086
+		run $a --strategies $S
+	done ;;
+random)
+	# The 80 runs of scripts/sim-random-settings.txt, settings drawn at
+	# random before any ran (docs/routing.md, random settings).
+	grep -v '^#' scripts/sim-random-settings.txt | while read -r a; do
 		# shellcheck disable=SC2086
 		run $a --strategies $S
 	done ;;

@@ -11,7 +11,10 @@
 // blocks of Config.BlockSize tokens addressed by chained hashes, LRU over
 // Config.CapacityBlocks, blocks pinned while their request runs) and a
 // service-time model: at most Config.MaxBatch requests run, the rest wait
-// first in first out; an admitted request is looked up in the cache and
+// first in first out (with Config.KVAdmission also until their prompt's
+// blocks fit beside the running requests', as vLLM's scheduler holds them;
+// without it a request runs whatever the cache holds, and its blocks that
+// find no room are not cached); an admitted request is looked up in the cache and
 // prefills its uncached tokens at Config.PrefillPerToken each plus
 // Config.PrefillBase, one request at a time per replica (prefill is compute
 // bound; Config.ParallelPrefill gives the vLLM simulator's independent
@@ -31,7 +34,10 @@
 // arrivals (Config.Rate), or at their trace timestamps. Every request goes
 // to a uniformly random proxy of Config.Proxies; each proxy has its own
 // policy instance and counts its own requests in flight per replica, the
-// load it hands to its balancer. Config.Ramp starts a closed loop's clients
+// load it hands to its balancer. Policies that read the engines' metrics
+// read them as last scraped: llm-d's every 50 ms, predicted_ttft's waiting
+// and running counts every 500 ms ([providers.engine_load]'s default
+// interval), as a proxy sees them. Config.Ramp starts a closed loop's clients
 // one by one instead of all at time 0; SpreadArrivals spreads a trace's
 // same-timestamp requests over their bucket.
 //

@@ -56,6 +56,9 @@ type View struct {
 	// (metricsScraper); nil otherwise.
 	ScrapedWaiting []int
 	ScrapedKVUsage []float64
+	// ScrapedRunning is Running as of the last metrics scrape (nil when
+	// no policy scrapes).
+	ScrapedRunning []int
 	// Caches are the replicas' prefix caches (clairvoyant only).
 	Caches []*vllmsim.Cache
 	// Queued counts, per replica, the block hashes of the requests waiting

@@ -25,6 +25,13 @@ type Config struct {
 	// MaxBatch is the number of requests a replica runs at once (vLLM's
 	// max_num_seqs); more wait in its queue, first in first out.
 	MaxBatch int
+	// KVAdmission holds a request in its replica's queue until its
+	// prompt's blocks fit beside those the running requests hold (vLLM's
+	// scheduler: a waiting request that cannot be allocated stops the
+	// admissions behind it). Off, a request is admitted whatever the cache
+	// holds, and the blocks that find no room are computed but not cached.
+	// A request alone on its replica is always admitted.
+	KVAdmission bool
 	// PrefillPerToken is the prefill time of one uncached prompt token, and
 	// PrefillBase a fixed time per request (vllmsim's TTFT). Prefill is
 	// compute bound, so a replica prefills one request at a time unless
@@ -265,6 +272,7 @@ type run struct {
 	// scraped copies of waiting and usage (View.Scraped*), refreshed every
 	// scrapeEvery when a policy reads scraped metrics
 	scrapedWaiting []int
+	scrapedRunning []int
 	scrapedUsage   []float64
 	scrapeEvery    time.Duration
 	total          int              // turns in the workload
@@ -361,6 +369,7 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 	if r.scrapeEvery > 0 {
 		r.total = w.Requests()
 		r.scrapedWaiting = make([]int, cfg.Replicas)
+		r.scrapedRunning = make([]int, cfg.Replicas)
 		r.scrapedUsage = make([]float64, cfg.Replicas)
 	}
 	if r.share != nil {
@@ -397,6 +406,7 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 			r.shareEvent(e)
 		case evScrape:
 			copy(r.scrapedWaiting, r.waiting)
+			copy(r.scrapedRunning, r.running)
 			copy(r.scrapedUsage, r.usage)
 			if r.completed < r.total { // scraping stops once all completed
 				r.push(r.now+r.scrapeEvery, evScrape, nil, nil)
@@ -571,7 +581,7 @@ func (r *run) dispatch(f *Flight, p int) {
 // view is what proxy p's policy may look at now.
 func (r *run) view(p int) *View {
 	return &View{Now: r.now, Loads: r.fleetLoads(p, r.proxies[p].loads), Waiting: r.waiting, Running: r.running, KVUsage: r.usage,
-		ScrapedWaiting: r.scrapedWaiting, ScrapedKVUsage: r.scrapedUsage, Caches: r.caches, Queued: r.queued,
+		ScrapedWaiting: r.scrapedWaiting, ScrapedRunning: r.scrapedRunning, ScrapedKVUsage: r.scrapedUsage, Caches: r.caches, Queued: r.queued,
 		BlockSize: r.cfg.BlockSize}
 }
 
@@ -595,6 +605,9 @@ func (r *run) schedule(i int) {
 	rep := r.replicas[i]
 	for rep.running < r.cfg.MaxBatch && len(rep.queue) > 0 {
 		f := rep.queue[0]
+		if r.cfg.KVAdmission && rep.running > 0 && !rep.cache.Fits(f.Req.Tokens()) {
+			break
+		}
 		rep.queue = rep.queue[1:]
 		r.waiting[i]--
 		rep.running++

@@ -173,6 +173,30 @@ func TestSerialPrefill(t *testing.T) {
 	}
 }
 
+// With KVAdmission a request waits in its replica's queue until its
+// prompt's blocks fit beside the running requests', as vLLM's scheduler
+// holds it: on a cache of room for one request's blocks, the second of two
+// simultaneous requests (prefilled in parallel, so only the cache can hold
+// it) starts when the first finishes; without, it runs at once and its
+// blocks are not cached.
+func TestKVAdmission(t *testing.T) {
+	cfg, w, n := simultaneous(2)
+	cfg.ParallelPrefill = true
+	blocks := (int(n/time.Millisecond) + cfg.BlockSize - 1) / cfg.BlockSize
+	cfg.CapacityBlocks = blocks + 1
+	if r := mustRun(t, cfg, w, "round_robin"); r.TTFTP99 != n {
+		t.Fatalf("without admission: TTFT p99 %v, want %v", r.TTFTP99, n)
+	}
+	cfg.KVAdmission = true
+	if r := mustRun(t, cfg, w, "round_robin"); r.TTFTP50 != n || r.TTFTP99 != 2*n {
+		t.Fatalf("with admission: TTFT p50 %v p99 %v, want %v and %v", r.TTFTP50, r.TTFTP99, n, 2*n)
+	}
+	cfg.CapacityBlocks = 2*blocks + 1 // room for both
+	if r := mustRun(t, cfg, w, "round_robin"); r.TTFTP99 != n {
+		t.Fatalf("with admission and room: TTFT p99 %v, want %v", r.TTFTP99, n)
+	}
+}
+
 // Slowdown scales a replica's prefill and decode: of two simultaneous
 // requests spread round robin over a replica at speed and one twice as
 // slow, the first gets its first token after one prefill, the second after

@@ -3,6 +3,7 @@ package sim
 import (
 	"time"
 
+	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/kvdelta"
 	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/routing"
@@ -31,7 +32,8 @@ type ttftPolicy struct {
 	turns  bool
 }
 
-// simEngine is routing.EngineState over the View of the current pick.
+// simEngine is routing.EngineState over the View of the current pick: the
+// engines as last scraped.
 type simEngine struct {
 	waiting, running []int
 	capacity         int
@@ -69,8 +71,18 @@ func (p *ttftPolicy) sync(v *View) {
 		p.src.memo.forget()
 	}
 	if p.engine != nil {
-		p.engine.waiting, p.engine.running = v.Waiting, v.Running
+		p.engine.waiting, p.engine.running = v.ScrapedWaiting, v.ScrapedRunning
 	}
+}
+
+// scrapeInterval implements metricsScraper: with the engines' state, the
+// proxy reads their counts as its [providers.engine_load] scrape last saw
+// them, every interval_ms at its default, not as they are now.
+func (p *ttftPolicy) scrapeInterval() time.Duration {
+	if p.engine == nil {
+		return 0
+	}
+	return config.DefaultEngineLoadIntervalMS * time.Millisecond
 }
 
 func (p *ttftPolicy) Pick(f *Flight, v *View) int {

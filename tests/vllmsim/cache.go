@@ -196,6 +196,24 @@ func (c *Cache) Admit(tokens []uint32) (cachedTokens int, lease *Lease) {
 	return cachedTokens, lease
 }
 
+// Fits reports whether [Cache.Admit] could give every full block of tokens
+// a place now without taking one from a running request: the blocks it
+// would newly hold (absent, or resident with no holder) are no more than
+// the blocks no request holds. vLLM's scheduler admits a waiting request
+// only then, and keeps it waiting otherwise; Admit itself never waits.
+func (c *Cache) Fits(tokens []uint32) bool {
+	hashes := BlockHashes(tokens, c.blockSize)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	need := 0
+	for _, h := range hashes {
+		if b, ok := c.blocks[h]; !ok || b.refs == 0 {
+			need++
+		}
+	}
+	return need <= c.capacity-c.pinned
+}
+
 // Lookup returns the number of prompt tokens [Cache.Admit] would serve from
 // the cache for tokens now, without changing the cache or its counters.
 func (c *Cache) Lookup(tokens []uint32) int {

@@ -175,6 +175,32 @@ func TestCacheDoesNotEvictHeldBlocks(t *testing.T) {
 	}
 }
 
+// Fits counts only the blocks running requests hold: a prompt fits while
+// the unheld ones (free, or cached with no holder) can take its blocks.
+func TestCacheFits(t *testing.T) {
+	c := vllmsim.NewCache(2, 4, nil)
+	a, b := seq(100, 4), seq(200, 4)
+	if !c.Fits(a) {
+		t.Fatal("an empty cache does not fit a two-block prompt")
+	}
+	_, la := c.Admit(a) // holds two of the four blocks
+	if !c.Fits(b) || !c.Fits(seq(100, 8)) {
+		t.Error("two free blocks do not fit a two-block prompt, or A's extension")
+	}
+	if c.Fits(seq(300, 6)) {
+		t.Error("three new blocks fit beside two held of four")
+	}
+	_, lb := c.Admit(b)
+	if c.Fits(seq(300, 2)) {
+		t.Error("a new block fits a cache whose every block is held")
+	}
+	c.Release(la)
+	if !c.Fits(seq(300, 4)) { // A's blocks stay cached but have no holder
+		t.Error("a released request's blocks do not make room")
+	}
+	c.Release(lb)
+}
+
 func TestCacheExtendCachesOutputBlocks(t *testing.T) {
 	c := vllmsim.NewCache(4, 100, nil)
 	full := seq(1, 17)

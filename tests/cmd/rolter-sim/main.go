@@ -94,6 +94,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&c.CapacityBlocks, "capacity", c.CapacityBlocks, "prefix-cache capacity per replica, in blocks")
 	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "prefix-cache block size, in tokens")
 	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "requests a replica runs at once (vLLM max_num_seqs); more queue")
+	fs.BoolVar(&c.KVAdmission, "kv-admission", c.KVAdmission, "hold a request in its replica's queue until its prompt's KV blocks fit beside the running requests' (vLLM's scheduler); off, it runs at once and what finds no room is not cached")
 	fs.Float64Var(&o.prefillUS, "prefill-us", 50, "prefill time per uncached prompt token, µs")
 	fs.Float64Var(&o.prefillMS, "prefill-base-ms", 5, "fixed prefill time per request, ms")
 	fs.BoolVar(&c.ParallelPrefill, "parallel-prefill", false, "prefill running requests independently (vllmsim's model) instead of one at a time per replica")
