@@ -47,6 +47,16 @@ func (p *Provider) EngineWaiting(now time.Time, maxAge time.Duration) (n int, ok
 	return int(p.engineWaiting.Load()), true
 }
 
+// EngineLoadAge returns how long before now the engine load was last
+// scraped; ok is false when it never was (or was cleared).
+func (p *Provider) EngineLoadAge(now time.Time) (age time.Duration, ok bool) {
+	at := p.engineLoadAt.Load()
+	if at == 0 {
+		return 0, false
+	}
+	return max(time.Duration(now.UnixNano()-at), 0), true
+}
+
 // SetKVCapacity records the replica's KV cache capacity in tokens, as
 // scraped; 0 forgets it.
 func (p *Provider) SetKVCapacity(tokens int64) { p.kvCapacity.Store(max(tokens, 0)) }

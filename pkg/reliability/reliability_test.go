@@ -156,7 +156,15 @@ func TestEngineLoad(t *testing.T) {
 	if _, ok := p.EngineLoad(t0, time.Second); ok {
 		t.Fatal("engine load before any scrape")
 	}
+	if _, ok := p.EngineLoadAge(t0); ok {
+		t.Fatal("engine load age before any scrape")
+	}
 	p.SetEngineLoad(7, t0)
+	for at, want := range map[time.Duration]time.Duration{0: 0, 2 * time.Second: 2 * time.Second, -time.Second: 0} {
+		if age, ok := p.EngineLoadAge(t0.Add(at)); !ok || age != want {
+			t.Errorf("age at +%v: %v, %v; want %v, true", at, age, ok, want)
+		}
+	}
 	for _, tc := range []struct {
 		at     time.Duration
 		want   int
@@ -173,6 +181,9 @@ func TestEngineLoad(t *testing.T) {
 	p.ClearEngineLoad()
 	if _, ok := p.EngineLoad(t0, time.Hour); ok {
 		t.Error("engine load after clear")
+	}
+	if _, ok := p.EngineLoadAge(t0); ok {
+		t.Error("engine load age after clear")
 	}
 }
 

@@ -18,8 +18,9 @@ import (
 type EngineState interface {
 	// Counts returns target's vllm:num_requests_waiting and
 	// vllm:num_requests_running (the requests holding a batch slot), both
-	// of one scrape, and whether they are fresh.
-	Counts(target int) (waiting, running int, ok bool)
+	// of one scrape, how long ago that scrape was, and whether they are
+	// fresh.
+	Counts(target int) (waiting, running int, age time.Duration, ok bool)
 	// KVCapacityTokens returns target's KV cache capacity in tokens
 	// (num_gpu_blocks × block_size of vllm:cache_config_info), 0 when not
 	// known.
@@ -286,6 +287,11 @@ type predictedTTFT struct {
 	maxRunning []atomic.Int64
 	seenFull   []atomic.Bool
 	anySlots   atomic.Int64
+	// Per target, what the engine's counts usually show beyond what this
+	// balancer sees (the waiting count beyond the requests ahead, the
+	// occupied slots beyond the loads), as float64 bits: the baselines a
+	// scrape's excess fades to as it ages (staleExcess).
+	waitExcess, slotExcess []atomic.Uint64
 	// Σ latency of the completed attempts (Learn), Σ TTFT of the first
 	// tokens and Σ TTFT of those that did not wait for a batch slot (ns),
 	// and their counts: how long a request holds its slot (slotHold).
@@ -391,6 +397,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		arrivals:   make([]atomic.Int64, n),
 		inflight:   make([]atomic.Int64, n),
 		maxRunning: make([]atomic.Int64, n), seenFull: make([]atomic.Bool, n),
+		waitExcess: make([]atomic.Uint64, n), slotExcess: make([]atomic.Uint64, n),
 		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
 		peerQueues: map[string][]peerQueue{}, peerLast: map[string]time.Duration{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
 		peerBusyUntil: make([]atomic.Int64, n),
@@ -855,6 +862,8 @@ func gauss(a [lawFeatures][lawFeatures]float64, b [lawFeatures]float64) ([lawFea
 type engineCounts struct {
 	waiting, running int
 	ok               bool
+	// ageMS is how old the scrape is (ms).
+	ageMS float64
 }
 
 // counts reads target i's engine counts (none without Spec.Engine).
@@ -862,9 +871,41 @@ func (t *predictedTTFT) counts(i int) engineCounts {
 	if t.engine == nil {
 		return engineCounts{}
 	}
-	w, r, ok := t.engine.Counts(i)
-	return engineCounts{w, r, ok}
+	w, r, age, ok := t.engine.Counts(i)
+	return engineCounts{waiting: w, running: r, ok: ok, ageMS: max(float64(age), 0) / float64(time.Millisecond)}
 }
+
+// staleExcess is what an engine count showed beyond what this balancer
+// sees (excess, as scraped ageMS ago) is likely to be now. A scrape is up
+// to an interval old (500 ms by default) while the balancer's own view is
+// current: the excess seen then has since turned over with probability 1
+// − exp(−ageMS / turnMS), turnMS the time its requests take to leave (a
+// waiting request's TTFT, a slot's share of the hold), and what replaced
+// it is what the counts usually show beyond the view: the baseline, a
+// mean of the excess over the readings, each weighed by its freshness
+// (about the last excessReadings fresh ones). So a queue of this fleet's
+// own that drained since the scrape (the balancer's view holds what is
+// left of it) fades to the little the counts usually add, and the
+// steady queue of clients the balancer does not see (other proxies that
+// do not share) stays. Read as scraped, rolter-sim unique on 2 replicas
+// at --prefill-us 1 through 2 sharing proxies went from 50 ms with live
+// counts to 88, worse than with no counts at all (60); faded to zero
+// instead of the baseline, the trace through 8 proxies that do not share
+// went from 1,270 to 1,492 ms (docs/routing.md, random settings).
+func staleExcess(baseline *atomic.Uint64, excess, ageMS, turnMS float64) float64 {
+	fresh := 1.0
+	if turnMS > 0 {
+		fresh = math.Exp(-ageMS / turnMS)
+	}
+	b := math.Float64frombits(baseline.Load())
+	baseline.Store(math.Float64bits(b + fresh*(excess-b)/excessReadings))
+	return b + (excess-b)*fresh
+}
+
+// excessReadings is how many fresh readings staleExcess's baseline
+// averages over: a few scrapes' worth of picks, short against a load that
+// changes over seconds.
+const excessReadings = 64
 
 // features returns target i's prediction inputs for a request whose own
 // uncached prefill is own tokens; c is i's engine counts.
@@ -872,13 +913,15 @@ func (t *predictedTTFT) features(i int, own float64, tokens int, m *ttftLaw, now
 	peers := t.peersAt(i, now)
 	aheadN := float64(t.pendCount[i].Load() + peers.requests)
 	aheadTok := max(float64(t.pendTokens[i].Load()+peers.tokens)-t.served(i, m, now, peers), 0)
-	if c.ok && float64(c.waiting) > aheadN {
-		mean, ok := t.meanUncached()
-		if !ok {
-			mean = float64(tokens)
+	if c.ok {
+		if excess := staleExcess(&t.waitExcess[i], max(float64(c.waiting)-aheadN, 0), c.ageMS, t.typicalFirst()); excess > 0 {
+			mean, ok := t.meanUncached()
+			if !ok {
+				mean = float64(tokens)
+			}
+			aheadTok += excess * mean
+			aheadN += excess
 		}
-		aheadTok += (float64(c.waiting) - aheadN) * mean
-		aheadN = float64(c.waiting)
 	}
 	return [lawFeatures]float64{1, aheadN, aheadTok / 1000, max(own, 0) / 1000}
 }
@@ -2397,7 +2440,15 @@ func (t *predictedTTFT) slotPlace(i int, loads []int, c engineCounts) (k, s int6
 	}
 	occupied := int64(running + waiting)
 	if len(loads) == t.n {
-		occupied = max(occupied, int64(loads[i]))
+		// The loads are current, the scrape is not: what the engine
+		// counted beyond them fades to what it usually does as its slots
+		// turn over, one every hold / (s + 1) on average (staleExcess).
+		load := int64(loads[i])
+		if hold := t.slotHold(); hold > 0 {
+			excess := staleExcess(&t.slotExcess[i], float64(max(occupied-load, 0)), c.ageMS, hold/float64(s+1))
+			occupied = load + int64(math.Round(excess))
+		}
+		occupied = max(occupied, load)
 	}
 	return max(occupied+1-s, 0), s
 }

@@ -346,8 +346,10 @@ func TestPredictedTTFTFollowWaitBoundedAtSaturation(t *testing.T) {
 // slotEngine is an EngineState with running and waiting counts.
 type slotEngine struct{ waiting, running []int }
 
-func (e *slotEngine) Counts(i int) (int, int, bool) { return e.waiting[i], e.running[i], true }
-func (e *slotEngine) KVCapacityTokens(int) int      { return 0 }
+func (e *slotEngine) Counts(i int) (int, int, time.Duration, bool) {
+	return e.waiting[i], e.running[i], 0, true
+}
+func (e *slotEngine) KVCapacityTokens(int) int { return 0 }
 
 // A request sent before its target was known to be full (the first to
 // overflow it) is marked as waiting for a slot as soon as the engine shows

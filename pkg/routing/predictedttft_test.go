@@ -342,18 +342,19 @@ func TestPredictedTTFTStaleTargetMatchesApproximately(t *testing.T) {
 	}
 }
 
-// fixedEngine is a routing.EngineState; a negative count is stale, and
-// without running counts none is running.
+// fixedEngine is a routing.EngineState scraped age ago; a negative count
+// is stale, and without running counts none is running.
 type fixedEngine struct {
 	waiting, running []int
 	capacity         int
+	age              time.Duration
 }
 
-func (e *fixedEngine) Counts(i int) (waiting, running int, ok bool) {
+func (e *fixedEngine) Counts(i int) (waiting, running int, age time.Duration, ok bool) {
 	if e.running != nil {
 		running = e.running[i]
 	}
-	return e.waiting[i], running, e.waiting[i] >= 0 && running >= 0
+	return e.waiting[i], running, e.age, e.waiting[i] >= 0 && running >= 0
 }
 func (e *fixedEngine) KVCapacityTokens(int) int { return e.capacity }
 
@@ -383,6 +384,18 @@ func TestPredictedTTFTWaitsForBatchSlot(t *testing.T) {
 	if got := b.Pick(req, nil, routing.All(2)); got != 1 {
 		t.Fatalf("holder full, a slot held 10 s: picked %d, want 1", got)
 	}
+	// The loads are current, the scrape is not: with one request in flight
+	// at each target, the holder scraped full just now keeps the request
+	// off; scraped a minute ago (slots turn over every 10 s / 5), what it
+	// counted beyond that one request has finished.
+	if got := b.Pick(req, []int{1, 1}, routing.All(2)); got != 1 {
+		t.Fatalf("holder scraped full just now, 1 in flight: picked %d, want 1", got)
+	}
+	eng.age = time.Minute
+	if got := b.Pick(req, []int{1, 1}, routing.All(2)); got != 0 {
+		t.Fatalf("holder scraped full a minute ago, 1 in flight: picked %d, want the holder 0", got)
+	}
+	eng.age = 0
 	eng.running[0], eng.waiting[0] = 3, 0 // a slot of the 4 it showed is free
 	if got := b.Pick(req, nil, routing.All(2)); got != 0 {
 		t.Fatalf("holder with a free slot: picked %d, want 0", got)
@@ -421,6 +434,47 @@ func TestPredictedTTFTEngineWaiting(t *testing.T) {
 	}
 	if got := b.(routing.SharedAffinity).SharedStats()[0].Chunks; got > 1000*routing.DefaultBytesPerToken/64 {
 		t.Fatalf("target 0 holds %d chunks, more than 1,000 tokens' worth", got)
+	}
+}
+
+// A waiting count is as old as its scrape: the requests waiting then have
+// had their first tokens since with probability 1 − exp(−age / mean TTFT),
+// and what replaced them is what the counts usually show beyond the
+// balancer's own view. Three waiting on the holder hold a request off it
+// when just scraped; scraped a second ago, fifty mean TTFTs of 20 ms, they
+// have drained and the request goes to the holder; where first tokens
+// take 10 s, a second is not long enough. And a queue the balancer does
+// not see that every fresh scrape has shown (clients of other proxies that
+// do not share) is still there a second later.
+func TestPredictedTTFTEngineWaitingAges(t *testing.T) {
+	sys := words(1, 4000)
+	req := &routing.Context{Prompt: sys + words(3, 400)}
+	for _, c := range []struct {
+		ttft, age  time.Duration
+		freshPicks int // picks made on fresh scrapes first
+		want       int
+	}{
+		{20 * time.Millisecond, 0, 0, 1},
+		{20 * time.Millisecond, time.Second, 0, 0},
+		{10 * time.Second, time.Second, 0, 1},
+		{20 * time.Millisecond, time.Second, 500, 1},
+	} {
+		clock := &ttftClock{now: time.Second}
+		eng := &fixedEngine{waiting: []int{3, 0}}
+		b := newTTFT(t, 2, 1, clock, func(s *routing.Spec) { s.Engine = eng })
+		seen := &routing.Context{Prompt: sys}
+		b.Observe(0, seen)
+		clock.tick()
+		b.(routing.TTFTObserver).FirstToken(0, seen, c.ttft, 0)
+		clock.tick()
+		for range c.freshPicks {
+			b.Pick(req, nil, routing.All(2))
+		}
+		eng.age = c.age
+		if got := b.Pick(req, nil, routing.All(2)); got != c.want {
+			t.Fatalf("mean TTFT %v, 3 waiting on the holder scraped %v ago after %d fresh picks: picked %d, want %d",
+				c.ttft, c.age, c.freshPicks, got, c.want)
+		}
 	}
 }
 

@@ -57,8 +57,9 @@ type View struct {
 	ScrapedWaiting []int
 	ScrapedKVUsage []float64
 	// ScrapedRunning is Running as of the last metrics scrape (nil when
-	// no policy scrapes).
+	// no policy scrapes), and ScrapedAt when that scrape was.
 	ScrapedRunning []int
+	ScrapedAt      time.Duration
 	// Caches are the replicas' prefix caches (clairvoyant only).
 	Caches []*vllmsim.Cache
 	// Queued counts, per replica, the block hashes of the requests waiting

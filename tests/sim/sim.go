@@ -273,6 +273,7 @@ type run struct {
 	// scrapeEvery when a policy reads scraped metrics
 	scrapedWaiting []int
 	scrapedRunning []int
+	scrapedAt      time.Duration
 	scrapedUsage   []float64
 	scrapeEvery    time.Duration
 	total          int              // turns in the workload
@@ -407,6 +408,7 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 		case evScrape:
 			copy(r.scrapedWaiting, r.waiting)
 			copy(r.scrapedRunning, r.running)
+			r.scrapedAt = r.now
 			copy(r.scrapedUsage, r.usage)
 			if r.completed < r.total { // scraping stops once all completed
 				r.push(r.now+r.scrapeEvery, evScrape, nil, nil)
@@ -581,7 +583,7 @@ func (r *run) dispatch(f *Flight, p int) {
 // view is what proxy p's policy may look at now.
 func (r *run) view(p int) *View {
 	return &View{Now: r.now, Loads: r.fleetLoads(p, r.proxies[p].loads), Waiting: r.waiting, Running: r.running, KVUsage: r.usage,
-		ScrapedWaiting: r.scrapedWaiting, ScrapedRunning: r.scrapedRunning, ScrapedKVUsage: r.scrapedUsage, Caches: r.caches, Queued: r.queued,
+		ScrapedWaiting: r.scrapedWaiting, ScrapedRunning: r.scrapedRunning, ScrapedAt: r.scrapedAt, ScrapedKVUsage: r.scrapedUsage, Caches: r.caches, Queued: r.queued,
 		BlockSize: r.cfg.BlockSize}
 }
 

@@ -36,14 +36,15 @@ type ttftPolicy struct {
 // engines as last scraped.
 type simEngine struct {
 	waiting, running []int
+	age              time.Duration // since the scrape
 	capacity         int
 }
 
-func (e *simEngine) Counts(i int) (waiting, running int, ok bool) {
+func (e *simEngine) Counts(i int) (waiting, running int, age time.Duration, ok bool) {
 	if i < 0 || i >= len(e.waiting) || i >= len(e.running) {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
-	return e.waiting[i], e.running[i], true
+	return e.waiting[i], e.running[i], e.age, true
 }
 
 func (e *simEngine) KVCapacityTokens(int) int { return e.capacity }
@@ -71,7 +72,7 @@ func (p *ttftPolicy) sync(v *View) {
 		p.src.memo.forget()
 	}
 	if p.engine != nil {
-		p.engine.waiting, p.engine.running = v.ScrapedWaiting, v.ScrapedRunning
+		p.engine.waiting, p.engine.running, p.engine.age = v.ScrapedWaiting, v.ScrapedRunning, v.Now-v.ScrapedAt
 	}
 }
 

@@ -105,8 +105,8 @@ func TestPickTakesTheLargerOfOwnAndEngineLoad(t *testing.T) {
 
 // TestEngineStateCounts: predicted_ttft reads a target's running and
 // waiting counts from one fresh scrape (running = the load less its
-// waiting part), and none from a stale scrape, a provider without
-// [providers.engine_load] or a target out of range.
+// waiting part) with the scrape's age, and none from a stale scrape, a
+// provider without [providers.engine_load] or a target out of range.
 func TestEngineStateCounts(t *testing.T) {
 	scraped := &reliability.Provider{}
 	withTable := config.CompiledTarget{Provider: &config.CompiledProvider{EngineLoad: &config.CompiledEngineLoad{Stale: time.Minute}}}
@@ -115,17 +115,17 @@ func TestEngineStateCounts(t *testing.T) {
 		{cfg: config.CompiledTarget{Provider: &config.CompiledProvider{}}, health: &reliability.Provider{}},
 	}}
 	scraped.SetEngineWaiting(3)
-	scraped.SetEngineLoad(10, time.Now())
-	if w, r, ok := st.Counts(0); !ok || w != 3 || r != 7 {
-		t.Errorf("counts = %d waiting, %d running, %v; want 3, 7, true", w, r, ok)
+	scraped.SetEngineLoad(10, time.Now().Add(-30*time.Second))
+	if w, r, age, ok := st.Counts(0); !ok || w != 3 || r != 7 || age < 30*time.Second || age >= time.Minute {
+		t.Errorf("counts = %d waiting, %d running, %v old, %v; want 3, 7, 30 s to 1 min, true", w, r, age, ok)
 	}
 	for _, i := range []int{1, 2, -1} {
-		if _, _, ok := st.Counts(i); ok {
+		if _, _, _, ok := st.Counts(i); ok {
 			t.Errorf("target %d: counts reported without a scrape", i)
 		}
 	}
 	scraped.SetEngineLoad(10, time.Now().Add(-2*time.Minute))
-	if _, _, ok := st.Counts(0); ok {
+	if _, _, _, ok := st.Counts(0); ok {
 		t.Error("stale scrape: counts reported")
 	}
 }

@@ -135,30 +135,34 @@ type engineState struct{ targets []target }
 var _ routing.EngineState = engineState{}
 
 // Counts implements routing.EngineState: the waiting count, and the engine
-// load less it as the running count (one scrape sets both).
-func (e engineState) Counts(i int) (waiting, running int, ok bool) {
-	load, waiting, ok := e.scraped(i)
-	return waiting, max(load-waiting, 0), ok
+// load less it as the running count (one scrape sets both), with the
+// scrape's age.
+func (e engineState) Counts(i int) (waiting, running int, age time.Duration, ok bool) {
+	load, waiting, age, ok := e.scraped(i)
+	return waiting, max(load-waiting, 0), age, ok
 }
 
-// scraped returns target i's scraped engine load (running + waiting) and
-// its waiting part; ok is false when it has no [providers.engine_load] or
-// the scrape is stale.
-func (e engineState) scraped(i int) (load, waiting int, ok bool) {
+// scraped returns target i's scraped engine load (running + waiting), its
+// waiting part and how old the scrape is; ok is false when it has no
+// [providers.engine_load] or the scrape is stale.
+func (e engineState) scraped(i int) (load, waiting int, age time.Duration, ok bool) {
 	if i < 0 || i >= len(e.targets) {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	t := &e.targets[i]
 	el := t.cfg.Provider.EngineLoad
 	if el == nil {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	now := time.Now()
 	if load, ok = t.health.EngineLoad(now, el.Stale); !ok {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
-	waiting, ok = t.health.EngineWaiting(now, el.Stale)
-	return load, waiting, ok
+	if waiting, ok = t.health.EngineWaiting(now, el.Stale); !ok {
+		return 0, 0, 0, false
+	}
+	age, _ = t.health.EngineLoadAge(now)
+	return load, waiting, age, true
 }
 
 // KVCapacityTokens implements routing.EngineState.
