@@ -1169,3 +1169,33 @@ func TestPredictedTTFTIdleTargetExternality(t *testing.T) {
 		t.Fatalf("target busy 1 ms in the window: externality %.3f ms, want the pooled rate's", got)
 	}
 }
+
+// A flightLog sums the changes after a time, among those it still holds:
+// the latest flightLogSize.
+func TestFlightLogSince(t *testing.T) {
+	var l flightLog
+	if got := l.since(0); got != 0 {
+		t.Fatalf("empty log: %d", got)
+	}
+	for at := int64(1); at <= 10; at++ {
+		d := int8(1)
+		if at%3 == 0 {
+			d = -1
+		}
+		l.add(at, d) // +1 +1 −1 +1 +1 −1 +1 +1 −1 +1
+	}
+	for from, want := range map[int64]int64{0: 4, 1: 3, 5: 1, 9: 1, 10: 0, 11: 0} {
+		if got := l.since(from); got != want {
+			t.Errorf("since %d: %d, want %d", from, got, want)
+		}
+	}
+	for k := range flightLogSize {
+		l.add(int64(100+k), -1)
+	}
+	if got := l.since(0); got != -flightLogSize {
+		t.Errorf("after wrapping: since 0 = %d, want the %d changes held", got, -flightLogSize)
+	}
+	if got := l.since(100 + flightLogSize - 3); got != -2 {
+		t.Errorf("after wrapping: the last two = %d, want -2", got)
+	}
+}

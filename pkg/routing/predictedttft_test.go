@@ -358,6 +358,20 @@ func (e *fixedEngine) Counts(i int) (waiting, running int, age time.Duration, ok
 }
 func (e *fixedEngine) KVCapacityTokens(int) int { return e.capacity }
 
+// holderWithEngine is a predicted_ttft balancer over two targets whose
+// engines report eng (nothing running or waiting yet), after first, a
+// 4,000-byte system prompt, was served at target 0; req extends it.
+func holderWithEngine(t *testing.T) (b routing.Balancer, eng *fixedEngine, clock *ttftClock, first, req *routing.Context) {
+	t.Helper()
+	sys := words(1, 4000)
+	clock = &ttftClock{now: time.Second}
+	eng = &fixedEngine{waiting: []int{0, 0}, running: []int{0, 0}}
+	b = newTTFT(t, 2, 1, clock, func(s *routing.Spec) { s.Engine = eng })
+	first = &routing.Context{Prompt: sys}
+	served(b, 0, first, clock)
+	return b, eng, clock, first, &routing.Context{Prompt: sys + words(3, 400)}
+}
+
 // A replica whose batch is full (requests waiting while others run) keeps
 // a new request waiting for a slot: before any request has completed that
 // wait has no known bound, and a replica with a free slot wins over the
@@ -366,13 +380,7 @@ func (e *fixedEngine) KVCapacityTokens(int) int { return e.capacity }
 // prefill the holder saves; and when the holder has a free slot again it
 // wins. Without the engine's running count nothing of this applies.
 func TestPredictedTTFTWaitsForBatchSlot(t *testing.T) {
-	sys := words(1, 4000)
-	clock := &ttftClock{now: time.Second}
-	eng := &fixedEngine{waiting: []int{0, 0}, running: []int{0, 0}}
-	b := newTTFT(t, 2, 1, clock, func(s *routing.Spec) { s.Engine = eng })
-	first := &routing.Context{Prompt: sys}
-	served(b, 0, first, clock)
-	req := &routing.Context{Prompt: sys + words(3, 400)}
+	b, eng, _, first, req := holderWithEngine(t)
 	if got := b.Pick(req, nil, routing.All(2)); got != 0 {
 		t.Fatalf("free slots everywhere: picked %d, want the holder 0", got)
 	}
@@ -404,6 +412,40 @@ func TestPredictedTTFTWaitsForBatchSlot(t *testing.T) {
 	eng.running = nil
 	if got := b.Pick(req, nil, routing.All(2)); got != 0 {
 		t.Fatalf("no running counts: picked %d, want the holder 0", got)
+	}
+}
+
+// Through one proxy every request an engine counts is one the proxy sent:
+// the counts as scraped, less the proxy's own completions since, are the
+// engine now. The holder, at its 4 slots, was scraped running the proxy's
+// four requests 200 ms ago; two of them have completed since, so it has
+// slots free and the request goes to it (faded instead, at slots held 10
+// s, most of the two would still count). Scraped just now, before they
+// completed, it is full.
+func TestPredictedTTFTCountsLessOwnCompletionsSinceScrape(t *testing.T) {
+	b, eng, clock, first, req := holderWithEngine(t)
+	sys := first.Prompt
+	eng.running[0], eng.waiting[0], eng.running[1] = 4, 1, 1
+	b.Pick(req, []int{5, 1}, routing.All(2)) // seen full: 4 slots
+	b.(routing.Learner).Learn(0, first, 0, 10*time.Second)
+	running := make([]*routing.Context, 4)
+	for k := range running {
+		running[k] = &routing.Context{Prompt: sys + words(uint64(10+k), 400)}
+		b.Observe(0, running[k])
+		b.(routing.TTFTObserver).FirstToken(0, running[k], 20*time.Millisecond, 0)
+	}
+	eng.running[0], eng.waiting[0] = 4, 0
+	if got := b.Pick(req, []int{4, 1}, routing.All(2)); got != 1 {
+		t.Fatalf("holder running its 4 slots: picked %d, want 1", got)
+	}
+	clock.now += 100 * time.Millisecond // two complete 100 ms after the scrape
+	for _, ctx := range running[:2] {
+		b.(routing.Learner).Learn(0, ctx, 0, 10*time.Second)
+	}
+	clock.now += 100 * time.Millisecond
+	eng.age = 200 * time.Millisecond
+	if got := b.Pick(req, []int{2, 1}, routing.All(2)); got != 0 {
+		t.Fatalf("holder scraped full 200 ms ago, two of its requests completed since: picked %d, want the holder 0", got)
 	}
 }
 
