@@ -867,8 +867,8 @@ func gauss(a [lawFeatures][lawFeatures]float64, b [lawFeatures]float64) ([lawFea
 type engineCounts struct {
 	waiting, running int
 	ok               bool
-	// ageMS is how old the scrape is (ms).
-	ageMS float64
+	// age is how old the scrape is.
+	age time.Duration
 }
 
 // counts reads target i's engine counts (none without Spec.Engine).
@@ -877,14 +877,14 @@ func (t *predictedTTFT) counts(i int) engineCounts {
 		return engineCounts{}
 	}
 	w, r, age, ok := t.engine.Counts(i)
-	return engineCounts{waiting: w, running: r, ok: ok, ageMS: max(float64(age), 0) / float64(time.Millisecond)}
+	return engineCounts{waiting: w, running: r, ok: ok, age: max(age, 0)}
 }
 
 // staleExcess is what an engine count showed beyond what this balancer
-// sees (excess, as scraped ageMS ago) is likely to be now. A scrape is up
+// sees (excess, as scraped age ago) is likely to be now. A scrape is up
 // to an interval old (500 ms by default) while the balancer's own view is
 // current: the excess seen then has since turned over with probability 1
-// − exp(−ageMS / turnMS), turnMS the time its requests take to leave (a
+// − exp(−age / turnMS), turnMS the time its requests take to leave (a
 // waiting request's TTFT, a slot's share of the hold), and what replaced
 // it is what the counts usually show beyond the view: the baseline, a
 // mean of the excess over the readings, each weighed by its freshness
@@ -897,10 +897,10 @@ func (t *predictedTTFT) counts(i int) engineCounts {
 // counts to 88, worse than with no counts at all (60); faded to zero
 // instead of the baseline, the trace through 8 proxies that do not share
 // went from 1,270 to 1,492 ms (docs/routing.md, random settings).
-func staleExcess(baseline *atomic.Uint64, excess, ageMS, turnMS float64) float64 {
+func staleExcess(baseline *atomic.Uint64, excess float64, age time.Duration, turnMS float64) float64 {
 	fresh := 1.0
 	if turnMS > 0 {
-		fresh = math.Exp(-ageMS / turnMS)
+		fresh = math.Exp(-float64(age) / float64(time.Millisecond) / turnMS)
 	}
 	b := math.Float64frombits(baseline.Load())
 	baseline.Store(math.Float64bits(b + fresh*(excess-b)/excessReadings))
@@ -975,7 +975,7 @@ func (t *predictedTTFT) features(i int, own float64, tokens int, m *ttftLaw, now
 	aheadN := float64(t.pendCount[i].Load() + peers.requests)
 	aheadTok := max(float64(t.pendTokens[i].Load()+peers.tokens)-t.served(i, m, now, peers), 0)
 	if c.ok {
-		if excess := staleExcess(&t.waitExcess[i], max(float64(c.waiting)-aheadN, 0), c.ageMS, t.typicalFirst()); excess > 0 {
+		if excess := staleExcess(&t.waitExcess[i], max(float64(c.waiting)-aheadN, 0), c.age, t.typicalFirst()); excess > 0 {
 			mean, ok := t.meanUncached()
 			if !ok {
 				mean = float64(tokens)
@@ -2512,10 +2512,10 @@ func (t *predictedTTFT) slotPlace(i int, loads []int, c engineCounts) (k, s int6
 		load := int64(loads[i])
 		if hold := t.slotHold(); hold > 0 {
 			then := load
-			if c.ageMS > 0 {
-				then -= t.flights[i].since(int64(t.now()) - int64(c.ageMS*float64(time.Millisecond)))
+			if c.age > 0 {
+				then -= t.flights[i].since(int64(t.now() - c.age))
 			}
-			excess := staleExcess(&t.slotExcess[i], float64(max(occupied-then, 0)), c.ageMS, hold/float64(s+1))
+			excess := staleExcess(&t.slotExcess[i], float64(max(occupied-then, 0)), c.age, hold/float64(s+1))
 			occupied = load + int64(math.Round(excess))
 		}
 		occupied = max(occupied, load)

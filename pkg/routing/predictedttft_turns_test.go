@@ -204,6 +204,20 @@ func TestTurnsOnlyInABurst(t *testing.T) {
 	}
 }
 
+// tripTurn is a measured trip and the turn it should give.
+type tripTurn struct{ trip, turn time.Duration }
+
+// expectTurns sets each trip on p in turn and checks the turn it gives.
+func expectTurns(t *testing.T, p *predictedTTFT, cases []tripTurn) {
+	t.Helper()
+	for _, tc := range cases {
+		p.SetReportTrip(tc.trip)
+		if got := p.turnGap(); got != tc.turn {
+			t.Fatalf("trip %v: turn %v, want %v", tc.trip, got, tc.turn)
+		}
+	}
+}
+
 // A turn covers the wait for the next report and the report's trip, with a
 // trip to spare: two intervals while the trip is at most half of one, the
 // interval and two trips beyond.
@@ -211,17 +225,12 @@ func TestTurnsCoverTheTrip(t *testing.T) {
 	now := time.Second
 	ctx := &Context{Prompt: strings.Repeat("shared system prompt ", 40)}
 	p := newPlacedTTFT(t, &now, 2, secondOfTwo(), 2) // 5 ms interval
-	for _, tc := range []struct{ trip, turn time.Duration }{
+	expectTurns(t, p, []tripTurn{
 		{0, 10 * time.Millisecond},
 		{2500 * time.Microsecond, 10 * time.Millisecond},
 		{5 * time.Millisecond, 15 * time.Millisecond},
 		{20 * time.Millisecond, 45 * time.Millisecond},
-	} {
-		p.SetReportTrip(tc.trip)
-		if got := p.turnGap(); got != tc.turn {
-			t.Fatalf("trip %v: turn %v, want %v", tc.trip, got, tc.turn)
-		}
-	}
+	})
 	// A request 20 ms after another is in a burst on a 45 ms turn, and
 	// waits one of them.
 	p.Defer(&Context{Prompt: "first"}, nil, Set{})
@@ -241,17 +250,12 @@ func TestBurstPicksReportAtOnce(t *testing.T) {
 	p := newPlacedTTFT(t, &now, 2, secondOfTwo(), 2) // 5 ms interval
 	reports := 0
 	p.SetReportTrigger(func() { reports++ })
-	for _, tc := range []struct{ trip, turn time.Duration }{
+	expectTurns(t, p, []tripTurn{
 		{0, 10 * time.Millisecond}, // not measured yet: the ticks' turn
 		{300 * time.Microsecond, 1300 * time.Microsecond},
 		{2 * time.Millisecond, 4 * time.Millisecond},
 		{20 * time.Millisecond, 40 * time.Millisecond},
-	} {
-		p.SetReportTrip(tc.trip)
-		if got := p.turnGap(); got != tc.turn {
-			t.Fatalf("trip %v: turn %v, want %v", tc.trip, got, tc.turn)
-		}
-	}
+	})
 	p.SetReportTrip(2 * time.Millisecond)
 	lone := &Context{Prompt: "a lone request"}
 	p.Defer(lone, nil, Set{})
