@@ -193,6 +193,10 @@ type predictedTTFT struct {
 	// flights logs, per target, when inflight changed (flightLog): what
 	// changed since an engine scrape.
 	flights []flightLog
+	// pendLog logs, per target, when its pending count (pendCount)
+	// changed: with flights, the requests past their first token at an
+	// engine scrape (runningAt).
+	pendLog []flightLog
 	start   atomic.Int64
 	// base is where the rates are measured from once this balancer has
 	// seen rateWindow arrivals (nil before: from start); the ring of
@@ -296,7 +300,7 @@ type predictedTTFT struct {
 	// occupied slots beyond what the loads held at the scrape), as float64
 	// bits: the baselines a scrape's excess fades to as it ages
 	// (staleExcess).
-	waitExcess, slotExcess []atomic.Uint64
+	waitExcess, slotExcess, runExcess []atomic.Uint64
 	// Σ latency of the completed attempts (Learn), Σ TTFT of the first
 	// tokens and Σ TTFT of those that did not wait for a batch slot (ns),
 	// and their counts: how long a request holds its slot (slotHold).
@@ -400,9 +404,9 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		busyTotal:  make([]atomic.Int64, n),
 		busySince:  make([]atomic.Int64, n),
 		arrivals:   make([]atomic.Int64, n),
-		inflight:   make([]atomic.Int64, n), flights: make([]flightLog, n),
+		inflight:   make([]atomic.Int64, n), flights: make([]flightLog, n), pendLog: make([]flightLog, n),
 		maxRunning: make([]atomic.Int64, n), seenFull: make([]atomic.Bool, n),
-		waitExcess: make([]atomic.Uint64, n), slotExcess: make([]atomic.Uint64, n),
+		waitExcess: make([]atomic.Uint64, n), slotExcess: make([]atomic.Uint64, n), runExcess: make([]atomic.Uint64, n),
 		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
 		peerQueues: map[string][]peerQueue{}, peerLast: map[string]time.Duration{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
 		peerBusyUntil: make([]atomic.Int64, n),
@@ -907,8 +911,9 @@ func staleExcess(baseline *atomic.Uint64, excess float64, age time.Duration, tur
 	return b + (excess-b)*fresh
 }
 
-// flightLog is a target's latest changes of a balancer's in-flight count
-// (+1 a dispatch, −1 a completion or an abandon) with their times (ns on
+// flightLog is a target's latest changes of one of a balancer's counts
+// (its in-flight count: +1 a dispatch, −1 a completion or an abandon; its
+// pending count: +1 a dispatch, −1 a first token) with their times (ns on
 // t.now's clock), newest last, for what changed since an engine scrape.
 // Through one proxy every request an engine counts is one the proxy sent,
 // so the count as scraped less the changes since is the engine now: a
@@ -937,7 +942,11 @@ func (l *flightLog) add(at int64, d int8) {
 	l.mu.Lock()
 	last := int64(0)
 	if l.n > 0 {
-		last = l.total[(l.next-1+flightLogSize)%flightLogSize]
+		prev := (l.next - 1 + flightLogSize) % flightLogSize
+		last = l.total[prev]
+		// A whole answer's first token is logged at its estimated time,
+		// which can precede the latest change: kept in order for since.
+		at = max(at, l.at[prev])
 	}
 	l.at[l.next], l.d[l.next], l.total[l.next] = at, d, last+int64(d)
 	l.next = (l.next + 1) % flightLogSize
@@ -1596,6 +1605,7 @@ func (t *predictedTTFT) take(target int, ctx *Context, answered bool) (pendingPr
 func (t *predictedTTFT) pendLocked(target int, dn, dtok int, slot bool, now time.Duration) {
 	t.pendTokens[target].Add(int64(dtok))
 	t.pendCount[target].Add(int64(dn))
+	t.pendLog[target].add(int64(now), int8(dn))
 	if slot {
 		t.slotPend[target].Add(int64(dn))
 	}

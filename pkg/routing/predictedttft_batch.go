@@ -116,12 +116,30 @@ func (l *batchLaw) cost(running float64) float64 {
 	return l.slope * running
 }
 
-// runningAt is the number of requests running at target i: the engine's
-// count when it is scraped (those holding a batch slot), else this
-// balancer's own requests there past their first token.
+// runningAt is the number of requests running at target i: this
+// balancer's own requests there past their first token, and where the
+// engine's count is scraped, what it showed beyond them, as old as the
+// scrape (staleExcess, turning over as running requests leave, one hold
+// each): the own requests at the scrape are the own now less the
+// dispatches and first tokens since (flights, pendLog). Through one proxy
+// the count is then the engine's now, not as it was up to an interval
+// ago (rolter-sim's 80 random settings: the trace through 8 proxies at
+// --itl-growth-ms 0.1 --max-batch 4, TTFT mean 1,359 -> 1,261 ms;
+// docs/routing.md, counts as old as their scrape).
 func (t *predictedTTFT) runningAt(i int, c engineCounts) float64 {
-	if c.ok {
-		return float64(max(c.running, 0))
+	inflight, pend := t.inflight[i].Load(), t.pendCount[i].Load()
+	own := max(inflight-pend, 0)
+	if !c.ok {
+		return float64(own)
 	}
-	return float64(max(t.inflight[i].Load()-t.pendCount[i].Load(), 0))
+	then := own
+	if c.age > 0 {
+		from := int64(t.now() - c.age)
+		then = max((inflight-t.flights[i].since(from))-(pend-t.pendLog[i].since(from)), 0)
+	}
+	turn := t.slotHold()
+	if turn <= 0 {
+		turn = t.typicalFirst()
+	}
+	return float64(own) + staleExcess(&t.runExcess[i], float64(max(int64(c.running)-then, 0)), c.age, turn)
 }

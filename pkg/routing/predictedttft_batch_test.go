@@ -160,6 +160,67 @@ func TestPredictedTTFTRunningAt(t *testing.T) {
 	}
 }
 
+// The engine's running count is as old as its scrape: this balancer's own
+// requests that completed since are taken off it (through one proxy the
+// engine now), and what it showed beyond the own requests fades as the
+// scrape ages.
+func TestPredictedTTFTRunningAtAgesWithScrape(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	eng := &slotEngine{waiting: []int{0, 0}, running: []int{0, 0}}
+	b.engine = eng
+	reqs := make([]*Context, 4)
+	for k := range reqs {
+		reqs[k] = &Context{Prompt: randomPrompt(rand.New(rand.NewPCG(uint64(k), 1)), 400), TokenIDs: tokenIDs(100)}
+		b.Observe(0, reqs[k])
+		b.FirstToken(0, reqs[k], 10*time.Millisecond, 100)
+	}
+	eng.running[0] = 4
+	if got := b.runningAt(0, b.counts(0)); got != 4 {
+		t.Fatalf("scraped just now: running %v, want 4", got)
+	}
+	now += 200 * time.Millisecond
+	for _, ctx := range reqs[:3] {
+		b.Learn(0, ctx, 0, time.Second)
+	}
+	eng.age = 200 * time.Millisecond
+	if got := b.runningAt(0, b.counts(0)); got != 1 {
+		t.Fatalf("scraped 200 ms ago, 3 of the 4 completed since: running %v, want 1", got)
+	}
+	// Another proxy's 9 requests: counted as scraped just now, faded to
+	// about the little the counts usually show beyond the own a minute on.
+	eng.running[0], eng.age = 10, 0
+	if got := b.runningAt(0, b.counts(0)); got != 10 {
+		t.Fatalf("9 beyond the own 1 scraped just now: running %v, want 10", got)
+	}
+	eng.age = time.Minute
+	if got := b.runningAt(0, b.counts(0)); got >= 2 {
+		t.Fatalf("9 beyond the own 1 scraped a minute ago: running %v, want under 2", got)
+	}
+
+	// A request waiting at the scrape that has had its first token since
+	// was not among the own requests running then: the 5 the engine ran
+	// beyond them are still there (first tokens take 10 s here, so 100
+	// ms fades next to nothing), beside the own 2.
+	now += time.Second
+	b = newTwoTargetTTFT(t, &now)
+	eng = &slotEngine{waiting: []int{1, 0}, running: []int{6, 0}}
+	b.engine = eng
+	ran, waited := &Context{Prompt: "ran", TokenIDs: tokenIDs(100)}, &Context{Prompt: "waited", TokenIDs: tokenIDs(100)}
+	b.Observe(0, ran)
+	b.FirstToken(0, ran, 10*time.Second, 100)
+	b.Observe(0, waited)
+	if got := b.runningAt(0, b.counts(0)); got != 6 {
+		t.Fatalf("own 1 running and 1 waiting, 5 more running: running %v, want 6", got)
+	}
+	now += 100 * time.Millisecond
+	b.FirstToken(0, waited, 10*time.Second, 100)
+	eng.age = 100 * time.Millisecond
+	if got := b.runningAt(0, b.counts(0)); got < 6.9 || got > 7 {
+		t.Fatalf("the own waiting one's first token since the scrape: running %v, want about 7", got)
+	}
+}
+
 // Once a peer has been heard the batch term neither learns nor charges:
 // a balancer that learned 3 ms per running request keeps the holder of a
 // prompt however busy once it has a peer, its first tokens add no sample,

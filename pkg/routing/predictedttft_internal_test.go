@@ -344,10 +344,13 @@ func TestPredictedTTFTFollowWaitBoundedAtSaturation(t *testing.T) {
 }
 
 // slotEngine is an EngineState with running and waiting counts.
-type slotEngine struct{ waiting, running []int }
+type slotEngine struct {
+	waiting, running []int
+	age              time.Duration // how old every count is
+}
 
 func (e *slotEngine) Counts(i int) (int, int, time.Duration, bool) {
-	return e.waiting[i], e.running[i], 0, true
+	return e.waiting[i], e.running[i], e.age, true
 }
 func (e *slotEngine) KVCapacityTokens(int) int { return 0 }
 
