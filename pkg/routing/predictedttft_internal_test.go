@@ -407,6 +407,32 @@ func TestPredictedTTFTMarksSlotWaiters(t *testing.T) {
 	}
 }
 
+// A request the engine shows waiting for a slot only at a later scrape
+// was waiting since it was sent: once marked, the busy spell it alone kept
+// open ends where the last request that prefilled there left, so the
+// target's measured utilisation (which the follow-up wait reads) counts
+// the prefill, not the wait for a slot.
+func TestPredictedTTFTSlotWaiterMarkedLateIsNotBusy(t *testing.T) {
+	now := time.Second
+	b := newTwoTargetTTFT(t, &now)
+	eng := &slotEngine{waiting: []int{0, 0}, running: []int{0, 0}}
+	b.engine = eng
+	prefilled, waited := &Context{Prompt: strings.Repeat("a", 4000)}, &Context{Prompt: strings.Repeat("w", 4000)}
+	b.Observe(0, prefilled)
+	b.Observe(0, waited)
+	now += 100 * time.Millisecond
+	b.FirstToken(0, prefilled, 100*time.Millisecond, 1000)
+	now += 150 * time.Millisecond         // within twice the longest first token: not a silent target
+	eng.running[0], eng.waiting[0] = 1, 1 // the first scrape to show it
+	b.Pick(&Context{Prompt: "y"}, nil, Set{})
+	if !b.pending[0][waited].slot {
+		t.Fatal("engine shows it waiting: want it marked")
+	}
+	if got := time.Duration(b.busyAt(0, now)); got != 100*time.Millisecond {
+		t.Fatalf("busy %v, want the 100 ms of the request that prefilled", got)
+	}
+}
+
 // The peers' report gap is the mean time between a peer's consecutive
 // reports (the targets of one report are one, a silence of a report's ttl
 // or more is an idle peer), and the concurrent own arrivals are, per own
