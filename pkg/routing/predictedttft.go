@@ -913,13 +913,13 @@ func staleExcess(baseline *atomic.Uint64, excess float64, age time.Duration, tur
 
 // flightLog is a target's latest changes of one of a balancer's counts
 // (its in-flight count: +1 a dispatch, −1 a completion or an abandon; its
-// pending count: +1 a dispatch, −1 a first token) with their times (ns on
-// t.now's clock), newest last, for what changed since an engine scrape.
-// Through one proxy every request an engine counts is one the proxy sent,
-// so the count as scraped less the changes since is the engine now: a
-// full batch whose requests finished since the scrape is seen free
-// (rolter-sim gsp on 32 replicas at --max-batch 4: TTFT mean 741 ms with
-// the counts faded as they age, 267 with this, 128 with live counts;
+// pending count: +1 a dispatch, −1 a first token or a leave without one)
+// with their times (ns on t.now's clock), newest last, for what changed
+// since an engine scrape. Through one proxy every request an engine
+// counts is one the proxy sent, so the count as scraped less the changes
+// since is the engine now: a full batch whose requests finished since the
+// scrape is seen free (rolter-sim gsp on 32 replicas at --max-batch 4:
+// TTFT mean 741 ms with the counts faded as they age, 267 with this;
 // docs/routing.md, counts as old as their scrape).
 type flightLog struct {
 	mu sync.Mutex
