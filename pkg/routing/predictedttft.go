@@ -871,8 +871,10 @@ func gauss(a [lawFeatures][lawFeatures]float64, b [lawFeatures]float64) ([lawFea
 type engineCounts struct {
 	waiting, running int
 	ok               bool
-	// age is how old the scrape is.
+	// age is how old the scrape is, and at when it was (ns on t.now's
+	// clock): what a flightLog changed since the scrape is since(at).
 	age time.Duration
+	at  int64
 }
 
 // counts reads target i's engine counts (none without Spec.Engine).
@@ -881,7 +883,8 @@ func (t *predictedTTFT) counts(i int) engineCounts {
 		return engineCounts{}
 	}
 	w, r, age, ok := t.engine.Counts(i)
-	return engineCounts{waiting: w, running: r, ok: ok, age: max(age, 0)}
+	age = max(age, 0)
+	return engineCounts{waiting: w, running: r, ok: ok, age: age, at: int64(t.now() - age)}
 }
 
 // staleExcess is what an engine count showed beyond what this balancer
@@ -1648,8 +1651,7 @@ func (t *predictedTTFT) busyLocked(target int, now time.Duration) {
 		// A spell that only peers' reports kept open, and whose last
 		// report has expired, ended at its expiry: a new one starts now.
 		if end := t.busyEnd(target, since, now); end < int64(now) {
-			t.busyTotal[target].Add(end - since)
-			t.busySince[target].Store(-1)
+			t.endSpellLocked(target, since, end)
 		}
 	}
 	after := own
@@ -1661,10 +1663,16 @@ func (t *predictedTTFT) busyLocked(target int, now time.Duration) {
 		t.busySince[target].Store(int64(now))
 	case after <= 0:
 		if since := t.busySince[target].Load(); since >= 0 {
-			t.busyTotal[target].Add(max(int64(now)-since, 0))
-			t.busySince[target].Store(-1)
+			t.endSpellLocked(target, since, int64(now))
 		}
 	}
+}
+
+// endSpellLocked ends target's busy spell, begun at since, at end: its
+// length joins the busy total. t.mu must be held.
+func (t *predictedTTFT) endSpellLocked(target int, since, end int64) {
+	t.busyTotal[target].Add(max(end-since, 0))
+	t.busySince[target].Store(-1)
 }
 
 // prefilling is how many of this balancer's pending requests at target
@@ -2521,10 +2529,7 @@ func (t *predictedTTFT) slotPlace(i int, loads []int, c engineCounts) (k, s int6
 		// turn over, one every hold / (s + 1) on average (staleExcess).
 		load := int64(loads[i])
 		if hold := t.slotHold(); hold > 0 {
-			then := load
-			if c.age > 0 {
-				then -= t.flights[i].since(int64(t.now() - c.age))
-			}
+			then := load - t.flights[i].since(c.at)
 			excess := staleExcess(&t.slotExcess[i], float64(max(occupied-then, 0)), c.age, hold/float64(s+1))
 			occupied = load + int64(math.Round(excess))
 		}
@@ -2593,9 +2598,7 @@ func (t *predictedTTFT) markWaiting(i, waiting int) {
 	// scrape).
 	if marked > 0 && !t.heardPeer() && t.prefilling(i) <= 0 {
 		if since := t.busySince[i].Load(); since >= 0 {
-			end := min(max(t.lastLeave[i].Load(), since), int64(now))
-			t.busyTotal[i].Add(end - since)
-			t.busySince[i].Store(-1)
+			t.endSpellLocked(i, since, min(max(t.lastLeave[i].Load(), since), int64(now)))
 		}
 	}
 	t.busyLocked(i, now)

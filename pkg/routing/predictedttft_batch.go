@@ -131,11 +131,7 @@ func (t *predictedTTFT) runningAt(i int, c engineCounts) float64 {
 	if !c.ok {
 		return float64(own)
 	}
-	then := own
-	if c.age > 0 {
-		from := int64(t.now() - c.age)
-		then = max((inflight-t.flights[i].since(from))-(pend-t.pendLog[i].since(from)), 0)
-	}
+	then := max((inflight-t.flights[i].since(c.at))-(pend-t.pendLog[i].since(c.at)), 0)
 	turn := t.slotHold()
 	if turn <= 0 {
 		turn = t.typicalFirst()
