@@ -129,6 +129,7 @@ func (x *Index) ObserveChain(tgt int, c Chain, publish []uint64) []uint64 {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.stamp()
 	return x.observeHashes(tgt, &x.targets[tgt], c.Hashes, min(c.full(), maxPromptChunks-1), publish)
 }
 

@@ -35,6 +35,10 @@
 // the last such fork), as opposed to what one line of requests extends.
 // Peers' hashes carry no order, so only local observations teach it.
 //
+// With [Index.SetClock] every hash carries the time it was last observed,
+// and [Index.Tail] tells, for a target at its capacity, when its oldest hash
+// was: how long the target keeps a prefix nobody touches.
+//
 // # Sharing with little traffic
 //
 // [Index.Observe] records a local routing decision and returns the hashes

@@ -61,6 +61,10 @@ type Index struct {
 	// tailFirst makes Observe touch a prompt's chunks last to first, so
 	// that its head is the most recent and evicted last (EvictTailFirst).
 	tailFirst bool
+	// now stamps each hash observed (SetClock; nil: no stamps), and at is
+	// the stamp of the write under way, read once per Observe or Fold.
+	now func() int64
+	at  int64
 }
 
 // set is a bitset of target indexes.
@@ -83,6 +87,7 @@ type target struct {
 type entry struct {
 	hash      uint64
 	published uint64 // the inserts clock when the hash was last published
+	at        int64  // when it was last observed, on the SetClock clock
 }
 
 // New returns an empty index for targets targets (clamped to [0,
@@ -122,6 +127,42 @@ func (x *Index) TargetCapacity(tgt int) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	return x.targets[tgt].capacity
+}
+
+// SetClock makes the index stamp every hash it observes (Observe,
+// ObserveChain, Fold) with now(), in now's units, for Tail; without it the
+// stamps are 0. Set it before the index is used.
+func (x *Index) SetClock(now func() int64) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.now = now
+}
+
+// stamp reads the clock for the write under way. The write lock must be
+// held.
+func (x *Index) stamp() {
+	if x.now != nil {
+		x.at = x.now()
+	}
+}
+
+// Tail returns when target tgt's oldest hash was last observed (on the
+// SetClock clock) and whether the target is full, so that the next hash it
+// is sent evicts that one: now − at is how long the target keeps a prefix
+// no request touches. False for a target that is not full, unbounded or
+// out of range.
+func (x *Index) Tail(tgt int) (at int64, full bool) {
+	if tgt < 0 || tgt >= len(x.targets) {
+		return 0, false
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	t := &x.targets[tgt]
+	old, ok := t.lru.Oldest()
+	if !ok || t.capacity <= 0 || len(t.slots) < t.capacity {
+		return 0, false
+	}
+	return t.lru.At(old).at, true
 }
 
 // Targets returns the number of targets.
@@ -200,6 +241,7 @@ func (x *Index) Observe(tgt int, prompt string, publish []uint64) []uint64 {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.stamp()
 	t := &x.targets[tgt]
 	if x.tailFirst {
 		return x.observeTailFirst(tgt, t, prompt, publish)
@@ -278,7 +320,9 @@ func (x *Index) follow(prev, h uint64) {
 func (x *Index) observeOne(tgt int, t *target, h uint64, publish []uint64) []uint64 {
 	if e, ok := t.slots[h]; ok {
 		t.lru.Touch(e)
-		if en := t.lru.At(e); t.capacity > 0 && t.inserts-en.published > uint64(t.capacity/2) {
+		en := t.lru.At(e)
+		en.at = x.at
+		if t.capacity > 0 && t.inserts-en.published > uint64(t.capacity/2) {
 			en.published = t.inserts
 			publish = append(publish, h)
 		}
@@ -297,11 +341,13 @@ func (x *Index) Fold(tgt int, hashes []uint64) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.stamp()
 	t := &x.targets[tgt]
 	for _, h := range hashes {
 		if e, ok := t.slots[h]; ok {
 			t.lru.Touch(e)
-			t.lru.At(e).published = t.inserts
+			en := t.lru.At(e)
+			en.published, en.at = t.inserts, x.at
 			continue
 		}
 		x.insert(tgt, h)
@@ -373,7 +419,7 @@ func (x *Index) Stats(tgt int) Stats {
 func (x *Index) insert(tgt int, h uint64) {
 	t := &x.targets[tgt]
 	t.inserts++
-	e := t.lru.PushNewest(entry{hash: h, published: t.inserts})
+	e := t.lru.PushNewest(entry{hash: h, published: t.inserts, at: x.at})
 	t.slots[h] = e
 	hs := x.holders[h]
 	hs.add(tgt)

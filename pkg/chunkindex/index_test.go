@@ -381,3 +381,47 @@ func TestEvictTailFirstKeepsTheHead(t *testing.T) {
 		}
 	}
 }
+
+// Tail is the last observation of the oldest hash of a full target: a
+// prompt observed again (locally or from a peer) is young again, and the
+// tail is what nothing touched since; a target with room to spare, or an
+// unbounded one, evicts nothing and has no tail.
+func TestTailIsTheOldestObservation(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	cb := chunkindex.ChunkBytes
+	now := int64(0)
+	x := chunkindex.New(2, 3)
+	x.SetClock(func() int64 { return now })
+	x.SetCapacity(1, 0)
+	a, b, c := text(rng, cb), text(rng, cb), text(rng, cb)
+	for i, p := range []string{a, b} {
+		now = int64(10 * (i + 1))
+		x.Observe(0, p, nil)
+		x.Observe(1, p, nil)
+	}
+	if _, full := x.Tail(0); full {
+		t.Fatal("a target holding 2 of 3 hashes is full")
+	}
+	now = 30
+	x.Observe(0, c, nil)
+	x.Observe(1, c, nil)
+	if at, full := x.Tail(0); !full || at != 10 {
+		t.Fatalf("tail %d (full %v), want a's observation at 10", at, full)
+	}
+	now = 40
+	x.Observe(0, a, nil) // a young again: b is the oldest
+	if at, full := x.Tail(0); !full || at != 20 {
+		t.Fatalf("tail %d (full %v), want b's observation at 20", at, full)
+	}
+	now = 50
+	x.Fold(0, chunkindex.Hashes(nil, b)) // a peer sent b: c is the oldest
+	if at, full := x.Tail(0); !full || at != 30 {
+		t.Fatalf("tail %d (full %v), want c's observation at 30 after a peer's fold of b", at, full)
+	}
+	if _, full := x.Tail(1); full {
+		t.Fatal("an unbounded target has a tail")
+	}
+	if _, full := x.Tail(2); full {
+		t.Fatal("a target out of range has a tail")
+	}
+}

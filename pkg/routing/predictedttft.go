@@ -84,7 +84,8 @@ const (
 //	ahead_tok(i) = pending_tokens(i) - served(i) + that excess × mean pending tokens
 //	own(i)       = prompt_tokens - matched(i)
 //	ttft(i)      = w0 + w1·ahead_n(i) + w2·ahead_tok(i)/1000 + w3·own(i)/1000
-//	cost(i)      = ttft(i) + externality + followWait + waste (see each)
+//	cost(i)      = ttft(i) + externality + followWait + waste + forget (see each;
+//	               forget in predictedttft_forget.go)
 //	             + max(0, slot(i) + ttft_alone(i) − ttft(i)) + slotExternality
 //
 // followWait is bounded where a target holds more of the prompt than
@@ -312,6 +313,7 @@ type predictedTTFT struct {
 
 	unitLaw ttftLaw
 	batch   batchState // the batch term (predictedttft_batch.go)
+	returns *returnLog // the forget term's return times (predictedttft_forget.go)
 }
 
 type pendingPrefill struct {
@@ -414,6 +416,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		answered: make([]map[*Context]pendingPrefill, n), answeredDue: make([]atomic.Int64, n), lastBack: make([]atomic.Int64, n),
 		unsent:  map[unsentKey]*unsentHashes{},
 		unitLaw: ttftLaw{w: [lawFeatures]float64{0, 0, 1, 1, 0}, samples: PredictorMinSamples},
+		returns: newReturnLog(),
 	}
 	if t.specTTL == 0 {
 		t.specTTL = DefaultSpeculativeTTL
@@ -443,6 +446,8 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 	t.indexedPerToken.Store(math.Float64bits(DefaultBytesPerToken))
 	t.index.TrackForks()     // for waste's shared part
 	t.index.EvictTailFirst() // forget as the replica does: tail first
+	// Stamped on t.now's clock, for the forget term's keep(i).
+	t.index.SetClock(func() int64 { return int64(t.now()) })
 	t.refreshCapacity()
 	return t
 }
@@ -487,6 +492,11 @@ func (t *predictedTTFT) publishHashes(target int, prompt string, hashes []uint64
 // running sessions first (rolter-sim agent through 4 proxies without KV
 // events: 47.1 % hit rate, 58.4 with the completions shared; docs/routing.md).
 func (t *predictedTTFT) touchCompleted(target int, ctx *Context) {
+	var hbuf [promptHashBuf]uint64
+	hs := fullHashes(ctx, hbuf[:])
+	if len(hs) > 0 {
+		t.returns.answered(hs[len(hs)-1], int64(t.now()))
+	}
 	if t.publish == nil {
 		t.observeIndex(target, ctx, nil)
 		return
@@ -502,7 +512,7 @@ func (t *predictedTTFT) touchCompleted(target int, ctx *Context) {
 	}
 	t.index.ObserveChain(target, c, nil)
 	slices.Reverse(c.Hashes)
-	t.publishHashes(target, ctx.Prompt, c.Hashes)
+	t.publishHashes(target, ctx.Prompt, withPromptEnd(c.Hashes, hs))
 }
 
 // hasChain reports whether ctx carries the fingerprint of a prompt longer
@@ -1209,6 +1219,11 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 	if follow.wait > 0 {
 		t.followWaits(el, follow, now, placed, followed)
 	}
+	var gbuf [MaxTargets]float64
+	forgot := gbuf[:t.n]
+	if fitted {
+		t.forget(el, &m, tokens, int64(now), forgot)
+	}
 	var typical, longWhole float64 // overdue's and silence's margins, once per pick
 	var batch *batchLaw            // nil unless the engines' steps slow with their batch
 	if fitted {
@@ -1224,7 +1239,7 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 			own := max(float64(tokens)-match[i], 0)
 			x := t.features(i, own, tokens, &m, now, counts[i])
 			ttft := max(0, m.predict(x))
-			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-max(placed[i], shared)) + followed[i]
+			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-max(placed[i], shared)) + followed[i] + forgot[i]
 			stall := t.silence(i, now, longWhole)
 			if slotWait[i] == 0 {
 				stall = max(stall, t.overdue(i, &m, now, typical))
@@ -1538,11 +1553,14 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 	t.mu.Unlock()
 
 	if ctx.Prompt != "" {
+		var hbuf [promptHashBuf]uint64
+		hs := fullHashes(ctx, hbuf[:])
 		if t.publish == nil {
 			t.observeIndex(target, ctx, nil)
 		} else {
-			t.publishHashes(target, ctx.Prompt, t.observeIndex(target, ctx, nil))
+			t.publishHashes(target, ctx.Prompt, withPromptEnd(t.observeIndex(target, ctx, nil), hs))
 		}
+		t.returns.sent(hs, int64(now))
 	}
 	if t.kv != nil && t.specTTL > 0 && len(ctx.TokenIDs) > 0 {
 		t.speculate(target, ctx.TokenIDs, now)
@@ -2689,8 +2707,11 @@ func (t *predictedTTFT) RecordLocal(target int, prompt string, dst []uint64) []u
 	return dst
 }
 
-// FoldPeer implements [SharedAffinity].
-func (t *predictedTTFT) FoldPeer(target int, chunks []uint64) { t.index.Fold(target, chunks) }
+// FoldPeer implements [SharedAffinity]; the prompt ends the peer marked go
+// to the forget term's log (withPromptEnd), the rest to the index.
+func (t *predictedTTFT) FoldPeer(target int, chunks []uint64) {
+	t.index.Fold(target, t.returns.foldPromptEnds(chunks, int64(t.now())))
+}
 
 // ExportShared implements [SharedAffinity].
 func (t *predictedTTFT) ExportShared(target int, dst []uint64, limit int) []uint64 {

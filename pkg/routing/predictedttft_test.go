@@ -855,9 +855,12 @@ func TestPredictedTTFTRecordLocalPublishesOnce(t *testing.T) {
 	if len(q) != 2 {
 		t.Fatalf("%d picks queued for a send and its completion, want 2", len(q))
 	}
-	// Both record the prompt tail first, as the replica frees it.
+	// Both record the prompt tail first, as the replica frees it, and mark
+	// where it ends for the peers' forget term.
 	h := chunkindex.Hashes(nil, ctx.Prompt)
+	end := []uint64{routing.PromptEndMark, h[len(ctx.Prompt)/chunkindex.ChunkBytes-1]}
 	slices.Reverse(h)
+	h = append(h, end...)
 	want := append(slices.Clone(h), h...)
 	rec := bal.(routing.SharedAffinity)
 	if got := rec.RecordLocal(q[0].target, q[0].prompt, nil); !slices.Equal(got, want) {
@@ -867,7 +870,8 @@ func TestPredictedTTFTRecordLocalPublishesOnce(t *testing.T) {
 		t.Fatalf("second answer for the same prompt: %d hashes, want none", len(got))
 	}
 	// Answered: a later send is recorded afresh (the index holds every
-	// hash, so the send inserts none; its completion touches them all).
+	// hash, so the send inserts none and only marks the end; its
+	// completion touches them all).
 	q = nil
 	bal.Observe(0, ctx)
 	bal.(routing.Learner).Learn(0, ctx, 0, time.Second)
@@ -875,8 +879,8 @@ func TestPredictedTTFTRecordLocalPublishesOnce(t *testing.T) {
 	for _, p := range q {
 		got = rec.RecordLocal(p.target, p.prompt, got)
 	}
-	if !slices.Equal(got, want[len(h):]) {
-		t.Fatalf("after the flush: %d hashes, want the touch's %d", len(got), len(h))
+	if want := append(slices.Clone(end), h...); !slices.Equal(got, want) {
+		t.Fatalf("after the flush: %d hashes, want the send's end mark and the touch's %d", len(got), len(h))
 	}
 }
 
