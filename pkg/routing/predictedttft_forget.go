@@ -32,12 +32,16 @@ import (
 // The return times are read from prompts the balancer remembers beyond any
 // target's eviction (returnMemory of them), not from what a target still
 // held: a target that forgets fast shows only the returns quicker than its
-// turnover, and judged by those it kept everything. Without the term a
+// turnover, and judged by those it kept everything. A return extends an
+// earlier prompt whole (its last full chunk is in the new prompt's chain):
+// a request that reuses only part of one, as most of the Mooncake trace's
+// do, counts as new. Without the term a
 // replica that held a prefix every session shares (agents' tool
 // definitions) drew every new session while its cache turned over in less
-// than a session's step: rolter-sim agent --parallel-prefill --ramp 10s
-// sent 315 of 512 requests to one replica and kept 37.1 % of the prompt
-// tokens; with it 226 and 42.2 % (docs/routing.md, the forget term).
+// than a session's step: rolter-sim agent --prefill-us 60
+// --parallel-prefill --ramp 10s sent 315 of 512 requests to one replica and
+// served 37.1 % of the prompt tokens from cache; with it 200 and 45.0 %
+// (docs/routing.md, the forget term).
 type returnLog struct {
 	mu sync.RWMutex
 	// The prompts remembered, by the hash of their last full chunk, with
@@ -209,8 +213,9 @@ func withPromptEnd(publish, hashes []uint64) []uint64 {
 }
 
 // foldPromptEnds records, at now (ns), the prompt ends a peer marked in
-// chunks (withPromptEnd) and returns the chunks without the marks: in
-// place when there are none, else a copy.
+// chunks (withPromptEnd) and returns the chunks without the marks and
+// ends: chunks itself when there are none, else a copy. A mark with
+// nothing after it is dropped.
 func (r *returnLog) foldPromptEnds(chunks []uint64, now int64) []uint64 {
 	k := slices.Index(chunks, promptEnd)
 	if k < 0 {
@@ -218,12 +223,14 @@ func (r *returnLog) foldPromptEnds(chunks []uint64, now int64) []uint64 {
 	}
 	out := slices.Clone(chunks[:k])
 	for ; k < len(chunks); k++ {
-		if chunks[k] == promptEnd && k+1 < len(chunks) {
-			r.answered(chunks[k+1], now)
-			k++
+		if chunks[k] != promptEnd {
+			out = append(out, chunks[k])
 			continue
 		}
-		out = append(out, chunks[k])
+		if k+1 < len(chunks) {
+			r.answered(chunks[k+1], now)
+			k++
+		}
 	}
 	return out
 }

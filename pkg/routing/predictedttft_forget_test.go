@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -187,4 +188,44 @@ func TestPredictedTTFTForgetHearsPeersPromptEnds(t *testing.T) {
 	if got := b.returns.laterThan(int64(2*time.Second + 1)); got != 0 {
 		t.Fatalf("P(return > 2 s) = %v, want 0", got)
 	}
+}
+
+// FuzzFoldPromptEnds feeds foldPromptEnds a peer's hashes as any bytes: what
+// reaches the index is never a mark, keeps the order of the hashes no mark
+// precedes, and each marked end is remembered.
+func FuzzFoldPromptEnds(f *testing.F) {
+	f.Add([]byte{})
+	f.Add(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 7), promptEnd))
+	f.Add(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 7), promptEnd), 9))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var chunks []uint64
+		for len(data) >= 8 {
+			chunks = append(chunks, binary.LittleEndian.Uint64(data))
+			data = data[8:]
+		}
+		in := slices.Clone(chunks)
+		r := newReturnLog()
+		out := r.foldPromptEnds(chunks, 1)
+		if !slices.Equal(chunks, in) {
+			t.Fatal("the peer's hashes were changed in place")
+		}
+		var want, ends []uint64
+		for k := 0; k < len(in); k++ {
+			switch {
+			case in[k] != promptEnd:
+				want = append(want, in[k])
+			case k+1 < len(in):
+				ends = append(ends, in[k+1])
+				k++
+			}
+		}
+		if !slices.Equal(out, want) {
+			t.Fatalf("folded %v, want %v", out, want)
+		}
+		for _, e := range ends {
+			if _, ok := r.slots[e]; !ok {
+				t.Fatalf("the marked end %x was not remembered", e)
+			}
+		}
+	})
 }
