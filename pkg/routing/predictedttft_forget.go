@@ -35,10 +35,11 @@ import (
 // turnover, and judged by those it kept everything. A return extends an
 // earlier prompt whole (its last full chunk is in the new prompt's chain):
 // a request that reuses only part of one, as most of the Mooncake trace's
-// do, counts as new. Without the term a
-// replica that held a prefix every session shares (agents' tool
-// definitions) drew every new session while its cache turned over in less
-// than a session's step: rolter-sim agent --prefill-us 60
+// do, counts as new.
+//
+// Without the term a replica that held a prefix every session shares
+// (agents' tool definitions) drew every new session while its cache turned
+// over in less than a session's step: rolter-sim agent --prefill-us 60
 // --parallel-prefill --ramp 10s sent 315 of 512 requests to one replica and
 // served 37.1 % of the prompt tokens from cache; with it 200 and 45.0 %
 // (docs/routing.md, the forget term).
