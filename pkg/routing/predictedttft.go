@@ -492,27 +492,22 @@ func (t *predictedTTFT) publishHashes(target int, prompt string, hashes []uint64
 // running sessions first (rolter-sim agent through 4 proxies without KV
 // events: 47.1 % hit rate, 58.4 with the completions shared; docs/routing.md).
 func (t *predictedTTFT) touchCompleted(target int, ctx *Context) {
+	// One fingerprint records, ends the prompt for the forget term and,
+	// reversed in a copy (it is not this balancer's to reorder), is
+	// published.
 	var hbuf [promptHashBuf]uint64
-	hs := fullHashes(ctx, hbuf[:])
+	c := promptChain(ctx, hbuf[:])
+	hs := fullHashes(c)
 	if len(hs) > 0 {
 		t.returns.answered(hs[len(hs)-1], int64(t.now()))
 	}
+	t.index.ObserveChain(target, c, nil)
 	if t.publish == nil {
-		t.observeIndex(target, ctx, nil)
 		return
 	}
-	// One fingerprint both records and is published: the request's own
-	// chain copied (it is not this balancer's to reorder), else the kept
-	// text hashed once.
-	var c chunkindex.Chain
-	if hasChain(ctx) {
-		c = chunkindex.Chain{Hashes: slices.Clone(ctx.PromptChain.Hashes), Len: ctx.PromptChain.Len}
-	} else {
-		c = chunkindex.Chain{Hashes: chunkindex.Hashes(nil, ctx.Prompt), Len: len(ctx.Prompt)}
-	}
-	t.index.ObserveChain(target, c, nil)
-	slices.Reverse(c.Hashes)
-	t.publishHashes(target, ctx.Prompt, withPromptEnd(c.Hashes, hs))
+	touched := slices.Clone(c.Hashes)
+	slices.Reverse(touched)
+	t.publishHashes(target, ctx.Prompt, withPromptEnd(touched, hs))
 }
 
 // hasChain reports whether ctx carries the fingerprint of a prompt longer
@@ -533,13 +528,14 @@ func indexedBytes(ctx *Context) int {
 	return len(ctx.Prompt)
 }
 
-// observeIndex records in the approximate index that target was sent ctx's
-// prompt and appends the hashes to publish to peers.
-func (t *predictedTTFT) observeIndex(target int, ctx *Context, publish []uint64) []uint64 {
+// promptChain returns ctx's prompt's fingerprint, the one the approximate
+// index records: the chain it carries when that is longer than its text
+// (see hasChain), else its text's hashed into buf.
+func promptChain(ctx *Context, buf []uint64) chunkindex.Chain {
 	if hasChain(ctx) {
-		return t.index.ObserveChain(target, ctx.PromptChain, publish)
+		return ctx.PromptChain
 	}
-	return t.index.Observe(target, ctx.Prompt, publish)
+	return chunkindex.Chain{Hashes: chunkindex.Hashes(buf[:0], ctx.Prompt), Len: len(ctx.Prompt)}
 }
 
 // tokensPerByte converts a length of ctx's prompt text to tokens, at the
@@ -1554,13 +1550,12 @@ func (t *predictedTTFT) Observe(target int, ctx *Context) {
 
 	if ctx.Prompt != "" {
 		var hbuf [promptHashBuf]uint64
-		hs := fullHashes(ctx, hbuf[:])
-		if t.publish == nil {
-			t.observeIndex(target, ctx, nil)
-		} else {
-			t.publishHashes(target, ctx.Prompt, withPromptEnd(t.observeIndex(target, ctx, nil), hs))
+		c := promptChain(ctx, hbuf[:])
+		published := t.index.ObserveChain(target, c, nil)
+		if t.publish != nil {
+			t.publishHashes(target, ctx.Prompt, withPromptEnd(published, fullHashes(c)))
 		}
-		t.returns.sent(hs, int64(now))
+		t.returns.sent(fullHashes(c), int64(now))
 	}
 	if t.kv != nil && t.specTTL > 0 && len(ctx.TokenIDs) > 0 {
 		t.speculate(target, ctx.TokenIDs, now)

@@ -240,13 +240,7 @@ func (r *returnLog) foldPromptEnds(chunks []uint64, now int64) []uint64 {
 // rolter.dev/pkg/affinity's 32 KiB bound on the stack.
 const promptHashBuf = 32<<10/chunkindex.ChunkBytes + 1
 
-// fullHashes returns the chained hashes of ctx's prompt's full chunks: its
-// fingerprint when it carries one longer than its text, else its text's,
-// computed into buf.
-func fullHashes(ctx *Context, buf []uint64) []uint64 {
-	if hasChain(ctx) {
-		return ctx.PromptChain.Hashes[:min(ctx.PromptChain.Len/chunkindex.ChunkBytes, len(ctx.PromptChain.Hashes))]
-	}
-	hs := chunkindex.Hashes(buf[:0], ctx.Prompt)
-	return hs[:min(len(ctx.Prompt)/chunkindex.ChunkBytes, len(hs))]
+// fullHashes returns the hashes of c's full chunks (without its tail's).
+func fullHashes(c chunkindex.Chain) []uint64 {
+	return c.Hashes[:min(c.Len/chunkindex.ChunkBytes, len(c.Hashes))]
 }
