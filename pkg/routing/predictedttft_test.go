@@ -642,6 +642,31 @@ func TestPredictedTTFTNewPrefixGoesToSmallestIndex(t *testing.T) {
 	}
 }
 
+// Before the law is fitted, a new prefix goes to a target sent the fewest
+// of them, whatever the lengths of the first prompts: each brings its
+// followers. Balanced by the prefill queued, one long first prompt drew
+// every short one after it to the other target.
+func TestPredictedTTFTColdStartSpreadsNewPrefixesByCount(t *testing.T) {
+	for seed := range uint64(10) {
+		clock := &ttftClock{now: time.Second}
+		b := newTTFT(t, 2, seed, clock, nil)
+		sent := [2]int{}
+		for i := range 5 {
+			n := 400 // bytes: a short first prompt
+			if i == 0 {
+				n = 16000
+			}
+			ctx := &routing.Context{Prompt: words(uint64(100+i), n)}
+			got := b.Pick(ctx, []int{sent[0], sent[1]}, routing.All(2))
+			b.Observe(got, ctx) // no first token: every prompt stays queued
+			sent[got]++
+		}
+		if sent[0] < 2 || sent[1] < 2 {
+			t.Fatalf("seed %d: five new prefixes split %v, want at least 2 at each target", seed, sent)
+		}
+	}
+}
+
 // With peers (SetPlace), a proxy breaks ties among its own share of the
 // targets first, so the proxies' picks of one burst do not collide; when
 // none of its share is tied it takes any tied target.
