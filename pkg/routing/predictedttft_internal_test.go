@@ -297,6 +297,30 @@ func TestPredictedTTFTFollowWait(t *testing.T) {
 	}
 }
 
+// A new prefix's follow-up waits differ by how busy each target was, read
+// over the few requests each received: busy shares of 0.50 and 0.55 over
+// five arrivals each are within one standard error (0.22), and the two
+// targets tie; the tie goes to the target sent fewer new prefixes, here
+// the busier one. Told apart (0.5 against 0: see
+// TestPredictedTTFTFollowWait) the idle target wins as before.
+func TestPredictedTTFTNewPrefixesWithinTheNoiseTie(t *testing.T) {
+	now := 10 * time.Second
+	b := newTwoTargetTTFT(t, &now)
+	setQueueHistory(b, 5*time.Second, 5500*time.Millisecond)
+	b.newPrefixes[0].Store(3)
+	b.newPrefixes[1].Store(1)
+	b.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+	follow := b.followCost(&simLaw, now, b.fleetRates(now, 1, true), 0)
+	if w0, w1 := b.followWait(0, follow, now), b.followWait(1, follow, now); w0 >= w1 {
+		t.Fatalf("follow waits %.1f and %.1f ms: the test needs target 0 the cheaper", w0, w1)
+	}
+	for i := range 20 {
+		if got := b.Pick(&Context{Prompt: strings.Repeat("z", 400+i)}, nil, Set{}); got != 1 {
+			t.Fatalf("draw %d: picked %d, want 1 (as cheap within the noise, and sent fewer new prefixes)", i, got)
+		}
+	}
+}
+
 // Where every target's prefill queue is busy nearly all the time, the
 // follow-up wait's M/M/1 factors are enormous and differ between targets
 // by the noise in ρ_i; a target holding more of the prompt than another is

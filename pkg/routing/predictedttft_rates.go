@@ -144,9 +144,35 @@ func (t *predictedTTFT) followWait(i int, follow followFactors, now time.Duratio
 	if from < 0 || int64(now) <= from {
 		return 0
 	}
+	return follow.at(min(t.busyFrom(i, now, base)/float64(int64(now)-from), maxUtilisation))
+}
+
+// at is the follow-up wait at a target busy a share rho of the time (see
+// followWait).
+func (f followFactors) at(rho float64) float64 {
+	b := rho * f.blocking
+	return f.wait*rho/(1-rho) + f.delay*b/((1-b)*(1-b))
+}
+
+// followWaitRange is followWait(i) with target i's busy share ρ_i one
+// standard error lower and one higher: ρ_i is its busy share of the time
+// since the rates' base, read over the m requests that arrived there
+// meanwhile (this balancer's, times the fleet scale, since ρ_i counts the
+// peers' queues too), and like a count's its relative error is about
+// 1/√m. Over the window's 1,024 arrivals a target of 16 sees about 64, so
+// busy shares 12 % apart are not told apart.
+func (t *predictedTTFT) followWaitRange(i int, follow followFactors, now time.Duration, scale float64) (lo, hi float64) {
+	base, from := t.rateFrom()
+	if from < 0 || int64(now) <= from {
+		return 0, 0
+	}
 	rho := min(t.busyFrom(i, now, base)/float64(int64(now)-from), maxUtilisation)
-	b := rho * follow.blocking
-	return follow.wait*rho/(1-rho) + follow.delay*b/((1-b)*(1-b))
+	m := float64(t.arrivals[i].Load())
+	if base != nil {
+		m -= float64(base.arrivalsAt[i])
+	}
+	se := rho / math.Sqrt(max(m*max(scale, 1), 1))
+	return follow.at(max(rho-se, 0)), follow.at(min(rho+se, maxUtilisation))
 }
 
 // followWaits sets followed[i] to followWait(i) for every eligible target,
@@ -256,6 +282,8 @@ type rateBase struct {
 	at                int64
 	arrivals, novelty float64
 	busy              []float64
+	// Each target's arrivals then, and its new prefixes (see fewestNew).
+	arrivalsAt, newPrefixesAt []int64
 	// Σ and count of: uncached prefill tokens (per Observe), first tokens,
 	// those without a slot wait, and completions (ns).
 	uncached, observes int64
@@ -307,6 +335,7 @@ func (t *predictedTTFT) means() rateBase {
 // have passed, publishes the oldest as the base; t.mu must be held.
 func (t *predictedTTFT) snapshotLocked(now time.Duration) {
 	b := &rateBase{at: int64(now), novelty: t.noveltySum, busy: make([]float64, t.n),
+		arrivalsAt: make([]int64, t.n), newPrefixesAt: make([]int64, t.n),
 		uncached: t.uncachedSum.Load(), observes: int64(t.observes.Load()),
 		first: t.firstSum.Load(), firstN: t.firstN.Load(), free: t.freeSum.Load(), freeN: t.freeN.Load(),
 		done: t.doneSum.Load(), doneN: t.doneN.Load(), loads: t.loadSum.Load(), own: t.ownSum.Load(),
@@ -315,7 +344,8 @@ func (t *predictedTTFT) snapshotLocked(now time.Duration) {
 	t.longFirst.step()
 	t.longWhole.step()
 	for j := range t.n {
-		b.arrivals += float64(t.arrivals[j].Load())
+		b.arrivalsAt[j], b.newPrefixesAt[j] = t.arrivals[j].Load(), t.newPrefixes[j].Load()
+		b.arrivals += float64(b.arrivalsAt[j])
 		b.busy[j] = t.busyAt(j, now)
 	}
 	slot := t.basesN % len(t.bases)
