@@ -956,8 +956,7 @@ func (t *predictedTTFT) indistinct(pred []float64, el Set, c pickCosts, dst []ui
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
 			i := wi*64 + bitIndex(w)
-			f := t.followWait(i, c.follow, c.now)
-			lo, hi := t.followWaitRange(i, c.follow, c.now, c.rates.scale)
+			f, lo, hi := t.followWaitRange(i, c.follow, c.now, c.rates.scale)
 			low[i] = pred[i] - (f - lo)
 			ceiling = min(ceiling, pred[i]+(hi-f))
 		}
@@ -989,22 +988,18 @@ func (t *predictedTTFT) indistinct(pred []float64, el Set, c pickCosts, dst []ui
 // (Pick): a proxy counts only its own new prefixes, and the costs carry
 // the peers' queues, which place a burst in turns.
 func (t *predictedTTFT) fewestNew(el Set, pred []float64) (Set, float64) {
-	base, _ := t.rateFrom()
-	fewest := int64(math.MaxInt64)
+	var buf [MaxTargets]uint8
+	members := buf[:0]
 	for wi, w := range el.w {
 		for ; w != 0; w &= w - 1 {
-			fewest = min(fewest, t.newPrefixesFrom(wi*64+bitIndex(w), base))
+			members = append(members, uint8(wi*64+bitIndex(w)))
 		}
 	}
 	var out Set
 	best := math.Inf(1)
-	for wi, w := range el.w {
-		for ; w != 0; w &= w - 1 {
-			if i := wi*64 + bitIndex(w); t.newPrefixesFrom(i, base) == fewest {
-				out.Add(i)
-				best = min(best, pred[i])
-			}
-		}
+	for _, c := range t.fewestNewOf(members) {
+		out.Add(int(c))
+		best = min(best, pred[c])
 	}
 	return out, best
 }

@@ -140,11 +140,19 @@ func (t *predictedTTFT) fleetRates(now time.Duration, scale float64, fitted bool
 // share overstated one target's (multiturn through 4 proxies lost up to 5 %
 // of its hit rate). follow is followCost, computed once per pick.
 func (t *predictedTTFT) followWait(i int, follow followFactors, now time.Duration) float64 {
+	rho, _, _ := t.busyShare(i, now)
+	return follow.at(rho)
+}
+
+// busyShare returns ρ_i, target i's busy share of the time since the
+// rates' base (capped at maxUtilisation), and base, for the arrivals since;
+// false (ρ_i 0) before any request or at its instant.
+func (t *predictedTTFT) busyShare(i int, now time.Duration) (rho float64, base *rateBase, ok bool) {
 	base, from := t.rateFrom()
 	if from < 0 || int64(now) <= from {
-		return 0
+		return 0, nil, false
 	}
-	return follow.at(min(t.busyFrom(i, now, base)/float64(int64(now)-from), maxUtilisation))
+	return min(t.busyFrom(i, now, base)/float64(int64(now)-from), maxUtilisation), base, true
 }
 
 // at is the follow-up wait at a target busy a share rho of the time (see
@@ -154,25 +162,24 @@ func (f followFactors) at(rho float64) float64 {
 	return f.wait*rho/(1-rho) + f.delay*b/((1-b)*(1-b))
 }
 
-// followWaitRange is followWait(i) with target i's busy share ρ_i one
-// standard error lower and one higher: ρ_i is its busy share of the time
-// since the rates' base, read over the m requests that arrived there
-// meanwhile (this balancer's, times the fleet scale, since ρ_i counts the
-// peers' queues too), and like a count's its relative error is about
+// followWaitRange returns followWait(i), and the same with target i's busy
+// share ρ_i one standard error lower and one higher: ρ_i is its busy share
+// of the time since the rates' base, read over the m requests that arrived
+// there meanwhile (this balancer's, times the fleet scale, since ρ_i counts
+// the peers' queues too), and like a count's its relative error is about
 // 1/√m. Over the window's 1,024 arrivals a target of 16 sees about 64, so
 // busy shares 12 % apart are not told apart.
-func (t *predictedTTFT) followWaitRange(i int, follow followFactors, now time.Duration, scale float64) (lo, hi float64) {
-	base, from := t.rateFrom()
-	if from < 0 || int64(now) <= from {
-		return 0, 0
+func (t *predictedTTFT) followWaitRange(i int, follow followFactors, now time.Duration, scale float64) (f, lo, hi float64) {
+	rho, base, ok := t.busyShare(i, now)
+	if !ok {
+		return 0, 0, 0
 	}
-	rho := min(t.busyFrom(i, now, base)/float64(int64(now)-from), maxUtilisation)
 	m := float64(t.arrivals[i].Load())
 	if base != nil {
 		m -= float64(base.arrivalsAt[i])
 	}
 	se := rho / math.Sqrt(max(m*max(scale, 1), 1))
-	return follow.at(max(rho-se, 0)), follow.at(min(rho+se, maxUtilisation))
+	return follow.at(rho), follow.at(max(rho-se, 0)), follow.at(min(rho+se, maxUtilisation))
 }
 
 // followWaits sets followed[i] to followWait(i) for every eligible target,
