@@ -2,14 +2,15 @@
 # The predicted_ttft judging grid of docs/routing.md (issue 13): every
 # workload and setting, predicted_ttft against the peers, one JSON line per
 # strategy and run. Usage:
-#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|random|returns|saturated|share|fleets|trips|hetero|other-trace|arxiv-trace OUT
+#   scripts/sim-ttft-grid.sh synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|random|returns|saturated|share|fleets|trips|hetero|other-trace|arxiv-trace|gmi-trace OUT
 # from the repository root after `make sim`; the parts can run in parallel.
 # other-trace replays a Mooncake-format trace this repository does not
 # carry, named by OTHER_TRACE (docs/routing.md: Mooncake's
 # FAST25-release/traces/synthetic_trace.jsonl), whole, at the judged
 # capacities and settings and through 4 sharing proxies; arxiv-trace does
 # the same with the excerpt of Mooncake's arxiv trace this repository
-# carries (tests/sim/testdata/README.md).
+# carries (tests/sim/testdata/README.md); gmi-trace replays LMBench's GMI
+# trace, named by GMI_TRACE, at its own speedups and settings.
 # TRACE_LIMIT bounds the trace runs (default 1500 records, for a 2-core
 # machine shared by 8 agents); SEED, when set, runs every part on that seed
 # instead of the simulator's default (1); SIM_ARGS, when set, is added to
@@ -293,5 +294,16 @@ other-trace)
 	trace_runs "$OTHER_TRACE" ;;
 arxiv-trace)
 	trace_runs tests/sim/testdata/mooncake_arxiv_excerpt.jsonl ;;
-*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|trips|hetero|other-trace|arxiv-trace OUT" >&2; exit 2 ;;
+gmi-trace)
+	# LMBench's GMI trace (docs/routing.md): 32-token blocks, one day of
+	# traffic (1,931 requests) replayed 300-3,000 times faster.
+	: "${GMI_TRACE:?set GMI_TRACE to the GMI trace rewritten by scripts/trace-to-mooncake.py}"
+	for a in "--speedup 300" "--speedup 1000" "--speedup 3000" "--speedup 1000 --capacity 1024" \
+		"--speedup 1000 --capacity 16384" "--speedup 1000 --replicas 4" "--speedup 1000 --replicas 16" \
+		"--speedup 1000 --prefill-us 25" "--speedup 1000 --prefill-us 100" "--speedup 1000 --itl-growth-ms 0.5"; do
+		# shellcheck disable=SC2086
+		run --workload trace --trace "$GMI_TRACE" --trace-block-tokens 32 $a --strategies $T
+	done
+	run --workload trace --trace "$GMI_TRACE" --trace-block-tokens 32 --speedup 1000 --proxies 4 --share on --strategies predicted_ttft,predicted_ttft:kv_events=0 ;;
+*) echo "usage: $0 synthetic|trace|trace-settings|variations|settings|ramps|mixed|mixed2|mixed3|mixed4|returns|saturated|share|fleets|trips|hetero|other-trace|arxiv-trace|gmi-trace OUT" >&2; exit 2 ;;
 esac

@@ -153,7 +153,7 @@ func TestFleetBurstsTakeTurns(t *testing.T) {
 			recs = append(recs, r)
 		}
 	}
-	w := TraceWorkload(recs, 1, 1)
+	w := TraceWorkload(recs, 0, 1, 1)
 	cfg := DefaultConfig()
 	cfg.Replicas = 4
 	one := mustRun(t, cfg, w, "predicted_ttft")

@@ -11,7 +11,9 @@ import (
 	"time"
 )
 
-// TraceBlockTokens is the number of tokens per hash id in a Mooncake trace.
+// TraceBlockTokens is the number of tokens per hash id in a Mooncake trace
+// (FAST'25); other traces of the same format hash smaller blocks (see
+// TraceWorkload's blockTokens).
 const TraceBlockTokens = 512
 
 // TraceRecord is one request of a Mooncake-format trace (FAST'25,
@@ -22,8 +24,8 @@ type TraceRecord struct {
 	// InputLength and OutputLength are token counts.
 	InputLength  int `json:"input_length"`
 	OutputLength int `json:"output_length"`
-	// HashIDs has one id per 512-token block of the prompt; equal ids mean
-	// equal content (and ids chain like a prefix).
+	// HashIDs has one id per block of the prompt (512 tokens in Mooncake's
+	// traces); equal ids mean equal content (and ids chain like a prefix).
 	HashIDs []int64 `json:"hash_ids"`
 }
 
@@ -114,20 +116,24 @@ func TraceBlockHitRate(recs []TraceRecord) float64 {
 
 // TraceWorkload replays trace records open loop at their timestamps divided
 // by speedup (≤ 0 means 1). Each record is one single-turn session whose
-// prompt is one user message: for each hash id, that block's 512 words
-// (fewer in the last block, so that the prompt has input_length content
-// tokens), the words derived from the id alone, so equal ids give equal text
-// and text-based routers see the trace's sharing structure.
-func TraceWorkload(recs []TraceRecord, speedup float64, seed uint64) *Workload {
+// prompt is one user message: for each hash id, that block's blockTokens
+// words (≤ 0 means TraceBlockTokens; fewer in the last block, so that the
+// prompt has input_length content tokens, or more where input_length is
+// longer than its blocks), the words derived from the id alone, so equal ids
+// give equal text and text-based routers see the trace's sharing structure.
+func TraceWorkload(recs []TraceRecord, blockTokens int, speedup float64, seed uint64) *Workload {
 	if speedup <= 0 {
 		speedup = 1
+	}
+	if blockTokens <= 0 {
+		blockTokens = TraceBlockTokens
 	}
 	w := &Workload{Name: "trace"}
 	for i, r := range recs {
 		segs := make([]Segment, 0, len(r.HashIDs))
 		left := r.InputLength
 		for j, id := range r.HashIDs {
-			n := min(left, TraceBlockTokens)
+			n := min(left, blockTokens)
 			if j == len(r.HashIDs)-1 {
 				n = left // a record longer than its blocks keeps its length
 			}

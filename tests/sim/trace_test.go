@@ -55,7 +55,7 @@ func TestArxivExcerptTrace(t *testing.T) {
 			prev[id] = before
 		}
 	}
-	tok, blk := UnboundedHitRate(TraceWorkload(recs, 1, 1), 16), TraceBlockHitRate(recs)
+	tok, blk := UnboundedHitRate(TraceWorkload(recs, 0, 1, 1), 16), TraceBlockHitRate(recs)
 	if math.Abs(tok-blk) > 0.03 {
 		t.Fatalf("token hit rate %.3f, block hit rate %.3f", tok, blk)
 	}
@@ -98,10 +98,34 @@ func TestTraceUnboundedHitRateHandmade(t *testing.T) {
 	if hdr("user") != 5 || hdr("assistant") != 6 {
 		t.Fatalf("template markers of %d and %d tokens", hdr("user"), hdr("assistant"))
 	}
-	w := TraceWorkload(recs, 1, 1)
+	w := TraceWorkload(recs, 0, 1, 1)
 	want := float64(512+1504+1296+512) / float64(1500+1300+2000+700+2500+512+6*11)
 	if got := UnboundedHitRate(w, 16); math.Abs(got-want) > 1e-12 {
 		t.Fatalf("token hit rate %v, want %v", got, want)
+	}
+}
+
+// A trace that hashes smaller blocks shares at that granularity: two
+// records agreeing on their first two 32-token blocks share 64 tokens, and
+// each prompt keeps its input_length whether its blocks cover more or less.
+func TestTraceWorkloadSmallBlocks(t *testing.T) {
+	recs := []TraceRecord{
+		{Timestamp: 0, InputLength: 100, OutputLength: 1, HashIDs: []int64{1, 2, 3}},
+		{Timestamp: 5, InputLength: 70, OutputLength: 1, HashIDs: []int64{1, 2, 4}},
+	}
+	w := TraceWorkload(recs, 32, 1, 1)
+	for i, s := range w.Sessions {
+		if got := s.Turns[0].Messages[0].Tokens(); got != recs[i].InputLength {
+			t.Fatalf("record %d: %d tokens, want %d", i, got, recs[i].InputLength)
+		}
+	}
+	a, b := PromptTokens(w.Sessions[0].Turns[0].Messages), PromptTokens(w.Sessions[1].Turns[0].Messages)
+	if c := commonPrefix(a, b); c != hdr("user")+64 {
+		t.Fatalf("records sharing two 32-token blocks share %d tokens", c)
+	}
+	whole := TraceWorkload(recs, 0, 1, 1).Sessions
+	if c := commonPrefix(PromptTokens(whole[0].Turns[0].Messages), PromptTokens(whole[1].Turns[0].Messages)); c != hdr("user")+70 {
+		t.Fatalf("with 512-token blocks the second record (70 tokens, all in block 1) shares %d tokens", c)
 	}
 }
 
@@ -110,7 +134,7 @@ func TestTraceWorkload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := TraceWorkload(recs, 2, 1)
+	w := TraceWorkload(recs, 0, 2, 1)
 	if w.Concurrency != 0 || len(w.Sessions) != len(recs) {
 		t.Fatalf("concurrency %d, %d sessions", w.Concurrency, len(w.Sessions))
 	}
@@ -133,7 +157,7 @@ func TestTraceWorkload(t *testing.T) {
 		t.Fatalf("records sharing block 6 share %d tokens", c)
 	}
 	// Different seeds give different text for the same ids.
-	other := TraceWorkload(recs, 1, 2)
+	other := TraceWorkload(recs, 0, 1, 2)
 	if commonPrefix(PromptTokens(other.Sessions[0].Turns[0].Messages), PromptTokens(w.Sessions[0].Turns[0].Messages)) > 10 {
 		t.Fatal("the block text does not depend on the seed")
 	}
@@ -183,7 +207,7 @@ func TestSharedMooncakeTrace(t *testing.T) {
 	// The synthesized text keeps the sharing structure: on its first 300
 	// requests the token-level unbounded hit rate tracks the block level.
 	head := recs[:300]
-	tok, blk := UnboundedHitRate(TraceWorkload(head, 1, 1), 16), TraceBlockHitRate(head)
+	tok, blk := UnboundedHitRate(TraceWorkload(head, 0, 1, 1), 16), TraceBlockHitRate(head)
 	if math.Abs(tok-blk) > 0.03 {
 		t.Fatalf("first 300 requests: token hit rate %.3f, block hit rate %.3f", tok, blk)
 	}

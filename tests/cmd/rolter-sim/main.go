@@ -67,6 +67,7 @@ type options struct {
 	traceLimit  int
 	traceSpread bool
 	speedup     float64
+	traceBlock  int
 	thinkMS     float64
 	toolMS      float64
 	variants    string // --variants: one route split over variants (variant.go)
@@ -168,11 +169,15 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.traceLimit, "trace-limit", 0, "trace: replay only the first N records (0: all)")
 	fs.BoolVar(&o.traceSpread, "trace-spread", false, "trace: spread the requests of each timestamp bucket (the trace's ~3 s steps) at random over the bucket instead of all at its start")
 	fs.Float64Var(&o.speedup, "speedup", 1, "trace: divide the timestamps by this")
+	fs.IntVar(&o.traceBlock, "trace-block-tokens", sim.TraceBlockTokens, "trace: tokens per hash id (Mooncake's traces hash 512-token blocks; other traces of the format hash smaller ones)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.traceBlock <= 0 {
+		return nil, fmt.Errorf("-trace-block-tokens: want > 0, got %d", o.traceBlock)
 	}
 	c.PrefillPerToken = time.Duration(o.prefillUS * float64(time.Microsecond))
 	c.PrefillBase = time.Duration(o.prefillMS * float64(time.Millisecond))
@@ -199,7 +204,7 @@ func (o *options) buildWorkload() (*sim.Workload, error) {
 		if err != nil {
 			return nil, fmt.Errorf("trace: %w", err)
 		}
-		w := sim.TraceWorkload(recs, o.speedup, seed)
+		w := sim.TraceWorkload(recs, o.traceBlock, o.speedup, seed)
 		if o.traceSpread {
 			sim.SpreadArrivals(w, seed)
 		}

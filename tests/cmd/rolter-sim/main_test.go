@@ -147,6 +147,7 @@ func TestErrors(t *testing.T) {
 		{"--slowdown", "0"},
 		{"--slowdown", ""},
 		{"--share-clock-skew", "-5ms"},
+		{"--trace-block-tokens", "0"},
 	} {
 		var out, errb bytes.Buffer
 		if err := run(append(args, "--quiet"), &out, &errb); err == nil {
