@@ -1099,6 +1099,9 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 			shared = float64(t.index.SharedLen(ctx.Prompt)) * tokensPerByte(ctx, tokens)
 		}
 	}
+	// Count the queue behind a prompt whose prefix has one holder or none
+	// and none of whose own history any target holds (see externality).
+	countQueued := held <= shared && (held == 0 || holdersOf(el, placed, held) == 1)
 	var fbuf [MaxTargets]float64
 	followed := fbuf[:t.n]
 	if follow.wait > 0 {
@@ -1124,7 +1127,7 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 			own := max(float64(tokens)-match[i], 0)
 			x := t.features(i, own, tokens, &m, now, counts[i])
 			ttft := max(0, m.predict(x))
-			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates) + waste(&m, held-max(placed[i], shared)) + followed[i] + forgot[i]
+			pred[i] = ttft + t.externality(i, max(0, m.w[lawQueued])*own/1000, ttft, rates, countQueued) + waste(&m, held-max(placed[i], shared)) + followed[i] + forgot[i]
 			stall := t.silence(i, now, longWhole)
 			if slotWait[i] == 0 {
 				stall = max(stall, t.overdue(i, &m, now, typical))
@@ -1149,6 +1152,20 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 		}
 	}
 	return pickCosts{el: el, best: best, precise: precise, fitted: fitted, rates: rates, follow: follow, now: now}
+}
+
+// holdersOf returns how many targets of el hold at least tokens of the
+// prompt (placed: what each holds or was sent).
+func holdersOf(el Set, placed []float64, tokens float64) int {
+	n := 0
+	for wi, w := range el.w {
+		for ; w != 0; w &= w - 1 {
+			if placed[wi*64+bitIndex(w)] >= tokens {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // waste is the price of re-prefilling tokens of a prefix that lives at

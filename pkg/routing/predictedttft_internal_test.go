@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -550,6 +551,56 @@ func TestPredictedTTFTWasteSparesSharedPrefix(t *testing.T) {
 		b.novelty.Store(math.Float64bits(0))
 		if got := b.Pick(&Context{Prompt: system + strings.Repeat("b", 400)}, nil, Set{}); got != tc.want {
 			t.Fatalf("%d sessions on the prefix: picked %d, want %d", len(tc.sessions), got, tc.want)
+		}
+	}
+}
+
+// The queue at the one target holding a prefix other requests share is
+// counted behind a request of that prefix. A system prompt two sessions
+// started with (4,000 tokens) is held at target 0 with 24 of the sessions'
+// next requests queued there (148 ms there; counted, 24 × 6.6 ms more), and
+// a new session draws the copy to an idle target (about 250 ms on either).
+// Held at targets 0 and 1 both, the burst split between them, the new
+// session goes to the shorter queue, target 1. A request continuing its own
+// history (session x's next turn) is not counted, and stays with target 0.
+func TestPredictedTTFTCountsTheSoleHoldersQueue(t *testing.T) {
+	system := strings.Repeat("a", 16000)
+	sessions := []string{strings.Repeat("x", 128), strings.Repeat("y", 128)}
+	newSession, nextTurn := system+strings.Repeat("n", 128)+strings.Repeat("b", 400), system+sessions[0]+strings.Repeat("b", 400)
+	for _, tc := range []struct {
+		name    string
+		holders []int
+		queued  []int // the sessions' requests queued per target
+		prompt  string
+		want    []int // any of these
+	}{
+		{"sole holder", []int{0}, []int{24, 0, 0}, newSession, []int{1, 2}},
+		{"two holders", []int{0, 1}, []int{24, 23, 0}, newSession, []int{1}},
+		{"own history", []int{0}, []int{24, 0, 0}, nextTurn, []int{0}},
+	} {
+		now := time.Second
+		b, err := New(Spec{Strategy: PredictedTTFT, Weights: []int{1, 1, 1}, Now: func() time.Duration { return now }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := b.(*predictedTTFT)
+		p.fleet.Store(&ttftLaw{w: simLaw.w, samples: simLaw.samples})
+		for _, h := range tc.holders {
+			for _, s := range sessions {
+				c := &Context{Prompt: system + s}
+				p.Observe(h, c)
+				p.FirstToken(h, c, 200*time.Millisecond, len(c.Prompt)/4)
+			}
+		}
+		now += 10 * time.Second // arrivals apart: a rate, not a burst
+		for i, n := range tc.queued {
+			for k := range n {
+				p.Observe(i, &Context{Prompt: system + sessions[k%2] + strings.Repeat("q", 400+k)})
+			}
+		}
+		p.novelty.Store(math.Float64bits(0.5 * float64(p.observes.Load())))
+		if got := p.Pick(&Context{Prompt: tc.prompt}, nil, Set{}); !slices.Contains(tc.want, got) {
+			t.Errorf("%s: picked %d, want one of %v", tc.name, got, tc.want)
 		}
 	}
 }
@@ -1211,15 +1262,46 @@ func TestPredictedTTFTIdleTargetExternality(t *testing.T) {
 	if !r.timed || math.Abs(r.rho-0.25) > 1e-9 || math.Abs(r.lambda-0.0005) > 1e-12 {
 		t.Fatalf("rates %+v, want ρ 0.25 and λ 0.0005 per ms", r)
 	}
-	if got, want := b.externality(0, 100, 200, r), 100*0.0005*200/0.75; math.Abs(got-want) > 1e-9 {
+	if got, want := b.externality(0, 100, 200, r, false), 100*0.0005*200/0.75; math.Abs(got-want) > 1e-9 {
 		t.Fatalf("busy target: externality %.3f ms, want %.3f", got, want)
 	}
-	if got := b.externality(1, 100, 200, r); got != 0 {
+	if got := b.externality(1, 100, 200, r, false); got != 0 {
 		t.Fatalf("target never busy in the window: externality %.3f ms, want 0", got)
 	}
 	b.busyTotal[1].Store(int64(time.Millisecond))
-	if got := b.externality(1, 100, 200, b.fleetRates(now, 1, true)); got <= 0 {
+	if got := b.externality(1, 100, 200, b.fleetRates(now, 1, true), false); got <= 0 {
 		t.Fatalf("target busy 1 ms in the window: externality %.3f ms, want the pooled rate's", got)
+	}
+}
+
+// Where the queue is counted (countQueued: a prompt of which no target holds
+// more than a shared part, held by one target at most), the externality
+// counts at least the requests queued at the target now, times
+// the fleet scale: six pending at target 0 outnumber the pooled rate's
+// 0.0005 × 200 / 0.75 arrivals, and through two proxies they stand for
+// twelve. A prompt whose own history the target holds is charged the pooled
+// rate alone, and so is a target with fewer queued than the rate expects.
+func TestPredictedTTFTExternalityCountsTheQueueOfASharedPrefix(t *testing.T) {
+	now := 10 * time.Second
+	b := newTwoTargetTTFT(t, &now)
+	setQueueHistory(b, 5*time.Second, 0)
+	r := b.fleetRates(now, 1, true)
+	pooled := 100 * 0.0005 * 200 / 0.75
+	b.pendCount[0].Store(6)
+	if got := b.externality(0, 100, 200, r, true); math.Abs(got-600) > 1e-9 {
+		t.Fatalf("shared prefix, six queued: externality %.3f ms, want 6 × 100", got)
+	}
+	if got := b.externality(0, 100, 200, r, false); math.Abs(got-pooled) > 1e-9 {
+		t.Fatalf("own history held, six queued: externality %.3f ms, want the pooled %.3f", got, pooled)
+	}
+	r.scale = 2
+	if got := b.externality(0, 100, 200, r, true); math.Abs(got-1200) > 1e-9 {
+		t.Fatalf("shared prefix, six queued through two proxies: externality %.3f ms, want 12 × 100", got)
+	}
+	r.scale = 1
+	b.pendCount[0].Store(0)
+	if got := b.externality(0, 100, 200, r, true); math.Abs(got-pooled) > 1e-9 {
+		t.Fatalf("shared prefix, nothing queued: externality %.3f ms, want the pooled %.3f", got, pooled)
 	}
 }
 

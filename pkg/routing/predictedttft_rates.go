@@ -43,7 +43,29 @@ import (
 // q ≈ 0 (one prefix shared by everyone, e.g. agents with one system prompt)
 // an idle target expects nobody and takes the next session, so the burst
 // spreads instead of piling onto the first holder (docs/routing.md).
-func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, r queueRates) float64 {
+//
+// For a prompt of which no target holds more than the part other requests
+// share (a system prompt, or nothing), and at most one target holds that
+// (countQueued), the requests expected behind it are at least those this
+// balancer has queued at i now (times the fleet scale): in a steady queue
+// as many arrive during a wait as were waiting at its start (Little's law).
+// The pooled rate is the fleet's mean, and the one target that holds a
+// popular prefix draws that prefix's traffic, far more than the mean when
+// its requests come in bursts; each one's choice was right for itself (the
+// holder's queue stayed shorter than copying the prefix elsewhere), and the
+// queue they met grew with every one: LMBench's GMI trace at 16 replicas
+// kept a family of 483 requests with a 3,136-token prefix on one replica
+// all run, its requests queued 11.3 s in all against Dynamo's 3.7 s on
+// three holders (TTFT mean 52.3 against 50.0 ms); with the count it has
+// two (docs/routing.md, a popular prefix's queue). Once two targets hold
+// the prefix a burst splits between them by their queues, and counting
+// there too copied it to more (Mooncake's arxiv excerpt: hit rate down by
+// up to 0.5 point, 1.3 with the approximate index alone). A prompt whose
+// own history a target holds (a conversation's next turn, an agent's next
+// step) is charged the pooled rate alone: the count sent follow-ups away
+// from their histories, which waste then charged again (rolter-sim agent:
+// TTFT mean 780 -> 827 ms).
+func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, r queueRates, countQueued bool) float64 {
 	if !r.started || ownMS <= 0 {
 		return 0
 	}
@@ -56,7 +78,11 @@ func (t *predictedTTFT) externality(i int, ownMS, ttftMS float64, r queueRates) 
 	if r.rho > 0 && t.busyFrom(i, r.now, r.base) == 0 {
 		return 0
 	}
-	return ownMS * r.lambda * ttftMS / (1 - r.rho)
+	behind := r.lambda * ttftMS / (1 - r.rho)
+	if countQueued {
+		behind = max(behind, float64(t.prefilling(i))*max(r.scale, 1))
+	}
+	return ownMS * behind
 }
 
 // queueRates are the pooled figures externality and followCost read, taken
