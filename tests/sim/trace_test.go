@@ -212,3 +212,34 @@ func TestSharedMooncakeTrace(t *testing.T) {
 		t.Fatalf("first 300 requests: token hit rate %.3f, block hit rate %.3f", tok, blk)
 	}
 }
+
+// ReadTrace takes files from anywhere: whatever it accepts holds only
+// records the replay can use (hash ids, a positive input length, times in
+// order), and each replays as a prompt of its input_length at any block
+// size.
+func FuzzReadTrace(f *testing.F) {
+	f.Add([]byte(`{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [1, 2]}`+"\n"+
+		`{"timestamp": 7, "input_length": 3000, "output_length": 0, "hash_ids": [1]}`), 32)
+	f.Add([]byte("\n  \n{\"timestamp\": 1}\n"), 512)
+	f.Add([]byte(`{"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [9]}`+"\n"+`{"timestamp": 4, "input_length": 1, "output_length": 1, "hash_ids": [9]}`), 0)
+	f.Fuzz(func(t *testing.T, data []byte, blockTokens int) {
+		recs, err := ReadTrace(strings.NewReader(string(data)), 0)
+		if err != nil {
+			return
+		}
+		for i, r := range recs {
+			if len(r.HashIDs) == 0 || r.InputLength <= 0 || r.OutputLength < 0 || (i > 0 && r.Timestamp < recs[i-1].Timestamp) {
+				t.Fatalf("record %d accepted: %+v", i, r)
+			}
+			if r.InputLength > 1<<20 || len(recs) > 64 {
+				return // the replay below materialises nothing, but keep each run small
+			}
+		}
+		w := TraceWorkload(recs, blockTokens%4096, 1, 1)
+		for i, s := range w.Sessions {
+			if got := s.Turns[0].Messages[0].Tokens(); got != recs[i].InputLength {
+				t.Fatalf("record %d replays %d tokens, want %d", i, got, recs[i].InputLength)
+			}
+		}
+	})
+}
