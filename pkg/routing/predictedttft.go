@@ -1084,10 +1084,16 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 		saturation = t.slotSaturation()
 	}
 	held, shared := 0.0, 0.0 // the longest prefix an eligible target holds, and its shared part (see waste)
+	holders := 0             // the eligible targets that hold it
 	if fitted {
 		for wi, w := range el.w {
 			for ; w != 0; w &= w - 1 {
-				held = max(held, placed[wi*64+bitIndex(w)])
+				switch v := placed[wi*64+bitIndex(w)]; {
+				case v > held:
+					held, holders = v, 1
+				case v == held:
+					holders++
+				}
 			}
 		}
 		// The shared part is read from the kept text alone (its first 32
@@ -1101,7 +1107,7 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 	}
 	// Count the queue behind a prompt whose prefix has one holder or none
 	// and none of whose own history any target holds (see externality).
-	countQueued := held <= shared && (held == 0 || holdersOf(el, placed, held) == 1)
+	countQueued := held <= shared && (held == 0 || holders == 1)
 	var fbuf [MaxTargets]float64
 	followed := fbuf[:t.n]
 	if follow.wait > 0 {
@@ -1152,20 +1158,6 @@ func (t *predictedTTFT) costs(ctx *Context, loads []int, el Set, scale float64, 
 		}
 	}
 	return pickCosts{el: el, best: best, precise: precise, fitted: fitted, rates: rates, follow: follow, now: now}
-}
-
-// holdersOf returns how many targets of el hold at least tokens of the
-// prompt (placed: what each holds or was sent).
-func holdersOf(el Set, placed []float64, tokens float64) int {
-	n := 0
-	for wi, w := range el.w {
-		for ; w != 0; w &= w - 1 {
-			if placed[wi*64+bitIndex(w)] >= tokens {
-				n++
-			}
-		}
-	}
-	return n
 }
 
 // waste is the price of re-prefilling tokens of a prefix that lives at
