@@ -54,6 +54,18 @@ type Balancer interface {
 	Observe(target int, ctx *Context)
 }
 
+// Inheritor is implemented by balancers that can take over what another
+// balancer of the same strategy and parameters learned when a route's
+// targets change (a replica added or removed, the fleet scaled): from[j]
+// is the index in old's targets of this balancer's target j, or -1 for a
+// target old did not have. Inherit is called once, on a balancer no pick
+// has used yet; old keeps serving the attempts it observed and is only
+// read. It reports whether it took anything (false when old is not of its
+// kind).
+type Inheritor interface {
+	Inherit(old Balancer, from []int) bool
+}
+
 // MaxTargets is the largest number of targets a route may have. It keeps a
 // Set in one machine word per 64 targets without allocating on the hot path.
 const MaxTargets = 256

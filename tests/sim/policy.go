@@ -198,7 +198,7 @@ func ParseStrategy(s string) (Strategy, error) {
 		return st, fmt.Errorf("unknown strategy %q (want one of %s)", base, strings.Join(AllStrategies(), ", "))
 	}
 	spec := routing.Spec{Strategy: base}
-	ttftEvents, ttftEngine, ttftStream, ttftTurns := true, true, 1.0, true
+	ttft := ttftOptions{events: true, engine: true, turns: true, stream: 1, inherit: true}
 	if params != "" {
 		for kv := range strings.SplitSeq(params, ":") {
 			k, v, ok := strings.Cut(kv, "=")
@@ -222,23 +222,30 @@ func ParseStrategy(s string) (Strategy, error) {
 				spec.SignalWeight = f
 			case "load_weight":
 				spec.LoadWeight = f
-			case "kv_events", "engine", "turns":
+			case "kv_events", "engine", "turns", "inherit":
 				if base != routing.PredictedTTFT || (f != 0 && f != 1) {
 					return st, fmt.Errorf("strategy %q: %s: want 0 or 1 on %s", s, k, routing.PredictedTTFT)
 				}
 				switch k {
 				case "kv_events":
-					ttftEvents = f == 1
+					ttft.events = f == 1
 				case "engine":
-					ttftEngine = f == 1
+					ttft.engine = f == 1
+				case "inherit":
+					ttft.inherit = f == 1
 				default:
-					ttftTurns = f == 1
+					ttft.turns = f == 1
 				}
 			case "stream":
 				if base != routing.PredictedTTFT || f < 0 || f > 1 {
 					return st, fmt.Errorf("strategy %q: stream: want a share from 0 to 1 on %s", s, routing.PredictedTTFT)
 				}
-				ttftStream = f
+				ttft.stream = f
+			case "scale_s":
+				if base != routing.PredictedTTFT || !(f > 0) || f > 1e6 {
+					return st, fmt.Errorf("strategy %q: scale_s: want seconds above 0 on %s", s, routing.PredictedTTFT)
+				}
+				ttft.scaleAt = time.Duration(f * float64(time.Second))
 			case "speculate_ms":
 				if (base != routing.PreciseCacheAware && base != routing.PredictedTTFT) || f < 0 {
 					return st, fmt.Errorf("strategy %q: speculate_ms: want a number >= 0 on %s or %s", s, routing.PreciseCacheAware, routing.PredictedTTFT)
@@ -261,7 +268,7 @@ func ParseStrategy(s string) (Strategy, error) {
 	if _, err := routing.New(probe); err != nil {
 		return st, fmt.Errorf("strategy %q: %w", s, err)
 	}
-	st.TokenIDs = base == routing.PreciseCacheAware || (base == routing.PredictedTTFT && ttftEvents)
+	st.TokenIDs = base == routing.PreciseCacheAware || (base == routing.PredictedTTFT && ttft.events)
 	st.New = func(env Env) (Policy, error) {
 		sp := spec
 		sp.Share = env.Share
@@ -277,7 +284,7 @@ func ParseStrategy(s string) (Strategy, error) {
 			return newPrecise(sp, env)
 		}
 		if base == routing.PredictedTTFT {
-			return newTTFTPolicy(sp, env, ttftEvents, ttftEngine, ttftStream, ttftTurns)
+			return newTTFTPolicy(sp, env, ttft)
 		}
 		b, err := routing.New(sp)
 		if err != nil {

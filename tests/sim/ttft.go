@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"time"
 
 	"rolter.dev/pkg/config"
@@ -23,13 +24,37 @@ import (
 // session's draw is fixed), the others not (Context.Buffered): the proxy
 // sees no first token of theirs, and tells the balancer the whole answer
 // (WholeAnswer) at completion; :turns=0 picks every request at once, with
-// no turn in a burst (routing.Deferrer).
+// no turn in a burst (routing.Deferrer); :scale_s=S routes over every
+// replica but the last until S seconds into the run, when the last joins
+// the route and the proxy reloads it: a new balancer over every replica,
+// which inherits what the old one learned (routing.Inheritor) unless
+// :inherit=0. The old one still hears of the attempts it observed.
 type ttftPolicy struct {
 	*balancer
 	src    *kvSource // nil without KV events
 	engine *simEngine
 	stream float64
 	turns  bool
+	scale  *ttftScale // nil without :scale_s
+}
+
+// ttftScale is a predicted_ttft policy's reload when the last replica
+// joins (:scale_s).
+type ttftScale struct {
+	at       time.Duration
+	inherit  bool
+	spec     routing.Spec // rebuilt over every replica at at
+	replicas int
+	// owner is the balancer that observed each attempt in flight.
+	owner map[*Flight]routing.Balancer
+}
+
+// ttftOptions are predicted_ttft's simulator options (see ttftPolicy).
+type ttftOptions struct {
+	events, engine, turns bool
+	stream                float64
+	scaleAt               time.Duration // 0: the route never changes
+	inherit               bool
 }
 
 // simEngine is routing.EngineState over the View of the current pick: the
@@ -49,22 +74,70 @@ func (e *simEngine) Counts(i int) (waiting, running int, age time.Duration, ok b
 
 func (e *simEngine) KVCapacityTokens(int) int { return e.capacity }
 
-func newTTFTPolicy(spec routing.Spec, env Env, events, engine bool, stream float64, turns bool) (Policy, error) {
-	p := &ttftPolicy{stream: stream, turns: turns}
-	if events {
+func newTTFTPolicy(spec routing.Spec, env Env, o ttftOptions) (Policy, error) {
+	p := &ttftPolicy{stream: o.stream, turns: o.turns}
+	if o.events {
 		p.src = &kvSource{reps: make([]kvindex.Residency, env.Replicas), now: env.Now, memo: identities{bs: env.BlockSize}}
 		spec.KV = p.src
 	}
-	if engine {
+	if o.engine {
 		p.engine = &simEngine{capacity: env.CapacityBlocks * env.BlockSize}
 		spec.Engine = p.engine
+	}
+	n := env.Replicas
+	if o.scaleAt > 0 {
+		if env.Share != nil || env.Replicas < 2 {
+			return nil, fmt.Errorf("scale_s needs 2 replicas or more and one proxy, or proxies that do not share")
+		}
+		p.scale = &ttftScale{at: o.scaleAt, inherit: o.inherit, spec: spec, replicas: env.Replicas, owner: map[*Flight]routing.Balancer{}}
+		n--
+		spec.Weights = spec.Weights[:n]
 	}
 	b, err := routing.New(spec)
 	if err != nil {
 		return nil, err
 	}
-	p.balancer = &balancer{b: b, all: routing.All(env.Replicas)}
+	p.balancer = &balancer{b: b, all: routing.All(n)}
 	return p, nil
+}
+
+// scaled reloads the route once the last replica has joined it (:scale_s).
+func (p *ttftPolicy) scaled(v *View) {
+	s := p.scale
+	if s == nil || v.Now < s.at || p.all.Len() == s.replicas {
+		return
+	}
+	b, err := routing.New(s.spec)
+	if err != nil {
+		panic(err) // the same spec built the first balancer
+	}
+	if in, ok := b.(routing.Inheritor); ok && s.inherit {
+		from := make([]int, s.replicas)
+		for i := range from {
+			from[i] = i
+		}
+		from[s.replicas-1] = -1
+		in.Inherit(p.b, from)
+	}
+	p.balancer = &balancer{b: b, all: routing.All(s.replicas)}
+}
+
+// loads is v's loads over the route's targets.
+func (p *ttftPolicy) loads(v *View) []int {
+	if n := p.all.Len(); len(v.Loads) > n {
+		return v.Loads[:n]
+	}
+	return v.Loads
+}
+
+// owner is the balancer that observed f.
+func (p *ttftPolicy) owner(f *Flight) routing.Balancer {
+	if p.scale != nil {
+		if b, ok := p.scale.owner[f]; ok {
+			return b
+		}
+	}
+	return p.b
 }
 
 func (p *ttftPolicy) sync(v *View) {
@@ -87,9 +160,10 @@ func (p *ttftPolicy) scrapeInterval() time.Duration {
 }
 
 func (p *ttftPolicy) Pick(f *Flight, v *View) int {
+	p.scaled(v)
 	p.sync(v)
 	p.buffered(f)
-	return p.balancer.Pick(f, v)
+	return p.b.Pick(&f.Ctx, p.loads(v), p.all)
 }
 
 // buffered marks f's answer as not streamed, for the share of sessions
@@ -105,13 +179,17 @@ func (p *ttftPolicy) Defer(f *Flight, v *View) time.Duration {
 	if !ok || !p.turns {
 		return 0
 	}
+	p.scaled(v)
 	p.sync(v)
 	p.buffered(f)
-	return d.Defer(&f.Ctx, v.Loads, p.all)
+	return d.Defer(&f.Ctx, p.loads(v), p.all)
 }
 
 func (p *ttftPolicy) Observe(target int, f *Flight, v *View) {
 	p.sync(v)
+	if p.scale != nil {
+		p.scale.owner[f] = p.b
+	}
 	p.balancer.Observe(target, f, v)
 }
 
@@ -119,7 +197,7 @@ func (p *ttftPolicy) FirstToken(f *Flight, now time.Duration) {
 	if f.Ctx.Buffered {
 		return
 	}
-	if o, ok := p.b.(routing.TTFTObserver); ok {
+	if o, ok := p.owner(f).(routing.TTFTObserver); ok {
 		o.FirstToken(f.Target, &f.Ctx, now-f.Issued, len(f.Req.Tokens()))
 	}
 }
@@ -127,10 +205,16 @@ func (p *ttftPolicy) FirstToken(f *Flight, now time.Duration) {
 // Done tells a non-streaming answer whole, then its completion, as the
 // proxy does when the JSON body arrives.
 func (p *ttftPolicy) Done(f *Flight, now time.Duration) {
-	if o, ok := p.b.(routing.TTFTObserver); ok && f.Ctx.Buffered {
+	b := p.owner(f)
+	if o, ok := b.(routing.TTFTObserver); ok && f.Ctx.Buffered {
 		o.WholeAnswer(f.Target, &f.Ctx, now-f.Issued, len(f.Req.Tokens()), f.Req.Output)
 	}
-	p.balancer.Done(f, now)
+	if l, ok := b.(routing.Learner); ok {
+		l.Learn(f.Target, &f.Ctx, f.Depth, now-f.Issued)
+	}
+	if p.scale != nil {
+		delete(p.scale.owner, f)
+	}
 }
 
 func (p *ttftPolicy) applyKV(replica int, ops []kvdelta.Op) {

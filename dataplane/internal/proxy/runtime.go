@@ -53,8 +53,10 @@ type pool struct {
 	balancer routing.Balancer
 	targets  []target
 	// fingerprint decides whether a reload may keep the balancer (and with
-	// it learned affinity) for this pool.
-	fingerprint string
+	// it learned affinity) for this pool; settings is its part without the
+	// targets, which decides whether a new balancer may inherit what the
+	// old one learned (routing.Inheritor).
+	fingerprint, settings string
 	// fleet is the pool's state shared with the other proxies; nil
 	// without sharing.
 	fleet *fleet.Route
@@ -146,7 +148,8 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 // weight change keeps every variant's).
 func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, variant, strategy string, bp config.Balancer,
 	ttl time.Duration, targets []config.CompiledTarget, old *route) (*pool, error) {
-	pl := &pool{variant: variant, strategy: strategy, fingerprint: fingerprint(strategy, bp, ttl, targets)}
+	pl := &pool{variant: variant, strategy: strategy, settings: settingsPrint(strategy, bp, ttl)}
+	pl.fingerprint = fingerprint(pl.settings, targets)
 	weights := make([]int, len(targets))
 	for j, tc := range targets {
 		weights[j] = tc.Weight
@@ -203,6 +206,9 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 		if err != nil {
 			return nil, err
 		}
+		if in, ok := b.(routing.Inheritor); ok && old != nil {
+			inherit(in, pl, old.pools, targets)
+		}
 		pl.balancer = b
 	}
 	if pl.fleet != nil {
@@ -229,12 +235,42 @@ func publishesKV(targets []config.CompiledTarget) bool {
 	return slices.ContainsFunc(targets, func(t config.CompiledTarget) bool { return t.Provider.PublishesKV() })
 }
 
-func fingerprint(strategy string, bp config.Balancer, ttl time.Duration, targets []config.CompiledTarget) string {
-	s := fmt.Sprintf("%s|%+v|%v", strategy, bp, ttl)
+// settingsPrint is a pool's balancer settings, its fingerprint without the
+// targets.
+func settingsPrint(strategy string, bp config.Balancer, ttl time.Duration) string {
+	return fmt.Sprintf("%s|%+v|%v", strategy, bp, ttl)
+}
+
+func fingerprint(settings string, targets []config.CompiledTarget) string {
+	s := settings
 	for _, t := range targets {
 		s += fmt.Sprintf("|%s/%s/%d", t.Provider.Name, t.Model, t.Weight)
 	}
 	return s
+}
+
+// inherit hands a new balancer what the previous runtime's pool of the
+// same variant and settings learned, when only its targets changed (a
+// replica added or removed): each target is matched by provider and model.
+func inherit(in routing.Inheritor, pl *pool, old []*pool, targets []config.CompiledTarget) {
+	for _, op := range old {
+		if op.variant != pl.variant || op.settings != pl.settings {
+			continue
+		}
+		at := make(map[string]int, len(op.targets))
+		for i, t := range op.targets {
+			at[t.cfg.Provider.Name+"\x1f"+t.cfg.Model] = i
+		}
+		from := make([]int, len(targets))
+		for j, t := range targets {
+			from[j] = -1
+			if i, ok := at[t.Provider.Name+"\x1f"+t.Model]; ok {
+				from[j] = i
+			}
+		}
+		in.Inherit(op.balancer, from)
+		return
+	}
 }
 
 // fleetRoutes lists the routes' shared state, for fleet.Node.Retain.

@@ -1,0 +1,67 @@
+package proxy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"rolter.dev/pkg/routing"
+)
+
+// A reload that adds a replica to a predicted_ttft route (an autoscaler's
+// new target) builds a new balancer that inherits what the old one
+// learned: the fitted law, and at each kept target, matched by provider
+// and model whatever its new index, the prompts it holds. A reload that
+// changes the strategy's settings starts from nothing.
+func TestReloadAddingATargetInheritsPredictedTTFT(t *testing.T) {
+	a, b, c := newUpstream(t, "a"), newUpstream(t, "b"), newUpstream(t, "c")
+	route := func(extra string, targets ...string) string {
+		var ts []string
+		for _, p := range targets {
+			ts = append(ts, fmt.Sprintf("{ provider = %q }", p))
+		}
+		return openAuth + providers(a, b, c) + "[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\n" +
+			"targets = [" + strings.Join(ts, ", ") + "]\n" + extra
+	}
+	p, _ := newTestProxy(t, route("", "p0", "p1"))
+	old := p.rt.Load().routes["m"].pools[0].balancer
+	// Teach it: first tokens that fit a law, and a conversation at p1.
+	for i := range 40 {
+		tokens := 200 + 100*(i%17)
+		ctx := &routing.Context{Prompt: strings.Repeat(fmt.Sprintf("prompt %d ", i), tokens/3)}
+		old.Observe(i%2, ctx)
+		ttft := 5*time.Millisecond + time.Duration(tokens)*50*time.Microsecond
+		old.(routing.TTFTObserver).FirstToken(i%2, ctx, ttft, tokens)
+		old.(routing.Learner).Learn(i%2, ctx, 0, ttft)
+	}
+	conv := strings.Repeat("a conversation held at p1. ", 400)
+	held := &routing.Context{Prompt: conv}
+	old.Observe(1, held)
+	old.(routing.TTFTObserver).FirstToken(1, held, 20*time.Millisecond, 0)
+	old.(routing.Learner).Learn(1, held, 0, 20*time.Millisecond)
+	want := old.(routing.LawReporter).Law()
+	if !want.Fitted {
+		t.Fatalf("the old balancer's law is not fitted: %+v", want)
+	}
+
+	applyDoc(t, p, route("", "p2", "p1", "p0")) // p1 is now target 1, p0 target 2
+	b2 := p.rt.Load().routes["m"].pools[0].balancer
+	if b2 == old {
+		t.Fatal("a reload that added a target kept the old balancer (its target indexes changed meaning)")
+	}
+	if got := b2.(routing.LawReporter).Law(); got.OwnMSPer1K != want.OwnMSPer1K || got.BaseMS != want.BaseMS || !got.Fitted {
+		t.Fatalf("after adding a target the law is %+v, want the old one's %+v", got, want)
+	}
+	next := &routing.Context{Prompt: conv + "and its next turn"}
+	for range 5 {
+		if got := b2.Pick(next, []int{0, 0, 0}, routing.All(3)); got != 1 {
+			t.Fatalf("the conversation's next turn went to target %d, want 1 (p1, which holds it)", got)
+		}
+	}
+
+	applyDoc(t, p, route("[routes.balancer]\nspeculative_ttl_ms = 250\n", "p2", "p1", "p0"))
+	if got := p.rt.Load().routes["m"].pools[0].balancer.(routing.LawReporter).Law(); got.Fitted {
+		t.Fatalf("a balancer with other settings inherited the law: %+v", got)
+	}
+}
