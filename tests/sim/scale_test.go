@@ -6,7 +6,8 @@ import (
 )
 
 // predicted_ttft:scale_s=S routes over every replica but the last until S
-// seconds in, then reloads the route with the last one added. The reloaded
+// seconds in, then reloads the route with the last one added (drain_s: the
+// last one taken out). The reloaded
 // balancer inherits what the old one learned: without KV events its
 // approximate index is all it knows of where the conversations are, and a
 // balancer rebuilt from nothing re-prefills them (the CLI measures the
@@ -32,6 +33,20 @@ func TestScaleInherits(t *testing.T) {
 			inherited.CachedTokens, rebuilt.CachedTokens)
 	}
 	t.Logf("hit rate: inherited %.3f, rebuilt %.3f", inherited.HitRate, rebuilt.HitRate)
+
+	// :drain_s takes the last replica out of the route: it serves requests
+	// before, none after, and the replicas that stay keep their
+	// conversations only by inheritance.
+	drainedInherited := mustRun(t, cfg, w, "predicted_ttft:kv_events=0:drain_s=4")
+	drainedRebuilt := mustRun(t, cfg, w, "predicted_ttft:kv_events=0:drain_s=4:inherit=0")
+	notDrained := mustRun(t, cfg, w, "predicted_ttft:kv_events=0:drain_s=100000")
+	if drainedInherited.Replicas[cfg.Replicas-1].Requests >= notDrained.Replicas[cfg.Replicas-1].Requests {
+		t.Fatalf("the drained replica served %d requests, as many as when never drained (%d)",
+			drainedInherited.Replicas[cfg.Replicas-1].Requests, notDrained.Replicas[cfg.Replicas-1].Requests)
+	}
+	if drainedInherited.CachedTokens <= drainedRebuilt.CachedTokens {
+		t.Fatalf("after a drain, inheriting cached %d prompt tokens, rebuilding %d", drainedInherited.CachedTokens, drainedRebuilt.CachedTokens)
+	}
 
 	cfg.Proxies, cfg.Share = 2, true
 	if _, err := Run(cfg, w, mustStrategy(t, "predicted_ttft:scale_s=4")); err == nil || !strings.Contains(err.Error(), "scale_s") {

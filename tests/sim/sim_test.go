@@ -392,6 +392,8 @@ func TestParseStrategy(t *testing.T) {
 		{"predicted_ttft:scale_s=NaN", "scale_s"},
 		{"predicted_ttft:inherit=2", "want 0 or 1"},
 		{"cache_aware:scale_s=30", "scale_s"},
+		{"predicted_ttft:drain_s=30:kv_events=0", ""},
+		{"predicted_ttft:scale_s=30:drain_s=40", "one of scale_s and drain_s"},
 		{"cache_aware:stream=0", "share from 0 to 1"},
 		{"cache_aware:threshold", "not key=value"},
 		{"cache_aware:threshold=-1", "threshold"},

@@ -28,23 +28,28 @@ import (
 // replica but the last until S seconds into the run, when the last joins
 // the route and the proxy reloads it: a new balancer over every replica,
 // which inherits what the old one learned (routing.Inheritor) unless
-// :inherit=0. The old one still hears of the attempts it observed.
+// :inherit=0; :drain_s=S likewise takes the last replica out of the route
+// at S (it finishes what it was sent). The old balancer still hears of the
+// attempts it observed.
 type ttftPolicy struct {
 	*balancer
 	src    *kvSource // nil without KV events
 	engine *simEngine
 	stream float64
 	turns  bool
-	scale  *ttftScale // nil without :scale_s
+	scale  *ttftScale // nil without :scale_s or :drain_s
 }
 
 // ttftScale is a predicted_ttft policy's reload when the last replica
-// joins (:scale_s).
+// joins the route or leaves it (:scale_s, :drain_s).
 type ttftScale struct {
-	at       time.Duration
-	inherit  bool
-	spec     routing.Spec // rebuilt over every replica at at
-	replicas int
+	at      time.Duration
+	inherit bool
+	spec    routing.Spec // rebuilt over the targets after at
+	// before and after are the route's targets (replicas 0 to n-1) before
+	// and after the reload.
+	before, after int
+	done          bool
 	// owner is the balancer that observed each attempt in flight.
 	owner map[*Flight]routing.Balancer
 }
@@ -54,6 +59,7 @@ type ttftOptions struct {
 	events, engine, turns bool
 	stream                float64
 	scaleAt               time.Duration // 0: the route never changes
+	drain                 bool          // at scaleAt the last replica leaves rather than joins
 	inherit               bool
 }
 
@@ -87,10 +93,15 @@ func newTTFTPolicy(spec routing.Spec, env Env, o ttftOptions) (Policy, error) {
 	n := env.Replicas
 	if o.scaleAt > 0 {
 		if env.Share != nil || env.Replicas < 2 {
-			return nil, fmt.Errorf("scale_s needs 2 replicas or more and one proxy, or proxies that do not share")
+			return nil, fmt.Errorf("scale_s and drain_s need 2 replicas or more and one proxy, or proxies that do not share")
 		}
-		p.scale = &ttftScale{at: o.scaleAt, inherit: o.inherit, spec: spec, replicas: env.Replicas, owner: map[*Flight]routing.Balancer{}}
-		n--
+		sc := &ttftScale{at: o.scaleAt, inherit: o.inherit, spec: spec, before: n - 1, after: n, owner: map[*Flight]routing.Balancer{}}
+		if o.drain {
+			sc.before, sc.after = n, n-1
+		}
+		sc.spec.Weights = spec.Weights[:sc.after]
+		p.scale = sc
+		n = sc.before
 		spec.Weights = spec.Weights[:n]
 	}
 	b, err := routing.New(spec)
@@ -101,25 +112,29 @@ func newTTFTPolicy(spec routing.Spec, env Env, o ttftOptions) (Policy, error) {
 	return p, nil
 }
 
-// scaled reloads the route once the last replica has joined it (:scale_s).
+// scaled reloads the route once the last replica has joined or left it
+// (:scale_s, :drain_s).
 func (p *ttftPolicy) scaled(v *View) {
 	s := p.scale
-	if s == nil || v.Now < s.at || p.all.Len() == s.replicas {
+	if s == nil || s.done || v.Now < s.at {
 		return
 	}
+	s.done = true
 	b, err := routing.New(s.spec)
 	if err != nil {
-		panic(err) // the same spec built the first balancer
+		panic(err) // the spec built the first balancer, with one target more or less
 	}
 	if in, ok := b.(routing.Inheritor); ok && s.inherit {
-		from := make([]int, s.replicas)
+		from := make([]int, s.after)
 		for i := range from {
 			from[i] = i
+			if i >= s.before {
+				from[i] = -1
+			}
 		}
-		from[s.replicas-1] = -1
 		in.Inherit(p.b, from)
 	}
-	p.balancer = &balancer{b: b, all: routing.All(s.replicas)}
+	p.balancer = &balancer{b: b, all: routing.All(s.after)}
 }
 
 // loads is v's loads over the route's targets.

@@ -207,7 +207,10 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 			return nil, err
 		}
 		if in, ok := b.(routing.Inheritor); ok && old != nil {
-			inherit(in, pl, old.pools, targets)
+			if kept, ok := inherit(in, pl, old.pools, targets); ok {
+				p.log.Info("route's targets changed: its new balancer inherits what the old one learned",
+					"route", rc.Model, "variant", variant, "strategy", strategy, "targets", len(targets), "kept", kept)
+			}
 		}
 		pl.balancer = b
 	}
@@ -252,7 +255,9 @@ func fingerprint(settings string, targets []config.CompiledTarget) string {
 // inherit hands a new balancer what the previous runtime's pool of the
 // same variant and settings learned, when only its targets changed (a
 // replica added or removed): each target is matched by provider and model.
-func inherit(in routing.Inheritor, pl *pool, old []*pool, targets []config.CompiledTarget) {
+// It returns how many targets were kept and whether the balancer took the
+// old one's state.
+func inherit(in routing.Inheritor, pl *pool, old []*pool, targets []config.CompiledTarget) (kept int, ok bool) {
 	for _, op := range old {
 		if op.variant != pl.variant || op.settings != pl.settings {
 			continue
@@ -266,11 +271,13 @@ func inherit(in routing.Inheritor, pl *pool, old []*pool, targets []config.Compi
 			from[j] = -1
 			if i, ok := at[t.Provider.Name+"\x1f"+t.Model]; ok {
 				from[j] = i
+				delete(at, t.Provider.Name+"\x1f"+t.Model) // a target twice in the route: the first takes it
+				kept++
 			}
 		}
-		in.Inherit(op.balancer, from)
-		return
+		return kept, in.Inherit(op.balancer, from)
 	}
+	return 0, false
 }
 
 // fleetRoutes lists the routes' shared state, for fleet.Node.Retain.
