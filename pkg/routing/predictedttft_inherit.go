@@ -42,15 +42,17 @@ func (t *predictedTTFT) Inherit(old Balancer, from []int) bool {
 
 	t.longFirst.cur.Store(max(o.longFirst.cur.Load(), o.longFirst.prev.Load()))
 	t.longWhole.cur.Store(max(o.longWhole.cur.Load(), o.longWhole.prev.Load()))
-	// The slot hold's means (slotHold), over the old balancer's window.
-	b := o.means()
-	t.doneSum.Store(o.doneSum.Load() - b.done)
-	t.doneN.Store(o.doneN.Load() - b.doneN)
-	t.firstSum.Store(o.firstSum.Load() - b.first)
-	t.firstN.Store(o.firstN.Load() - b.firstN)
-	t.freeSum.Store(o.freeSum.Load() - b.free)
-	t.freeN.Store(o.freeN.Load() - b.freeN)
+	// The slot hold's sums (slotHold), whole: the new balancer reads them
+	// over all of them until its own rates' window forms, and the counts
+	// its metrics export as counters go on from the old one's.
+	t.doneSum.Store(o.doneSum.Load())
+	t.doneN.Store(o.doneN.Load())
+	t.firstSum.Store(o.firstSum.Load())
+	t.firstN.Store(o.firstN.Load())
+	t.freeSum.Store(o.freeSum.Load())
+	t.freeN.Store(o.freeN.Load())
 	t.wholeN.Store(o.wholeN.Load())
+	b := o.means()
 	t.returns = o.returns
 	t.anySlots.Store(o.anySlots.Load())
 

@@ -52,8 +52,8 @@ func TestPredictedTTFTInheritKeepsTheLawAndWhatTargetsHold(t *testing.T) {
 			t.Fatalf("seed %d: the next turn went to %d, want 2 (old target 2, which holds the conversation)", seed, got)
 		}
 		l, want := b.(routing.LawReporter).Law(), old.(routing.LawReporter).Law()
-		if !l.Fitted || l.OwnMSPer1K != want.OwnMSPer1K || l.BaseMS != want.BaseMS || math.Abs(l.BytesPerToken-3) > 0.01 {
-			t.Fatalf("seed %d: inherited law %+v, want the old one's %+v (3 bytes a token)", seed, l, want)
+		if !l.Fitted || l.OwnMSPer1K != want.OwnMSPer1K || l.BaseMS != want.BaseMS || math.Abs(l.BytesPerToken-3) > 0.01 || l.FirstTokens != want.FirstTokens {
+			t.Fatalf("seed %d: inherited law %+v, want the old one's %+v (3 bytes a token; its first tokens counted on)", seed, l, want)
 		}
 		// The old balancer is unchanged: it still sends the turn to 2.
 		if got := old.Pick(next, []int{0, 0, 0}, routing.All(3)); got != 2 {
@@ -75,4 +75,31 @@ func TestPredictedTTFTInheritsOnlyFromItsKind(t *testing.T) {
 	if b.(routing.Inheritor).Inherit(b, []int{0, 1}) {
 		t.Fatal("predicted_ttft inherited from itself")
 	}
+}
+
+// Inheriting reads the old balancer while it still serves the attempts it
+// observed (run with -race).
+func TestPredictedTTFTInheritWhileTheOldOneServes(t *testing.T) {
+	clock := &ttftClock{now: time.Second}
+	old := newTTFT(t, 4, 1, clock, func(s *routing.Spec) { s.Now = nil })
+	teachLaw(old, 4, &ttftClock{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 2000 {
+			ctx := &routing.Context{Prompt: words(uint64(1000+i%50), 900)}
+			target := old.Pick(ctx, nil, routing.All(4))
+			old.Observe(target, ctx)
+			old.(routing.TTFTObserver).FirstToken(target, ctx, 30*time.Millisecond, 300)
+			old.(routing.Learner).Learn(target, ctx, 0, 40*time.Millisecond)
+		}
+	}()
+	for i := range 50 {
+		b := newTTFT(t, 5, uint64(i), clock, func(s *routing.Spec) { s.Now = nil })
+		if !b.(routing.Inheritor).Inherit(old, []int{3, -1, 0, 1, 2}) {
+			t.Fatal("did not inherit")
+		}
+		b.Pick(&routing.Context{Prompt: words(1001, 900)}, nil, routing.All(5))
+	}
+	<-done
 }
