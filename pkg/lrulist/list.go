@@ -9,7 +9,10 @@
 // A List is not safe for concurrent use. The zero value is an empty list.
 package lrulist
 
-import "iter"
+import (
+	"iter"
+	"slices"
+)
 
 // List is an LRU list of values of type T, oldest first.
 type List[T any] struct {
@@ -40,6 +43,13 @@ func (l *List[T]) PushNewest(v T) int32 {
 	l.link(e)
 	l.n++
 	return e
+}
+
+// Grow makes room for n more elements without reallocating.
+func (l *List[T]) Grow(n int) {
+	if n > 0 {
+		l.slots = slices.Grow(l.slots, n)
+	}
 }
 
 // Touch makes element e the newest.

@@ -84,3 +84,22 @@ func TestListModel(t *testing.T) {
 		}
 	}
 }
+
+// Grow makes room once: the pushes it made room for allocate nothing.
+// (AllocsPerRun calls the function once more to warm up: 2 × 1,000.)
+func TestGrowThenPushAllocatesNothing(t *testing.T) {
+	var l lrulist.List[int]
+	l.Grow(2000)
+	allocs := testing.AllocsPerRun(1, func() {
+		for i := range 1000 {
+			l.PushNewest(i)
+		}
+	})
+	if allocs != 0 || l.Len() != 2000 {
+		t.Fatalf("%v allocations pushing 1,000 twice after Grow(2000), %d elements", allocs, l.Len())
+	}
+	l.Grow(0) // nothing to make room for: a no-op
+	if l.Len() != 2000 {
+		t.Fatalf("Grow(0) changed the list: %d elements", l.Len())
+	}
+}
