@@ -65,3 +65,24 @@ func TestReloadAddingATargetInheritsPredictedTTFT(t *testing.T) {
 		t.Fatalf("a balancer with other settings inherited the law: %+v", got)
 	}
 }
+
+// A predicted_ttft route reads its providers' kv_capacity_tokens when its
+// balancer is built: a reload that changes one builds a new balancer (which
+// inherits the old one's state) rather than keeping the old value.
+func TestReloadChangingACapacityRebuildsPredictedTTFT(t *testing.T) {
+	up := newUpstream(t, "a")
+	doc := func(capacity int) string {
+		return fmt.Sprintf(openAuth+"[[providers]]\nname = \"p0\"\nkind = \"openai_compatible\"\napi_base = %q\nkv_capacity_tokens = %d\n"+
+			"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"p0\" }]\n", up.URL, capacity)
+	}
+	p, _ := newTestProxy(t, doc(100000))
+	old := p.rt.Load().routes["m"].pools[0].balancer
+	applyDoc(t, p, doc(100000))
+	if p.rt.Load().routes["m"].pools[0].balancer != old {
+		t.Fatal("a reload that changed nothing rebuilt the balancer")
+	}
+	applyDoc(t, p, doc(200000))
+	if p.rt.Load().routes["m"].pools[0].balancer == old {
+		t.Fatal("a reload that changed kv_capacity_tokens kept the balancer built with the old capacity")
+	}
+}

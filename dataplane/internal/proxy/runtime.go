@@ -149,7 +149,7 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, variant, strategy string, bp config.Balancer,
 	ttl time.Duration, targets []config.CompiledTarget, old *route) (*pool, error) {
 	pl := &pool{variant: variant, strategy: strategy, settings: settingsPrint(strategy, bp, ttl)}
-	pl.fingerprint = fingerprint(pl.settings, targets)
+	pl.fingerprint = fingerprint(pl.settings, targets, strategy == routing.PredictedTTFT)
 	weights := make([]int, len(targets))
 	for j, tc := range targets {
 		weights[j] = tc.Weight
@@ -165,7 +165,9 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 		if variant != "" {
 			name += "\x1f" + variant
 		}
-		pl.fleet = p.fleet.Bind(name, xxh3.HashString(pl.fingerprint), len(targets))
+		// Bound by the fingerprint without the capacities, as before they
+		// were in it: proxies of either version share during an upgrade.
+		pl.fleet = p.fleet.Bind(name, xxh3.HashString(fingerprint(pl.settings, targets, false)), len(targets))
 	}
 	if old != nil {
 		for _, op := range old.pools {
@@ -244,10 +246,17 @@ func settingsPrint(strategy string, bp config.Balancer, ttl time.Duration) strin
 	return fmt.Sprintf("%s|%+v|%v", strategy, bp, ttl)
 }
 
-func fingerprint(settings string, targets []config.CompiledTarget) string {
+// fingerprint is a pool's settings and targets; with capacities, the
+// providers' kv_capacity_tokens too, which predicted_ttft reads when it is
+// built (a changed one then takes effect in a new balancer, which inherits
+// the old one's state).
+func fingerprint(settings string, targets []config.CompiledTarget, capacities bool) string {
 	s := settings
 	for _, t := range targets {
 		s += fmt.Sprintf("|%s/%s/%d", t.Provider.Name, t.Model, t.Weight)
+		if capacities {
+			s += fmt.Sprintf("/%d", t.Provider.KVCapacityTokens)
+		}
 	}
 	return s
 }
