@@ -66,23 +66,42 @@ func TestReloadAddingATargetInheritsPredictedTTFT(t *testing.T) {
 	}
 }
 
-// A predicted_ttft route reads its providers' kv_capacity_tokens when its
-// balancer is built: a reload that changes one builds a new balancer (which
-// inherits the old one's state) rather than keeping the old value.
-func TestReloadChangingACapacityRebuildsPredictedTTFT(t *testing.T) {
+// A balancer reads some of its providers' settings when it is built:
+// predicted_ttft the KV capacity, the strategies that route on KV events
+// the model their block identities are seeded with. A reload that changes
+// one builds a new balancer (predicted_ttft's inherits the old one's
+// state) rather than keeping the old value; a reload that changes nothing
+// keeps it, and one that changes what the strategy does not read too.
+func TestReloadChangingWhatABalancerReadsRebuildsIt(t *testing.T) {
 	up := newUpstream(t, "a")
-	doc := func(capacity int) string {
+	doc := func(strategy string, capacity int, model string) string {
 		return fmt.Sprintf(openAuth+"[[providers]]\nname = \"p0\"\nkind = \"openai_compatible\"\napi_base = %q\nkv_capacity_tokens = %d\n"+
-			"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"p0\" }]\n", up.URL, capacity)
+			"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\nmodel = %q\n"+
+			"[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [{ provider = \"p0\" }]\n", up.URL, capacity, model, strategy)
 	}
-	p, _ := newTestProxy(t, doc(100000))
-	old := p.rt.Load().routes["m"].pools[0].balancer
-	applyDoc(t, p, doc(100000))
-	if p.rt.Load().routes["m"].pools[0].balancer != old {
-		t.Fatal("a reload that changed nothing rebuilt the balancer")
-	}
-	applyDoc(t, p, doc(200000))
-	if p.rt.Load().routes["m"].pools[0].balancer == old {
-		t.Fatal("a reload that changed kv_capacity_tokens kept the balancer built with the old capacity")
+	for _, tc := range []struct {
+		strategy       string
+		capacity, seed bool // whether a change of each rebuilds
+	}{
+		{"predicted_ttft", true, true},
+		{"precise_cache_aware", false, true},
+		{"cache_aware", false, false},
+	} {
+		p, _ := newTestProxy(t, doc(tc.strategy, 100000, "sim"))
+		balancer := func() routing.Balancer { return p.rt.Load().routes["m"].pools[0].balancer }
+		old := balancer()
+		applyDoc(t, p, doc(tc.strategy, 100000, "sim"))
+		if balancer() != old {
+			t.Fatalf("%s: a reload that changed nothing rebuilt the balancer", tc.strategy)
+		}
+		applyDoc(t, p, doc(tc.strategy, 200000, "sim"))
+		if rebuilt := balancer() != old; rebuilt != tc.capacity {
+			t.Fatalf("%s: a reload that changed kv_capacity_tokens rebuilt the balancer: %v, want %v", tc.strategy, rebuilt, tc.capacity)
+		}
+		old = balancer()
+		applyDoc(t, p, doc(tc.strategy, 200000, "other"))
+		if rebuilt := balancer() != old; rebuilt != tc.seed {
+			t.Fatalf("%s: a reload that changed kv_events.model rebuilt the balancer: %v, want %v", tc.strategy, rebuilt, tc.seed)
+		}
 	}
 }

@@ -149,7 +149,7 @@ func (p *Proxy) newRuntime(snap *config.Snapshot, prev *runtime) (*runtime, erro
 func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, variant, strategy string, bp config.Balancer,
 	ttl time.Duration, targets []config.CompiledTarget, old *route) (*pool, error) {
 	pl := &pool{variant: variant, strategy: strategy, settings: settingsPrint(strategy, bp, ttl)}
-	pl.fingerprint = fingerprint(pl.settings, targets, strategy == routing.PredictedTTFT)
+	pl.fingerprint = fingerprint(strategy, pl.settings, targets)
 	weights := make([]int, len(targets))
 	for j, tc := range targets {
 		weights[j] = tc.Weight
@@ -165,9 +165,10 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 		if variant != "" {
 			name += "\x1f" + variant
 		}
-		// Bound by the fingerprint without the capacities, as before they
-		// were in it: proxies of either version share during an upgrade.
-		pl.fleet = p.fleet.Bind(name, xxh3.HashString(fingerprint(pl.settings, targets, false)), len(targets))
+		// Bound by settings and targets alone, as before the fingerprint
+		// held what the strategy reads of the providers: proxies of either
+		// version share during an upgrade.
+		pl.fleet = p.fleet.Bind(name, xxh3.HashString(targetsPrint(pl.settings, targets)), len(targets))
 	}
 	if old != nil {
 		for _, op := range old.pools {
@@ -246,16 +247,31 @@ func settingsPrint(strategy string, bp config.Balancer, ttl time.Duration) strin
 	return fmt.Sprintf("%s|%+v|%v", strategy, bp, ttl)
 }
 
-// fingerprint is a pool's settings and targets; with capacities, the
-// providers' kv_capacity_tokens too, which predicted_ttft reads when it is
-// built (a changed one then takes effect in a new balancer, which inherits
-// the old one's state).
-func fingerprint(settings string, targets []config.CompiledTarget, capacities bool) string {
+// targetsPrint is a pool's settings and targets (provider, upstream model,
+// weight).
+func targetsPrint(settings string, targets []config.CompiledTarget) string {
 	s := settings
 	for _, t := range targets {
 		s += fmt.Sprintf("|%s/%s/%d", t.Provider.Name, t.Model, t.Weight)
-		if capacities {
-			s += fmt.Sprintf("/%d", t.Provider.KVCapacityTokens)
+	}
+	return s
+}
+
+// fingerprint is targetsPrint with what the strategy's balancer reads of
+// each target's provider when it is built: the model its KV block
+// identities are seeded with (strategies that read KV events), and the KV
+// capacity (predicted_ttft). A reload that changes one builds a new
+// balancer, which an Inheritor fills with what the old one learned; kept,
+// the old one went on with the old value (precise matches seeded with a
+// model the watcher no longer uses: none).
+func fingerprint(strategy, settings string, targets []config.CompiledTarget) string {
+	s := targetsPrint(settings, targets)
+	for _, t := range targets {
+		if readsKVEvents(strategy) {
+			s += "|" + identityModel(t)
+		}
+		if strategy == routing.PredictedTTFT {
+			s += fmt.Sprintf("|%d", t.Provider.KVCapacityTokens)
 		}
 	}
 	return s
