@@ -67,41 +67,51 @@ func TestReloadAddingATargetInheritsPredictedTTFT(t *testing.T) {
 }
 
 // A balancer reads some of its providers' settings when it is built:
-// predicted_ttft the KV capacity, the strategies that route on KV events
-// the model their block identities are seeded with. A reload that changes
+// predicted_ttft the KV capacity and the engine load's table, the
+// strategies that route on KV events the model their block identities are
+// seeded with. A reload that changes
 // one builds a new balancer (predicted_ttft's inherits the old one's
 // state) rather than keeping the old value; a reload that changes nothing
 // keeps it, and one that changes what the strategy does not read too.
 func TestReloadChangingWhatABalancerReadsRebuildsIt(t *testing.T) {
 	up := newUpstream(t, "a")
-	doc := func(strategy string, capacity int, model string) string {
+	doc := func(strategy string, capacity int, model string, engineLoad bool) string {
+		el := ""
+		if engineLoad {
+			el = "[providers.engine_load]\n"
+		}
 		return fmt.Sprintf(openAuth+"[[providers]]\nname = \"p0\"\nkind = \"openai_compatible\"\napi_base = %q\nkv_capacity_tokens = %d\n"+
-			"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\nmodel = %q\n"+
-			"[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [{ provider = \"p0\" }]\n", up.URL, capacity, model, strategy)
+			"[providers.kv_events]\nendpoint = \"tcp://127.0.0.1:5557\"\nmodel = %q\n%s"+
+			"[[routes]]\nmodel = \"m\"\nstrategy = %q\ntargets = [{ provider = \"p0\" }]\n", up.URL, capacity, model, el, strategy)
 	}
 	for _, tc := range []struct {
-		strategy       string
-		capacity, seed bool // whether a change of each rebuilds
+		strategy                   string
+		capacity, seed, engineLoad bool // whether a change of each rebuilds
 	}{
-		{"predicted_ttft", true, true},
-		{"precise_cache_aware", false, true},
-		{"cache_aware", false, false},
+		{"predicted_ttft", true, true, true},
+		{"precise_cache_aware", false, true, false},
+		{"cache_aware", false, false, false},
 	} {
-		p, _ := newTestProxy(t, doc(tc.strategy, 100000, "sim"))
+		p, _ := newTestProxy(t, doc(tc.strategy, 100000, "sim", false))
 		balancer := func() routing.Balancer { return p.rt.Load().routes["m"].pools[0].balancer }
 		old := balancer()
-		applyDoc(t, p, doc(tc.strategy, 100000, "sim"))
+		applyDoc(t, p, doc(tc.strategy, 100000, "sim", false))
 		if balancer() != old {
 			t.Fatalf("%s: a reload that changed nothing rebuilt the balancer", tc.strategy)
 		}
-		applyDoc(t, p, doc(tc.strategy, 200000, "sim"))
+		applyDoc(t, p, doc(tc.strategy, 200000, "sim", false))
 		if rebuilt := balancer() != old; rebuilt != tc.capacity {
 			t.Fatalf("%s: a reload that changed kv_capacity_tokens rebuilt the balancer: %v, want %v", tc.strategy, rebuilt, tc.capacity)
 		}
 		old = balancer()
-		applyDoc(t, p, doc(tc.strategy, 200000, "other"))
+		applyDoc(t, p, doc(tc.strategy, 200000, "other", false))
 		if rebuilt := balancer() != old; rebuilt != tc.seed {
 			t.Fatalf("%s: a reload that changed kv_events.model rebuilt the balancer: %v, want %v", tc.strategy, rebuilt, tc.seed)
+		}
+		old = balancer()
+		applyDoc(t, p, doc(tc.strategy, 200000, "other", true))
+		if rebuilt := balancer() != old; rebuilt != tc.engineLoad {
+			t.Fatalf("%s: a reload that added [providers.engine_load] rebuilt the balancer: %v, want %v", tc.strategy, rebuilt, tc.engineLoad)
 		}
 	}
 }

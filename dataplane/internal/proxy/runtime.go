@@ -260,10 +260,12 @@ func targetsPrint(settings string, targets []config.CompiledTarget) string {
 // fingerprint is targetsPrint with what the strategy's balancer reads of
 // each target's provider when it is built: the model its KV block
 // identities are seeded with (strategies that read KV events), and the KV
-// capacity (predicted_ttft). A reload that changes one builds a new
+// capacity and whether and how stale the engine load may be read
+// (predicted_ttft's engineState). A reload that changes one builds a new
 // balancer, which an Inheritor fills with what the old one learned; kept,
 // the old one went on with the old value (precise matches seeded with a
-// model the watcher no longer uses: none).
+// model the watcher no longer uses: none; an engine_load added later:
+// never read).
 func fingerprint(strategy, settings string, targets []config.CompiledTarget) string {
 	s := targetsPrint(settings, targets)
 	for _, t := range targets {
@@ -272,6 +274,9 @@ func fingerprint(strategy, settings string, targets []config.CompiledTarget) str
 		}
 		if strategy == routing.PredictedTTFT {
 			s += fmt.Sprintf("|%d", t.Provider.KVCapacityTokens)
+			if el := t.Provider.EngineLoad; el != nil {
+				s += fmt.Sprintf("/%v", el.Stale)
+			}
 		}
 	}
 	return s
