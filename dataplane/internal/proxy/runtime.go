@@ -211,7 +211,7 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 		}
 		if in, ok := b.(routing.Inheritor); ok && old != nil {
 			if kept, ok := inherit(in, pl, old.pools, targets); ok {
-				p.log.Info("route's targets changed: its new balancer inherits what the old one learned",
+				p.log.Info("route's balancer rebuilt (its targets, or what it reads of their providers, changed): the new one inherits what the old one learned",
 					"route", rc.Model, "variant", variant, "strategy", strategy, "targets", len(targets), "kept", kept)
 			}
 		}
@@ -283,8 +283,9 @@ func fingerprint(strategy, settings string, targets []config.CompiledTarget) str
 }
 
 // inherit hands a new balancer what the previous runtime's pool of the
-// same variant and settings learned, when only its targets changed (a
-// replica added or removed): each target is matched by provider and model.
+// same variant and settings learned, when only its targets (a replica
+// added or removed) or what it reads of their providers changed: each
+// target is matched by provider and model.
 // It returns how many targets were kept and whether the balancer took the
 // old one's state.
 func inherit(in routing.Inheritor, pl *pool, old []*pool, targets []config.CompiledTarget) (kept int, ok bool) {
