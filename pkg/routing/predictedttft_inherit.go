@@ -4,6 +4,8 @@ package routing
 //
 // A reload that adds or removes a target (an autoscaler's new replica, a
 // drained one) builds a new balancer: the targets' indexes change meaning.
+// (So does one that changes what the balancer reads of the providers when
+// it is built: their KV capacity, engine-load table, KV identity model.)
 // Built from nothing, it routed on the unit law and an empty index until
 // it had learned the fleet again: every conversation lost its replica, and
 // the cold start's spread scattered prefixes the replicas still held. What
