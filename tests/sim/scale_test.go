@@ -48,8 +48,18 @@ func TestScaleInherits(t *testing.T) {
 		t.Fatalf("after a drain, inheriting cached %d prompt tokens, rebuilding %d", drainedInherited.CachedTokens, drainedRebuilt.CachedTokens)
 	}
 
-	cfg.Proxies, cfg.Share = 2, true
+	// Through two proxies that share their state, each reloads its own
+	// route and rebinds the new balancer to the fleet, as the proxy does.
+	shared := cfg
+	shared.Proxies, shared.Share = 2, true
+	sharedInherited := mustRun(t, shared, w, "predicted_ttft:kv_events=0:scale_s=4")
+	sharedRebuilt := mustRun(t, shared, w, "predicted_ttft:kv_events=0:scale_s=4:inherit=0")
+	if sharedInherited.CachedTokens <= sharedRebuilt.CachedTokens {
+		t.Fatalf("through sharing proxies, inheriting cached %d prompt tokens, rebuilding %d", sharedInherited.CachedTokens, sharedRebuilt.CachedTokens)
+	}
+
+	cfg.Replicas = 1
 	if _, err := Run(cfg, w, mustStrategy(t, "predicted_ttft:scale_s=4")); err == nil || !strings.Contains(err.Error(), "scale_s") {
-		t.Fatalf("scale_s through sharing proxies: error %v, want one naming scale_s", err)
+		t.Fatalf("scale_s on one replica: error %v, want one naming scale_s", err)
 	}
 }

@@ -67,16 +67,23 @@ func (r *run) newShareNode(p int, env *Env) {
 	env.Share = rt.Record
 }
 
-// bindShare connects proxy p's policy to its route once built.
+// bindShare connects proxy p's policy to its route once built, and a
+// predicted_ttft policy's later balancers (:scale_s, :drain_s) too.
 func (r *run) bindShare(p int, px *proxy) {
 	rt := r.share.routes[p]
-	if b, ok := px.policy.(interface{ inner() *balancer }); ok {
-		if sa, ok := b.inner().b.(routing.SharedAffinity); ok {
+	bind := func(b routing.Balancer) {
+		if sa, ok := b.(routing.SharedAffinity); ok {
 			rt.SetAffinity(sa)
 		}
-		if sq, ok := b.inner().b.(routing.SharedQueue); ok {
+		if sq, ok := b.(routing.SharedQueue); ok {
 			rt.SetQueue(sq)
 		}
+	}
+	if b, ok := px.policy.(interface{ inner() *balancer }); ok {
+		bind(b.inner().b)
+	}
+	if t, ok := px.policy.(*ttftPolicy); ok {
+		t.rebind = bind
 	}
 	rt.SetOwnLoad(func(i int) int { return px.loads[i] })
 }

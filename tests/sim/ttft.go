@@ -38,6 +38,9 @@ type ttftPolicy struct {
 	stream float64
 	turns  bool
 	scale  *ttftScale // nil without :scale_s or :drain_s
+	// rebind connects a new balancer to the proxy's fleet route (nil
+	// without sharing), as the proxy does after a reload.
+	rebind func(routing.Balancer)
 }
 
 // ttftScale is a predicted_ttft policy's reload when the last replica
@@ -92,8 +95,8 @@ func newTTFTPolicy(spec routing.Spec, env Env, o ttftOptions) (Policy, error) {
 	}
 	n := env.Replicas
 	if o.scaleAt > 0 {
-		if env.Share != nil || env.Replicas < 2 {
-			return nil, fmt.Errorf("scale_s and drain_s need 2 replicas or more and one proxy, or proxies that do not share")
+		if env.Replicas < 2 {
+			return nil, fmt.Errorf("scale_s and drain_s need 2 replicas or more")
 		}
 		sc := &ttftScale{at: o.scaleAt, inherit: o.inherit, spec: spec, before: n - 1, after: n, owner: map[*Flight]routing.Balancer{}}
 		if o.drain {
@@ -135,6 +138,9 @@ func (p *ttftPolicy) scaled(v *View) {
 		in.Inherit(p.b, from)
 	}
 	p.balancer = &balancer{b: b, all: routing.All(s.after)}
+	if p.rebind != nil {
+		p.rebind(b)
+	}
 }
 
 // loads is v's loads over the route's targets.
