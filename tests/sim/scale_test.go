@@ -7,11 +7,11 @@ import (
 
 // predicted_ttft:scale_s=S routes over every replica but the last until S
 // seconds in, then reloads the route with the last one added (drain_s: the
-// last one taken out). The reloaded
-// balancer inherits what the old one learned: without KV events its
-// approximate index is all it knows of where the conversations are, and a
-// balancer rebuilt from nothing re-prefills them (the CLI measures the
-// same at the defaults: docs/routing.md, a route whose targets change).
+// last one taken out). The reloaded balancer inherits what the old one
+// learned: without KV events its approximate index is all it knows of
+// where the conversations are, and a balancer rebuilt from nothing
+// re-prefills them (the CLI measures the same at the defaults:
+// docs/routing.md, a route whose targets change).
 func TestScaleInherits(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Replicas = 4
