@@ -54,6 +54,9 @@ func (t *predictedTTFT) Inherit(old Balancer, from []int) bool {
 	t.freeSum.Store(o.freeSum.Load())
 	t.freeN.Store(o.freeN.Load())
 	t.wholeN.Store(o.wholeN.Load())
+	for k := range t.decisions { // exported as counters too
+		t.decisions[k].Store(o.decisions[k].Load())
+	}
 	b := o.means()
 	t.returns = o.returns
 	t.anySlots.Store(o.anySlots.Load())

@@ -44,9 +44,13 @@ func TestPredictedTTFTInheritKeepsTheLawAndWhatTargetsHold(t *testing.T) {
 		if got := fresh.Pick(next, []int{0, 0, 0}, routing.All(3)); got != 2 {
 			elsewhere++
 		}
+		old.Pick(next, []int{0, 0, 0}, routing.All(3)) // a decision to count on
 		b := newTTFT(t, 3, seed+100, clock, nil)
 		if !b.(routing.Inheritor).Inherit(old, from) {
 			t.Fatal("a predicted_ttft balancer did not inherit from another")
+		}
+		if got, want := b.(routing.DecisionCounter).Decisions(), old.(routing.DecisionCounter).Decisions(); got[routing.DecisionApproximate] != want[routing.DecisionApproximate] {
+			t.Fatalf("seed %d: decisions %v after inheriting, want the old one's %v counted on", seed, got, want)
 		}
 		if got := b.Pick(next, []int{0, 0, 0}, routing.All(3)); got != 2 {
 			t.Fatalf("seed %d: the next turn went to %d, want 2 (old target 2, which holds the conversation)", seed, got)
