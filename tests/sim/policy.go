@@ -344,8 +344,11 @@ func (p *balancer) Observe(target int, f *Flight, _ *View) { p.b.Observe(target,
 
 func (p *balancer) FirstToken(*Flight, time.Duration) {}
 
-func (p *balancer) Done(f *Flight, now time.Duration) {
-	if l, ok := p.b.(routing.Learner); ok {
+func (p *balancer) Done(f *Flight, now time.Duration) { learn(p.b, f, now) }
+
+// learn tells b, if it learns, that f completed at now.
+func learn(b routing.Balancer, f *Flight, now time.Duration) {
+	if l, ok := b.(routing.Learner); ok {
 		l.Learn(f.Target, &f.Ctx, f.Depth, now-f.Issued)
 	}
 }

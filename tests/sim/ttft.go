@@ -230,9 +230,7 @@ func (p *ttftPolicy) Done(f *Flight, now time.Duration) {
 	if o, ok := b.(routing.TTFTObserver); ok && f.Ctx.Buffered {
 		o.WholeAnswer(f.Target, &f.Ctx, now-f.Issued, len(f.Req.Tokens()), f.Req.Output)
 	}
-	if l, ok := b.(routing.Learner); ok {
-		l.Learn(f.Target, &f.Ctx, f.Depth, now-f.Issued)
-	}
+	learn(b, f, now)
 	if p.scale != nil {
 		delete(p.scale.owner, f)
 	}
