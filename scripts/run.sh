@@ -71,7 +71,8 @@ n=0
 for addr in "$PROXY_ADDR" "$PROXY2_ADDR"; do
   n=$((n + 1))
   ROLTER_NODE_TOKEN=$ROLTER_NODE_TOKENS ./bin/rolter-proxy --controlplane "$CP_ADDR" --listen "$addr" \
-    --snapshot-cache "$WORK/snapshot-$n.json" --nats "nats://$NATS_ADDR" >"$WORK/proxy-$n.log" 2>&1 &
+    --snapshot-cache "$WORK/snapshot-$n.json" --routing-state "$WORK/routing-$n.state" \
+    --nats "nats://$NATS_ADDR" >"$WORK/proxy-$n.log" 2>&1 &
   pids+=($!)
 done
 wait_http "http://$PROXY_ADDR/readyz"

@@ -38,6 +38,7 @@ import (
 	"rolter.dev/dataplane/internal/filewatch"
 	"rolter.dev/dataplane/internal/health"
 	"rolter.dev/dataplane/internal/proxy"
+	"rolter.dev/dataplane/internal/routingstate"
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/fleet"
 	"rolter.dev/pkg/kvindex"
@@ -85,7 +86,23 @@ type Options struct {
 	// ShareQueueInterval is how often the prefill each predicted_ttft route
 	// has queued per target is published (default 5 ms).
 	ShareQueueInterval time.Duration
+	// RoutingStateFile, when set, keeps what the balancers learned across
+	// restarts (predicted_ttft's latency law and approximate index; see
+	// package routingstate): read at start, written every
+	// RoutingStateInterval and once more at shutdown. Empty: a restarted
+	// proxy's balancers start from nothing.
+	RoutingStateFile string
+	// RoutingStateInterval is how often the file is written (default
+	// DefaultRoutingStateInterval): a crash loses what was learned since.
+	RoutingStateInterval time.Duration
 }
+
+// DefaultRoutingStateInterval is how often the routing state is written
+// by default: a crash loses at most half a minute of learning (a restart
+// with a drain loses nothing: the state is written at shutdown), and a
+// write costs about 27 ms of CPU and 15 MB on disk for 16 replicas holding
+// a million tokens each (docs/routing.md), off the request path.
+const DefaultRoutingStateInterval = 30 * time.Second
 
 // ControlPlaneOptions configures control-plane mode (see package cpfollow).
 type ControlPlaneOptions struct {
@@ -160,7 +177,36 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			node = fleet.NewNode(fleet.Options{Group: opts.ShareGroup, FlushInterval: opts.ShareFlush, QueueInterval: opts.ShareQueueInterval})
 		}
 	}
-	p := proxy.New(proxy.Options{Logger: log, Registerer: reg, Gatherer: reg, TracerProvider: tp, KVIndex: kv, Fleet: node})
+	var restore []routingstate.Route
+	if opts.RoutingStateFile != "" {
+		routes, at, err := routingstate.Load(opts.RoutingStateFile)
+		switch {
+		case err != nil:
+			log.Warn("routing state unreadable; every balancer starts from nothing", "file", opts.RoutingStateFile, "err", err)
+		case routes != nil:
+			log.Info("routing state read; each route's balancer reads back its own", "file", opts.RoutingStateFile,
+				"routes", len(routes), "saved_at", at.UTC().Format(time.RFC3339), "age", time.Since(at).Round(time.Second).String())
+		}
+		restore = routes
+	}
+	p := proxy.New(proxy.Options{Logger: log, Registerer: reg, Gatherer: reg, TracerProvider: tp, KVIndex: kv, Fleet: node, Restore: restore})
+	saveState := func() {
+		if opts.RoutingStateFile == "" {
+			return
+		}
+		routes, ok := p.RoutingState()
+		if !ok {
+			return // no config applied yet: the file keeps what the next start reads
+		}
+		size, err := routingstate.Save(opts.RoutingStateFile, routes)
+		if err != nil {
+			p.Metrics().StateSaves.WithLabelValues("error").Inc()
+			log.Warn("writing the routing state", "file", opts.RoutingStateFile, "err", err)
+			return
+		}
+		p.Metrics().StateSaves.WithLabelValues("ok").Inc()
+		p.Metrics().StateBytes.Set(float64(size))
+	}
 	var source func(context.Context) // runs the config source until ctx ends
 	if cp := opts.ControlPlane; cp != nil {
 		f := cpfollow.New(cpfollow.Options{
@@ -207,6 +253,24 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 	wg.Go(func() { source(bg) })
 	wg.Go(func() { health.New(p.Snapshot, p.Registry(), p.Metrics(), log).Run(bg) })
 	wg.Go(func() { engineload.New(p.Snapshot, p.Registry(), p.Metrics(), log).Run(bg) })
+	if opts.RoutingStateFile != "" {
+		every := opts.RoutingStateInterval
+		if every <= 0 {
+			every = DefaultRoutingStateInterval
+		}
+		wg.Go(func() {
+			tick := time.NewTicker(every)
+			defer tick.Stop()
+			for {
+				select {
+				case <-bg.Done():
+					return
+				case <-tick.C:
+					saveState()
+				}
+			}
+		})
+	}
 	if node != nil {
 		wg.Go(func() {
 			if err := node.Run(bg, nc, log.With("component", "fleet")); err != nil {
@@ -229,6 +293,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 			a.err = err
 			stopBG()
 			wg.Wait()
+			saveState()
 			flushTraces(stopTracing)
 			return
 		}
@@ -262,6 +327,7 @@ func Start(ctx context.Context, opts Options) (*App, error) {
 		}
 		stopBG()
 		wg.Wait()
+		saveState() // what the drain's requests taught too
 		if err := p.Close(); err != nil {
 			log.Warn("flushing usage records", "err", err)
 		}

@@ -103,3 +103,47 @@ func BenchmarkRemap(b *testing.B) {
 		x.Remap(from, nil)
 	}
 }
+
+// fullIndex is BenchmarkRemap's index, stamped: 16 targets of 62,500
+// chunks.
+func fullIndex() *chunkindex.Index {
+	const targets, chunks = 16, 62_500
+	x := chunkindex.New(targets, chunks)
+	x.TrackForks()
+	now := int64(0)
+	x.SetClock(func() int64 { now += 1000; return now })
+	hashes := make([]uint64, 64)
+	for t := range targets {
+		for i := 0; i < chunks; i += len(hashes) {
+			for k := range hashes {
+				hashes[k] = uint64(t)<<32 | uint64(i+k)
+			}
+			x.Fold(t, hashes)
+		}
+	}
+	return x
+}
+
+// BenchmarkAppendBinary is what writing the proxy's routing state costs
+// per write for BenchmarkRemap's index (rolter-proxy --routing-state,
+// every 30 s by default), reported with the form's size.
+func BenchmarkAppendBinary(b *testing.B) {
+	x := fullIndex()
+	var buf []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		buf, _ = x.AppendBinary(buf[:0])
+	}
+	b.ReportMetric(float64(len(buf)), "bytes/index")
+}
+
+// BenchmarkDecode is what reading that index back costs a proxy at start.
+func BenchmarkDecode(b *testing.B) {
+	data, _ := fullIndex().AppendBinary(nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := chunkindex.Decode(data, func() int64 { return 1 }); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,5 +1,7 @@
 package routing
 
+import "rolter.dev/pkg/chunkindex"
+
 // What predicted_ttft keeps when its route's targets change.
 //
 // A reload that adds or removes a target (an autoscaler's new replica, a
@@ -9,13 +11,102 @@ package routing
 // Built from nothing, it routed on the unit law and an empty index until
 // it had learned the fleet again: every conversation lost its replica, and
 // the cold start's spread scattered prefixes the replicas still held. What
-// belongs to the engines and not to the set of targets is kept: the law
-// (and the batch term's), the text/token ratios, how long a target may
-// take to answer, how long a request holds its slot; and per kept target
-// what it holds (its approximate index, in LRU order and with its ages),
-// its batch limit, the new prefixes it was sent, and what its engine's
-// counts usually show beyond this balancer's. The rates, queues and peers'
-// reports are of the moment and start afresh, as after a restart.
+// belongs to the engines and not to the set of targets is kept (a
+// ttftMemory, the same a restart reads back from disk:
+// predictedttft_persist.go): the law (and the batch term's), the
+// text/token ratios, how long a target may take to answer, the forget
+// term's return times; and per kept target what it holds (its approximate
+// index, in LRU order and with its ages), its batch limit, and what its
+// engine's counts usually show beyond this balancer's. A reload also keeps
+// how long a request holds its slot, the new prefixes each target was
+// sent, and the counts the metrics export as counters, which go on. The
+// rates, queues and peers' reports are of the moment and start afresh, as
+// after a restart.
+
+// ttftMemory is what a predicted_ttft balancer hands on (see above), over
+// its n targets.
+type ttftMemory struct {
+	n        int
+	pooled   lawFit
+	fleet    *ttftLaw // nil: not fitted
+	batchFit batchFit
+	batchLaw *batchLaw // nil: no slope determined
+	// The text/token ratios' sums and values (float64 bits).
+	bytesSeen, indexedSeen, tokensSeen float64
+	bytesPerToken, indexedPerToken     uint64
+	longFirst, longWhole               int64 // ns
+	anySlots                           int64
+	// Per target.
+	maxRunning                        []int64
+	seenFull                          []bool
+	waitExcess, slotExcess, runExcess []uint64 // float64 bits
+	index                             *chunkindex.Index
+	returns                           *returnLog
+}
+
+// memory reads what t hands on, its index and return log as they are
+// (shared, not copied).
+func (t *predictedTTFT) memory() *ttftMemory {
+	m := &ttftMemory{n: t.n, index: t.index, returns: t.returns}
+	t.fitMu.Lock()
+	m.pooled = t.pooled
+	t.fitMu.Unlock()
+	m.fleet = t.fleet.Load()
+	t.batch.mu.Lock()
+	m.batchFit = t.batch.fit
+	t.batch.mu.Unlock()
+	m.batchLaw = t.batch.law.Load()
+	t.ratioMu.Lock()
+	m.bytesSeen, m.indexedSeen, m.tokensSeen = t.bytesSeen, t.indexedSeen, t.tokensSeen
+	t.ratioMu.Unlock()
+	m.bytesPerToken, m.indexedPerToken = t.bytesPerToken.Load(), t.indexedPerToken.Load()
+	m.longFirst = max(t.longFirst.cur.Load(), t.longFirst.prev.Load())
+	m.longWhole = max(t.longWhole.cur.Load(), t.longWhole.prev.Load())
+	m.anySlots = t.anySlots.Load()
+	m.maxRunning = make([]int64, t.n)
+	m.seenFull = make([]bool, t.n)
+	m.waitExcess, m.slotExcess, m.runExcess = make([]uint64, t.n), make([]uint64, t.n), make([]uint64, t.n)
+	for i := range t.n {
+		m.maxRunning[i] = t.maxRunning[i].Load()
+		m.seenFull[i] = t.seenFull[i].Load()
+		m.waitExcess[i], m.slotExcess[i], m.runExcess[i] = t.waitExcess[i].Load(), t.slotExcess[i].Load(), t.runExcess[i].Load()
+	}
+	return m
+}
+
+// adopt takes m into t, which no pick has used yet: src[j] is m's target
+// for t's target j (-1: none; see fromOf). m's index is copied (Remap),
+// unless owned (t may take it) and on t's clock already with its targets
+// in t's order; its return log is shared.
+func (t *predictedTTFT) adopt(m *ttftMemory, src []int, owned bool) {
+	if owned && identity(src, m.index.Targets()) {
+		t.index = m.index
+	} else {
+		t.index = m.index.Remap(src, func() int64 { return int64(t.now()) })
+	}
+	t.refreshCapacity()
+	t.pooled = m.pooled
+	t.fleet.Store(m.fleet)
+	t.batch.fit = m.batchFit
+	t.batch.law.Store(m.batchLaw)
+	t.bytesSeen, t.indexedSeen, t.tokensSeen = m.bytesSeen, m.indexedSeen, m.tokensSeen
+	t.bytesPerToken.Store(m.bytesPerToken)
+	t.indexedPerToken.Store(m.indexedPerToken)
+	t.longFirst.cur.Store(m.longFirst)
+	t.longWhole.cur.Store(m.longWhole)
+	t.returns = m.returns
+	t.anySlots.Store(m.anySlots)
+	for j, i := range src {
+		if i < 0 {
+			continue
+		}
+		t.maxRunning[j].Store(m.maxRunning[i])
+		t.seenFull[j].Store(m.seenFull[i])
+		t.waitExcess[j].Store(m.waitExcess[i])
+		t.slotExcess[j].Store(m.slotExcess[i])
+		t.runExcess[j].Store(m.runExcess[i])
+	}
+}
 
 // Inherit implements [Inheritor].
 func (t *predictedTTFT) Inherit(old Balancer, from []int) bool {
@@ -24,26 +115,8 @@ func (t *predictedTTFT) Inherit(old Balancer, from []int) bool {
 		return false
 	}
 	src := t.fromOf(from, o.n)
-	t.index = o.index.Remap(src, func() int64 { return int64(t.now()) })
-	t.refreshCapacity()
+	t.adopt(o.memory(), src, false)
 
-	o.fitMu.Lock()
-	t.pooled = o.pooled
-	o.fitMu.Unlock()
-	t.fleet.Store(o.fleet.Load())
-	o.batch.mu.Lock()
-	t.batch.fit = o.batch.fit
-	o.batch.mu.Unlock()
-	t.batch.law.Store(o.batch.law.Load())
-
-	o.ratioMu.Lock()
-	t.bytesSeen, t.indexedSeen, t.tokensSeen = o.bytesSeen, o.indexedSeen, o.tokensSeen
-	o.ratioMu.Unlock()
-	t.bytesPerToken.Store(o.bytesPerToken.Load())
-	t.indexedPerToken.Store(o.indexedPerToken.Load())
-
-	t.longFirst.cur.Store(max(o.longFirst.cur.Load(), o.longFirst.prev.Load()))
-	t.longWhole.cur.Store(max(o.longWhole.cur.Load(), o.longWhole.prev.Load()))
 	// The slot hold's sums (slotHold), whole: the new balancer reads them
 	// over all of them until its own rates' window forms, and the counts
 	// its metrics export as counters go on from the old one's.
@@ -58,23 +131,28 @@ func (t *predictedTTFT) Inherit(old Balancer, from []int) bool {
 		t.decisions[k].Store(o.decisions[k].Load())
 	}
 	b := o.means()
-	t.returns = o.returns
-	t.anySlots.Store(o.anySlots.Load())
-
 	for j, i := range src {
 		if i < 0 {
 			continue
 		}
-		t.maxRunning[j].Store(o.maxRunning[i].Load())
-		t.seenFull[j].Store(o.seenFull[i].Load())
 		newSince := o.newPrefixes[i].Load() // over the old balancer's window, as fewestNew reads them
 		if i < len(b.newPrefixesAt) {
 			newSince -= b.newPrefixesAt[i]
 		}
 		t.newPrefixes[j].Store(newSince)
-		t.waitExcess[j].Store(o.waitExcess[i].Load())
-		t.slotExcess[j].Store(o.slotExcess[i].Load())
-		t.runExcess[j].Store(o.runExcess[i].Load())
+	}
+	return true
+}
+
+// identity reports whether src maps each of n targets to itself.
+func identity(src []int, n int) bool {
+	if len(src) != n {
+		return false
+	}
+	for j, i := range src {
+		if i != j {
+			return false
+		}
 	}
 	return true
 }

@@ -82,7 +82,7 @@ func TestPredictedTTFTInheritsOnlyFromItsKind(t *testing.T) {
 }
 
 // Inheriting reads the old balancer while it still serves the attempts it
-// observed (run with -race).
+// observed, and so does writing its state (run with -race).
 func TestPredictedTTFTInheritWhileTheOldOneServes(t *testing.T) {
 	clock := &ttftClock{now: time.Second}
 	old := newTTFT(t, 4, 1, clock, func(s *routing.Spec) { s.Now = nil })
@@ -104,6 +104,10 @@ func TestPredictedTTFTInheritWhileTheOldOneServes(t *testing.T) {
 			t.Fatal("did not inherit")
 		}
 		b.Pick(&routing.Context{Prompt: words(1001, 900)}, nil, routing.All(5))
+		// The proxy writes its routing state while the balancer serves too.
+		if _, err := old.(routing.StateKeeper).AppendState(nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 	<-done
 }

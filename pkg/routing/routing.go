@@ -66,6 +66,20 @@ type Inheritor interface {
 	Inherit(old Balancer, from []int) bool
 }
 
+// StateKeeper is implemented by balancers whose learned state outlives
+// their process: the proxy writes it to disk (rolter-proxy
+// --routing-state) and hands it to the balancer built after a restart.
+// AppendState appends the state in a versioned binary form to dst; it is
+// safe while the balancer serves. RestoreState takes what a balancer of
+// the same strategy and parameters wrote, from[j] being the index in the
+// saved balancer's targets of this one's target j, or -1, as for
+// Inheritor; it is called once, before any pick. On an error (wrapping
+// wire.ErrCorrupt for input it cannot read) it changes nothing.
+type StateKeeper interface {
+	AppendState(dst []byte) ([]byte, error)
+	RestoreState(state []byte, from []int) error
+}
+
 // MaxTargets is the largest number of targets a route may have. It keeps a
 // Set in one machine word per 64 targets without allocating on the hot path.
 const MaxTargets = 256

@@ -241,11 +241,11 @@ func ParseStrategy(s string) (Strategy, error) {
 					return st, fmt.Errorf("strategy %q: stream: want a share from 0 to 1 on %s", s, routing.PredictedTTFT)
 				}
 				ttft.stream = f
-			case "scale_s", "drain_s":
+			case "scale_s", "drain_s", "restart_s":
 				if base != routing.PredictedTTFT || !(f > 0) || f > 1e6 || ttft.scaleAt > 0 {
-					return st, fmt.Errorf("strategy %q: %s: want seconds above 0 on %s, and one of scale_s and drain_s", s, k, routing.PredictedTTFT)
+					return st, fmt.Errorf("strategy %q: %s: want seconds above 0 on %s, and one of scale_s, drain_s and restart_s", s, k, routing.PredictedTTFT)
 				}
-				ttft.scaleAt, ttft.drain = time.Duration(f*float64(time.Second)), k == "drain_s"
+				ttft.scaleAt, ttft.drain, ttft.restart = time.Duration(f*float64(time.Second)), k == "drain_s", k == "restart_s"
 			case "speculate_ms":
 				if (base != routing.PreciseCacheAware && base != routing.PredictedTTFT) || f < 0 {
 					return st, fmt.Errorf("strategy %q: speculate_ms: want a number >= 0 on %s or %s", s, routing.PreciseCacheAware, routing.PredictedTTFT)

@@ -63,3 +63,23 @@ func TestScaleInherits(t *testing.T) {
 		t.Fatalf("scale_s on one replica: error %v, want one naming scale_s", err)
 	}
 }
+
+// predicted_ttft:restart_s=S restarts the proxy at S: its new balancer
+// reads back the state the old one wrote (routing.StateKeeper, the proxy's
+// --routing-state) through its binary form, or with :inherit=0 starts from
+// nothing and loses every conversation's replica.
+func TestRestartReadsBackItsState(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Replicas = 4
+	mt := DefaultMultiturn()
+	mt.Clients = 64
+	w := Multiturn(mt, cfg.Seed)
+	restored := mustRun(t, cfg, w, "predicted_ttft:kv_events=0:restart_s=4")
+	fresh := mustRun(t, cfg, w, "predicted_ttft:kv_events=0:restart_s=4:inherit=0")
+	if restored.CachedTokens <= fresh.CachedTokens {
+		t.Fatalf("restored from its state the restarted proxy cached %d prompt tokens, from nothing %d", restored.CachedTokens, fresh.CachedTokens)
+	}
+	t.Logf("hit rate: restored %.3f, from nothing %.3f", restored.HitRate, fresh.HitRate)
+	cfg.Replicas = 1 // a restart needs no second replica
+	mustRun(t, cfg, w, "predicted_ttft:restart_s=4")
+}

@@ -29,8 +29,10 @@ import (
 // the route and the proxy reloads it: a new balancer over every replica,
 // which inherits what the old one learned (routing.Inheritor) unless
 // :inherit=0; :drain_s=S likewise takes the last replica out of the route
-// at S (it finishes what it was sent). The old balancer still hears of the
-// attempts it observed.
+// at S (it finishes what it was sent); :restart_s=S restarts the proxy at
+// S: a new balancer over the same replicas, which reads back the state the
+// old one wrote at its shutdown (routing.StateKeeper) unless :inherit=0.
+// The old balancer still hears of the attempts it observed.
 type ttftPolicy struct {
 	*balancer
 	src    *kvSource // nil without KV events
@@ -48,6 +50,7 @@ type ttftPolicy struct {
 type ttftScale struct {
 	at      time.Duration
 	inherit bool
+	restart bool         // the same replicas, the state read back from its binary form
 	spec    routing.Spec // rebuilt over the targets after at
 	// before and after are the route's targets (replicas 0 to n-1) before
 	// and after the reload.
@@ -63,6 +66,7 @@ type ttftOptions struct {
 	stream                float64
 	scaleAt               time.Duration // 0: the route never changes
 	drain                 bool          // at scaleAt the last replica leaves rather than joins
+	restart               bool          // at scaleAt the proxy restarts (the same replicas)
 	inherit               bool
 }
 
@@ -95,12 +99,15 @@ func newTTFTPolicy(spec routing.Spec, env Env, o ttftOptions) (Policy, error) {
 	}
 	n := env.Replicas
 	if o.scaleAt > 0 {
-		if env.Replicas < 2 {
+		if env.Replicas < 2 && !o.restart {
 			return nil, fmt.Errorf("scale_s and drain_s need 2 replicas or more")
 		}
-		sc := &ttftScale{at: o.scaleAt, inherit: o.inherit, spec: spec, before: n - 1, after: n, owner: map[*Flight]routing.Balancer{}}
-		if o.drain {
+		sc := &ttftScale{at: o.scaleAt, inherit: o.inherit, restart: o.restart, spec: spec, before: n - 1, after: n, owner: map[*Flight]routing.Balancer{}}
+		switch {
+		case o.drain:
 			sc.before, sc.after = n, n-1
+		case o.restart:
+			sc.before = n
 		}
 		sc.spec.Weights = spec.Weights[:sc.after]
 		p.scale = sc
@@ -127,14 +134,22 @@ func (p *ttftPolicy) scaled(v *View) {
 	if err != nil {
 		panic(err) // the spec built the first balancer, with one target more or less
 	}
-	if in, ok := b.(routing.Inheritor); ok && s.inherit {
-		from := make([]int, s.after)
-		for i := range from {
-			from[i] = i
-			if i >= s.before {
-				from[i] = -1
-			}
+	from := make([]int, s.after)
+	for i := range from {
+		from[i] = i
+		if i >= s.before {
+			from[i] = -1
 		}
+	}
+	if s.restart && s.inherit {
+		state, err := p.b.(routing.StateKeeper).AppendState(nil)
+		if err == nil {
+			err = b.(routing.StateKeeper).RestoreState(state, from)
+		}
+		if err != nil {
+			panic(err) // a balancer's own state
+		}
+	} else if in, ok := b.(routing.Inheritor); ok && s.inherit {
 		in.Inherit(p.b, from)
 	}
 	p.balancer = &balancer{b: b, all: routing.All(s.after)}

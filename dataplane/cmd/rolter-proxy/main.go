@@ -38,9 +38,11 @@ func main() {
 	shareGroup := flag.String("share-group", "default", "with --share: the fleet's name; proxies share state only within one group")
 	drainDelay := flag.Duration("drain-delay", 0, "on SIGTERM: answer /readyz with 503 but keep accepting requests this long (longer than your load balancer takes to notice), then close the listener")
 	drainTimeout := flag.Duration("drain-timeout", 30*time.Second, "on SIGTERM: how long in-flight requests and streams may take once the listener is closed")
+	stateFile := flag.String("routing-state", "", "file keeping what the balancers learned (predicted_ttft's latency law and prefix index) across restarts: read at start, written every --routing-state-interval and at shutdown")
+	stateEvery := flag.Duration("routing-state-interval", app.DefaultRoutingStateInterval, "with --routing-state: how often it is written (a crash loses what was learned since)")
 	flag.Parse()
-	if *drainDelay < 0 || *drainTimeout <= 0 {
-		fmt.Fprintln(os.Stderr, "rolter-proxy: --drain-delay must be >= 0 and --drain-timeout > 0")
+	if *drainDelay < 0 || *drainTimeout <= 0 || *stateEvery <= 0 {
+		fmt.Fprintln(os.Stderr, "rolter-proxy: --drain-delay must be >= 0, --drain-timeout and --routing-state-interval > 0")
 		os.Exit(2)
 	}
 
@@ -51,7 +53,7 @@ func main() {
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	opts := app.Options{ConfigPath: *configPath, Listen: *listen, Logger: log, NATSURL: *natsURL, NoShare: !*share, ShareGroup: *shareGroup, ShareFlush: *shareFlush,
-		ShareQueueInterval: *shareQueue, DrainDelay: *drainDelay, DrainTimeout: *drainTimeout}
+		ShareQueueInterval: *shareQueue, DrainDelay: *drainDelay, DrainTimeout: *drainTimeout, RoutingStateFile: *stateFile, RoutingStateInterval: *stateEvery}
 	if *cpAddrs != "" {
 		cp, err := controlPlaneOptions(*cpAddrs, *token, *tokenFile, cpTLS, *pepperFile)
 		if err != nil {

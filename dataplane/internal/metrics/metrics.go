@@ -33,6 +33,8 @@ type Metrics struct {
 	ConfigInfo        *prometheus.GaugeVec // version
 	ConfigReloads     prometheus.Counter
 	ConfigFailures    prometheus.Counter
+	StateSaves        *prometheus.CounterVec // outcome
+	StateBytes        prometheus.Gauge
 }
 
 // Buckets for request latency and time to first token, in seconds.
@@ -58,6 +60,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		AuthFailures:     cv("auth_failures_total", "Requests refused by authentication or authorization.", "reason"),
 		CORSPreflights:   cv("cors_preflights_total", "Browsers' CORS preflights the proxy answered, by result: allowed, or denied (the origin is not in server.cors.allowed_origins).", "result"),
 		EngineLoadFails:  cv("engine_load_scrape_failures_total", "Failed scrapes of a replica's engine load (request, status, body, parse, missing metric).", "provider"),
+		StateSaves:       cv("routing_state_saves_total", "Writes of the --routing-state file (what the balancers learned, read back at the next start), by outcome: ok, error.", "outcome"),
 		Tokenize:         cv("tokenize_total", "Requests of precise routes without a token-ids header, by how their token ids were obtained: cached, engine (the replica's /tokenize), or why not: timeout, error, rejected (a client error from the engine), unsupported (a body /tokenize cannot reproduce), none (no replica to ask), shutting_down (the proxy halted during the call).", "model", "outcome"),
 		EngineLoad: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rolter_engine_load_requests", Help: "Requests running plus waiting on the replica, as last scraped from its metrics ([providers.engine_load]).",
@@ -101,13 +104,19 @@ func New(reg prometheus.Registerer) *Metrics {
 		ConfigFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rolter_config_reload_failures_total", Help: "Config changes refused; the previous snapshot kept serving.",
 		}),
+		StateBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rolter_routing_state_bytes", Help: "Size of the last --routing-state file written.",
+		}),
 	}
 	reg.MustRegister(m.ProviderHealthy, m.EngineLoad, m.InFlight, m.ClientDisconnects, m.Latency, m.TTFT, m.CacheLookup, m.TokenizeSeconds,
-		m.TurnWait, m.ConfigVersion, m.ConfigInfo, m.ConfigReloads, m.ConfigFailures)
+		m.TurnWait, m.ConfigVersion, m.ConfigInfo, m.ConfigReloads, m.ConfigFailures, m.StateBytes)
 	// Both reasons are exported from the start, so that a rate or an
 	// alert on either has a series before the first one happens.
 	for _, reason := range []string{"closed", "write_timeout"} {
 		m.ClientDisconnects.WithLabelValues(reason)
+	}
+	for _, outcome := range []string{"ok", "error"} {
+		m.StateSaves.WithLabelValues(outcome)
 	}
 	return m
 }

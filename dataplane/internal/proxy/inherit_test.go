@@ -15,35 +15,10 @@ import (
 // and model whatever its new index, the prompts it holds. A reload that
 // changes the strategy's settings starts from nothing.
 func TestReloadAddingATargetInheritsPredictedTTFT(t *testing.T) {
-	a, b, c := newUpstream(t, "a"), newUpstream(t, "b"), newUpstream(t, "c")
-	route := func(extra string, targets ...string) string {
-		var ts []string
-		for _, p := range targets {
-			ts = append(ts, fmt.Sprintf("{ provider = %q }", p))
-		}
-		return openAuth + providers(a, b, c) + "[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\n" +
-			"targets = [" + strings.Join(ts, ", ") + "]\n" + extra
-	}
+	route := ttftRoute(t)
 	p, _ := newTestProxy(t, route("", "p0", "p1"))
 	old := p.rt.Load().routes["m"].pools[0].balancer
-	// Teach it: first tokens that fit a law, and a conversation at p1.
-	for i := range 40 {
-		tokens := 200 + 100*(i%17)
-		ctx := &routing.Context{Prompt: strings.Repeat(fmt.Sprintf("prompt %d ", i), tokens/3)}
-		old.Observe(i%2, ctx)
-		ttft := 5*time.Millisecond + time.Duration(tokens)*50*time.Microsecond
-		old.(routing.TTFTObserver).FirstToken(i%2, ctx, ttft, tokens)
-		old.(routing.Learner).Learn(i%2, ctx, 0, ttft)
-	}
-	conv := strings.Repeat("a conversation held at p1. ", 400)
-	held := &routing.Context{Prompt: conv}
-	old.Observe(1, held)
-	old.(routing.TTFTObserver).FirstToken(1, held, 20*time.Millisecond, 0)
-	old.(routing.Learner).Learn(1, held, 0, 20*time.Millisecond)
-	want := old.(routing.LawReporter).Law()
-	if !want.Fitted {
-		t.Fatalf("the old balancer's law is not fitted: %+v", want)
-	}
+	conv, want := teachTTFT(t, old)
 
 	applyDoc(t, p, route("", "p2", "p1", "p0")) // p1 is now target 1, p0 target 2
 	b2 := p.rt.Load().routes["m"].pools[0].balancer
@@ -114,4 +89,44 @@ func TestReloadChangingWhatABalancerReadsRebuildsIt(t *testing.T) {
 			t.Fatalf("%s: a reload that added [providers.engine_load] rebuilt the balancer: %v, want %v", tc.strategy, rebuilt, tc.engineLoad)
 		}
 	}
+}
+
+// ttftRoute returns a config builder for a predicted_ttft route "m" over
+// the named providers of three upstreams (p0, p1, p2), with extra after
+// the route's table.
+func ttftRoute(t *testing.T) func(extra string, targets ...string) string {
+	a, b, c := newUpstream(t, "a"), newUpstream(t, "b"), newUpstream(t, "c")
+	return func(extra string, targets ...string) string {
+		var ts []string
+		for _, p := range targets {
+			ts = append(ts, fmt.Sprintf("{ provider = %q }", p))
+		}
+		return openAuth + providers(a, b, c) + "[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\n" +
+			"targets = [" + strings.Join(ts, ", ") + "]\n" + extra
+	}
+}
+
+// teachTTFT teaches a predicted_ttft balancer over two targets first
+// tokens that fit a law, and a conversation held at target 1; it returns
+// the conversation and the law.
+func teachTTFT(t *testing.T, b routing.Balancer) (conv string, law routing.LawState) {
+	t.Helper()
+	for i := range 40 {
+		tokens := 200 + 100*(i%17)
+		ctx := &routing.Context{Prompt: strings.Repeat(fmt.Sprintf("prompt %d ", i), tokens/3)}
+		b.Observe(i%2, ctx)
+		ttft := 5*time.Millisecond + time.Duration(tokens)*50*time.Microsecond
+		b.(routing.TTFTObserver).FirstToken(i%2, ctx, ttft, tokens)
+		b.(routing.Learner).Learn(i%2, ctx, 0, ttft)
+	}
+	conv = strings.Repeat("a conversation held at p1. ", 400)
+	held := &routing.Context{Prompt: conv}
+	b.Observe(1, held)
+	b.(routing.TTFTObserver).FirstToken(1, held, 20*time.Millisecond, 0)
+	b.(routing.Learner).Learn(1, held, 0, 20*time.Millisecond)
+	law = b.(routing.LawReporter).Law()
+	if !law.Fitted {
+		t.Fatalf("the taught balancer's law is not fitted: %+v", law)
+	}
+	return conv, law
 }

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"rolter.dev/dataplane/internal/metrics"
+	"rolter.dev/dataplane/internal/routingstate"
 	"rolter.dev/dataplane/internal/tokenize"
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/delivery"
@@ -49,6 +50,10 @@ type Options struct {
 	// Fleet, when set, shares routing observations and in-flight counts
 	// with the other proxies (rolter.dev/pkg/fleet); the caller runs it.
 	Fleet *fleet.Node
+	// Restore is what the previous process's balancers learned (its
+	// RoutingState, from the --routing-state file): the first config
+	// applied builds each route's balancer with it.
+	Restore []routingstate.Route
 }
 
 // Proxy serves the data plane's HTTP API. Create it with [New] and give it a
@@ -74,6 +79,10 @@ type Proxy struct {
 	writeTimeout   atomic.Int64 // nanoseconds, server.client_write_timeout_ms of the current snapshot
 	cacheTotals    cacheTotals
 	deliveryStats  delivery.Stats
+
+	// saved is Options.Restore by route and variant, until the first
+	// Apply that succeeds (under applyMu).
+	saved map[string]routingstate.Route
 
 	// halted is cancelled by Halt (haltNow); every upstream attempt hooks
 	// its cancellation to it for as long as it runs.
@@ -107,6 +116,12 @@ func New(opts Options) *Proxy {
 		reg:      opts.Registry,
 	}
 	p.halted, p.haltNow = context.WithCancel(context.Background())
+	if len(opts.Restore) > 0 {
+		p.saved = make(map[string]routingstate.Route, len(opts.Restore))
+		for _, r := range opts.Restore {
+			p.saved[restoreKey(r.Route, r.Variant)] = r
+		}
+	}
 	p.connectTimeout.Store(int64(10 * time.Second))
 	p.writeTimeout.Store(int64(config.DefaultClientWriteTimeoutMS * time.Millisecond))
 	transport := opts.Transport
@@ -171,6 +186,7 @@ func (p *Proxy) Apply(snap *config.Snapshot) error {
 	if err != nil {
 		return err
 	}
+	p.saved = nil // read by the first runtime only: a later one inherits from it
 	p.connectTimeout.Store(int64(time.Duration(snap.Timeouts.ConnectSecs) * time.Second))
 	p.writeTimeout.Store(int64(time.Duration(snap.Server.ClientWriteTimeoutMS) * time.Millisecond))
 	if p.kv != nil {

@@ -214,6 +214,8 @@ func (p *Proxy) newPool(reg *reliability.Registry, rc *config.CompiledRoute, var
 				p.log.Info("route's balancer rebuilt (its targets, or what it reads of their providers, changed): the new one inherits what the old one learned",
 					"route", rc.Model, "variant", variant, "strategy", strategy, "targets", len(targets), "kept", kept)
 			}
+		} else if sk, ok := b.(routing.StateKeeper); ok && p.saved != nil {
+			p.restore(sk, rc.Model, variant, pl.settings, targets)
 		}
 		pl.balancer = b
 	}
