@@ -18,9 +18,9 @@ import (
 	"rolter.dev/pkg/syncbuf"
 )
 
-// The proxy writes what its balancers learned to --routing-state at
-// shutdown and reads it back at the next start; a damaged file is logged
-// and the proxy starts from nothing.
+// The proxy writes what its balancers learned to --routing-state while it
+// runs and at shutdown, and reads it back at the next start; a damaged
+// file is logged and the proxy starts from nothing.
 func TestRoutingStateSurvivesARestart(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -37,11 +37,12 @@ func TestRoutingStateSurvivesARestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := func(send int) string {
+		started := time.Now()
 		logs := &syncbuf.Buffer{}
 		ctx, stop := context.WithCancel(context.Background())
 		defer stop()
 		a, err := app.Start(ctx, app.Options{ConfigPath: path, Listen: "127.0.0.1:0", DrainTimeout: time.Second, RoutingStateFile: state,
-			Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+			RoutingStateInterval: 10 * time.Millisecond, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,6 +54,19 @@ func TestRoutingStateSurvivesARestart(t *testing.T) {
 			}
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
+		}
+		if send > 0 {
+			// Written while it runs too: what a crash (no drain) leaves.
+			deadline := time.Now().Add(10 * time.Second) // fail-safe
+			for {
+				if info, err := os.Stat(state); err == nil && info.ModTime().After(started) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the routing state was not written while the proxy ran")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
 		}
 		stop()
 		if err := a.Wait(); err != nil {
