@@ -11,7 +11,8 @@
 // The deployment: redis-server, nats-server, an etcd (a rolter-controlplane
 // with --embed-etcd, used only as the etcd server), a control plane on that
 // etcd, two vllmsim replicas publishing KV events, a kvwatcher and a proxy
-// following the control plane (both with --snapshot-cache). One request in
+// following the control plane (both with --snapshot-cache; the proxy with
+// --routing-state, written every second), the proxy killed last. One request in
 // eight is a stream of 150 tokens (the replicas answer 20 ms a token), each
 // read to its end and classed complete (its data: [DONE]), cut and told (an
 // error event or a broken body: the client can tell) or cut silently (a
@@ -380,7 +381,8 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		{name: "kvwatcher", args: []string{b("rolter-kvwatcher"), "--controlplane", cp, "--token", r.nodeTok, "--nats", "nats://" + nats,
 			"--snapshot-cache", filepath.Join(work, "kvwatcher-snapshot.json"), "--metrics-listen", r.port(11)}},
 		{name: "proxy", args: []string{b("rolter-proxy"), "--controlplane", cp, "--token", r.nodeTok, "--nats", "nats://" + nats,
-			"--snapshot-cache", filepath.Join(work, "proxy-snapshot.json"), "--listen", r.port(10)}, env: tokens},
+			"--snapshot-cache", filepath.Join(work, "proxy-snapshot.json"), "--listen", r.port(10),
+			"--routing-state", filepath.Join(work, "proxy-routing.state"), "--routing-state-interval", "1s"}, env: tokens},
 	} {
 		r.procs[p.name] = p
 		if err := r.start(p); err != nil {
@@ -459,6 +461,14 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		// it continues (SIGCONT) instead of restarting.
 		{"replica-a-stop", func() bool { return l.servedBy("vllm-a", restartedAt) }, "replica-a", syscall.SIGSTOP},
 		{name: "redis", recovered: func() bool { return cacheHits() > hitsAtRestart }},
+		// The proxy itself: everything sent to it while it is down fails
+		// (one proxy; behind an L4 balancer the others take it), and the
+		// streams it ran are cut, never silently. It restarts from its
+		// --snapshot-cache and --routing-state.
+		{name: "proxy", recovered: func() bool {
+			code, _ := get(proxy + "/readyz")
+			return code == http.StatusOK && (l.servedBy("vllm-a", restartedAt) || l.servedBy("vllm-b", restartedAt))
+		}},
 	}
 	precise := `outcome="` + preciseOutcome[o.strategy] + `"`
 	fmt.Printf("\n%-15s %9s %9s %8s %13s %18s %15s %12s\n", "component", "down_for", "requests", "failed", "recovered_in", "precise_while_down", "tokenize_failed", "silent_cuts")
@@ -497,6 +507,9 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		_, page = get(proxy + "/metrics")
 		scoredDuring := metric(page, "rolter_routing_decisions_total", precise) - scoredBefore
 		tokFailed := tokenizeFailed(page) - tokFailedBefore
+		if proc == "proxy" { // its counters went with it
+			scoredDuring, tokFailed = 0, 0
+		}
 		hitsAtRestart = cacheHits()
 		t1 := time.Now()
 		restartedAt = t1
@@ -512,6 +525,9 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		}
 		total, failed, silent := l.between(t0, t2)
 		fmt.Printf("%-15s %9s %9d %8d %13s %18.0f %15.0f %12d\n", c.name, down, total, failed, t2.Sub(t1).Round(10*time.Millisecond), scoredDuring, tokFailed, silent)
+	}
+	if log, err := os.ReadFile(filepath.Join(work, "proxy.log")); err == nil && strings.Contains(string(log), "read back what it had learned") {
+		fmt.Println("\nthe restarted proxy read back its routing state (--routing-state)")
 	}
 	ends := l.streamEnds()
 	fmt.Printf("\nstreams: %d complete, %d cut and told, %d cut silently\n", ends[streamComplete], ends[streamCutTold], ends[streamCutSilent])
