@@ -304,6 +304,13 @@ type predictedTTFT struct {
 	maxRunning []atomic.Int64
 	seenFull   []atomic.Bool
 	anySlots   atomic.Int64
+	// capKept marks, per target, an approximate index taken over from
+	// another balancer (Inherit, RestoreState) whose capacity is kept until
+	// the target's own is known: a proxy restarted with its routing state
+	// reads the replicas' capacity only at their first scrape, and sizing
+	// their indexes to the default ceiling meanwhile evicted most of what
+	// they held.
+	capKept []atomic.Bool
 	// Per target, what the engine's counts usually show beyond what this
 	// balancer sees (the waiting count beyond the requests ahead, the
 	// occupied slots beyond what the loads held at the scrape), as float64
@@ -416,7 +423,7 @@ func newPredictedTTFT(spec *Spec, p params) *predictedTTFT {
 		arrivals:    make([]atomic.Int64, n),
 		newPrefixes: make([]atomic.Int64, n),
 		inflight:    make([]atomic.Int64, n), flights: make([]flightLog, n), pendLog: make([]flightLog, n),
-		maxRunning: make([]atomic.Int64, n), seenFull: make([]atomic.Bool, n),
+		maxRunning: make([]atomic.Int64, n), seenFull: make([]atomic.Bool, n), capKept: make([]atomic.Bool, n),
 		waitExcess: make([]atomic.Uint64, n), slotExcess: make([]atomic.Uint64, n), runExcess: make([]atomic.Uint64, n),
 		headTokens: make([]atomic.Int64, n), headAt: make([]atomic.Int64, n), lastLeave: make([]atomic.Int64, n),
 		peerQueues: map[string][]peerQueue{}, peerLast: map[string]time.Duration{}, peerSum: make([]atomic.Pointer[peerQueue], n), peerLeave: make([]atomic.Int64, n),
@@ -1751,6 +1758,9 @@ func (t *predictedTTFT) refreshCapacity() {
 		chunks := max(DefaultMaxTrieNodes/chunkindex.ChunkBytes, 1)
 		if c := t.capacityTokens(i); c > 0 {
 			chunks = max(int(float64(c)*ratio/chunkindex.ChunkBytes), 1)
+			t.capKept[i].Store(false)
+		} else if t.capKept[i].Load() {
+			continue
 		}
 		if t.index.TargetCapacity(i) != chunks {
 			t.index.SetCapacity(i, chunks)

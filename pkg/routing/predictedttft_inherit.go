@@ -84,6 +84,9 @@ func (t *predictedTTFT) adopt(m *ttftMemory, src []int, owned bool) {
 	} else {
 		t.index = m.index.Remap(src, func() int64 { return int64(t.now()) })
 	}
+	for j, i := range src {
+		t.capKept[j].Store(i >= 0)
+	}
 	t.refreshCapacity()
 	t.pooled = m.pooled
 	t.fleet.Store(m.fleet)

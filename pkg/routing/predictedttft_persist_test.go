@@ -143,3 +143,40 @@ func FuzzPredictedTTFTRestoreState(f *testing.F) {
 		}
 	})
 }
+
+// A restarted proxy reads its replicas' KV capacity at their first scrape:
+// until then the restored index keeps the capacity it was written with
+// (sized to the default ceiling meanwhile, it evicted most of what a large
+// replica held), and once the capacity is known the index takes it.
+func TestPredictedTTFTRestoreKeepsCapacityUntilKnown(t *testing.T) {
+	clock := &ttftClock{now: time.Second}
+	big := &fixedEngine{waiting: []int{0, 0}, running: []int{0, 0}, capacity: 10_000_000}
+	old := newTTFT(t, 2, 1, clock, func(s *routing.Spec) { s.Engine = big })
+	for i := range 30 { // 1.2 MB of distinct prompts at target 0: beyond the default ceiling's 16,384 chunks
+		served(old, 0, &routing.Context{Prompt: words(uint64(700+i), 40_000)}, clock)
+	}
+	held := old.(routing.SharedAffinity).SharedStats()[0].Chunks
+	if held <= routing.DefaultMaxTrieNodes/64 {
+		t.Fatalf("the old balancer holds %d chunks at target 0, not beyond the default ceiling: the test shows nothing", held)
+	}
+	state, _ := old.(routing.StateKeeper).AppendState(nil)
+
+	unscraped := &fixedEngine{waiting: []int{0, 0}, running: []int{0, 0}}
+	b := newTTFT(t, 2, 1, &ttftClock{now: time.Second}, func(s *routing.Spec) { s.Engine = unscraped })
+	if err := b.(routing.StateKeeper).RestoreState(state, []int{0, 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 64 { // the balancer re-reads capacities every 64 observes
+		served(b, 1, &routing.Context{Prompt: words(uint64(900+i), 200)}, clock)
+	}
+	if got := b.(routing.SharedAffinity).SharedStats()[0].Chunks; got != held {
+		t.Fatalf("before the first scrape target 0's restored index holds %d chunks, want the %d written", got, held)
+	}
+	unscraped.capacity = 100_000 // scraped: about 4,700 chunks of text at 3 bytes a token
+	for i := range 64 {
+		served(b, 1, &routing.Context{Prompt: words(uint64(1000+i), 200)}, clock)
+	}
+	if got := b.(routing.SharedAffinity).SharedStats()[0].Chunks; got >= held/2 {
+		t.Fatalf("once the capacity is known target 0 holds %d chunks, want it sized down from %d", got, held)
+	}
+}
