@@ -35,7 +35,7 @@ import (
 //	longest                 first token, whole answer (ns)
 //	slots                   the most running at any full target
 //	n × target              max running, seen full, wait, slot and running excess (floats)
-//	return log              returns × (ns), requests × (extended), prompts × (hash (8 bytes), age + 1 or 0)
+//	return log              returns × (ns), requests × (extended), prompts × (hash (8 bytes), age (ns))
 //	index                   length, chunkindex's binary form
 const ttftStateMagic = "rpt\x01"
 

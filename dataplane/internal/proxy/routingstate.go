@@ -37,11 +37,7 @@ func (p *Proxy) RoutingState() ([]routingstate.Route, bool) {
 				p.log.Warn("route's balancer could not write its state; left out of the routing state", "route", rc.Model, "variant", pl.variant, "err", err)
 				continue
 			}
-			keys := make([]string, len(pl.targets))
-			for i, t := range pl.targets {
-				keys[i] = routingstate.TargetKey(t.cfg.Provider.Name, t.cfg.Model)
-			}
-			out = append(out, routingstate.Route{Route: rc.Model, Variant: pl.variant, Settings: pl.settings, Targets: keys, State: state})
+			out = append(out, routingstate.Route{Route: rc.Model, Variant: pl.variant, Settings: pl.settings, Targets: pl.targetKeys(), State: state})
 		}
 	}
 	return out, true
@@ -62,22 +58,7 @@ func (p *Proxy) restore(sk routing.StateKeeper, route, variant, settings string,
 			"route", route, "variant", variant)
 		return
 	}
-	at := make(map[string]int, len(saved.Targets))
-	for i, k := range saved.Targets {
-		if _, dup := at[k]; !dup {
-			at[k] = i
-		}
-	}
-	from := make([]int, len(targets))
-	kept := 0
-	for j, t := range targets {
-		from[j] = -1
-		if i, ok := at[routingstate.TargetKey(t.Provider.Name, t.Model)]; ok {
-			from[j] = i
-			delete(at, routingstate.TargetKey(t.Provider.Name, t.Model)) // a target twice in the route: the first takes it
-			kept++
-		}
-	}
+	from, kept := sources(saved.Targets, targets)
 	if err := sk.RestoreState(saved.State, from); err != nil {
 		p.log.Warn("route's saved routing state unreadable; the balancer starts from nothing", "route", route, "variant", variant, "err", err)
 		return
@@ -87,3 +68,36 @@ func (p *Proxy) restore(sk routing.StateKeeper, route, variant, settings string,
 }
 
 func restoreKey(route, variant string) string { return route + "\x1f" + variant }
+
+// sources maps each of targets to the index of the same target (provider
+// and upstream model, routingstate.TargetKey) in old, -1 for one old did
+// not have: the from of routing.Inheritor and routing.StateKeeper. A
+// target twice in a route: the first of each side pairs.
+func sources(old []string, targets []config.CompiledTarget) (from []int, kept int) {
+	at := make(map[string]int, len(old))
+	for i, k := range old {
+		if _, dup := at[k]; !dup {
+			at[k] = i
+		}
+	}
+	from = make([]int, len(targets))
+	for j, t := range targets {
+		from[j] = -1
+		k := routingstate.TargetKey(t.Provider.Name, t.Model)
+		if i, ok := at[k]; ok {
+			from[j] = i
+			delete(at, k)
+			kept++
+		}
+	}
+	return from, kept
+}
+
+// targetKeys names the pool's targets by provider and upstream model.
+func (pl *pool) targetKeys() []string {
+	keys := make([]string, len(pl.targets))
+	for i, t := range pl.targets {
+		keys[i] = routingstate.TargetKey(t.cfg.Provider.Name, t.cfg.Model)
+	}
+	return keys
+}

@@ -295,20 +295,7 @@ func inherit(in routing.Inheritor, pl *pool, old []*pool, targets []config.Compi
 		if op.variant != pl.variant || op.settings != pl.settings {
 			continue
 		}
-		key := func(t config.CompiledTarget) string { return t.Provider.Name + "\x1f" + t.Model }
-		at := make(map[string]int, len(op.targets))
-		for i, t := range op.targets {
-			at[key(t.cfg)] = i
-		}
-		from := make([]int, len(targets))
-		for j, t := range targets {
-			from[j] = -1
-			if i, ok := at[key(t)]; ok {
-				from[j] = i
-				delete(at, key(t)) // a target twice in the route: the first takes it
-				kept++
-			}
-		}
+		from, kept := sources(op.targetKeys(), targets)
 		return kept, in.Inherit(op.balancer, from)
 	}
 	return 0, false
