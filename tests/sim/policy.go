@@ -123,6 +123,8 @@ type Env struct {
 	// draw their order from (routing.Spec.FleetNow): Now plus the proxy's
 	// clock offset (Config.ClockSkew); nil: Now.
 	FleetNow func() time.Duration
+	// Proxy is the proxy's index among the run's (0 to Config.Proxies-1).
+	Proxy int
 }
 
 // Strategy names a policy and builds one instance per proxy.
@@ -222,7 +224,7 @@ func ParseStrategy(s string) (Strategy, error) {
 				spec.SignalWeight = f
 			case "load_weight":
 				spec.LoadWeight = f
-			case "kv_events", "engine", "turns", "inherit":
+			case "kv_events", "engine", "turns", "inherit", "restart_one":
 				if base != routing.PredictedTTFT || (f != 0 && f != 1) {
 					return st, fmt.Errorf("strategy %q: %s: want 0 or 1 on %s", s, k, routing.PredictedTTFT)
 				}
@@ -233,6 +235,8 @@ func ParseStrategy(s string) (Strategy, error) {
 					ttft.engine = f == 1
 				case "inherit":
 					ttft.inherit = f == 1
+				case "restart_one":
+					ttft.restartOne = f == 1
 				default:
 					ttft.turns = f == 1
 				}
@@ -261,6 +265,9 @@ func ParseStrategy(s string) (Strategy, error) {
 				spec.Scorers[k] = f
 			}
 		}
+	}
+	if ttft.restartOne && !ttft.restart {
+		return st, fmt.Errorf("strategy %q: restart_one: only with restart_s", s)
 	}
 	// Validate once with a single target so errors surface at parse time.
 	probe := spec

@@ -80,6 +80,16 @@ func TestRestartReadsBackItsState(t *testing.T) {
 		t.Fatalf("restored from its state the restarted proxy cached %d prompt tokens, from nothing %d", restored.CachedTokens, fresh.CachedTokens)
 	}
 	t.Logf("hit rate: restored %.3f, from nothing %.3f", restored.HitRate, fresh.HitRate)
+
+	// One proxy of two restarts (:restart_one=1): its peer keeps routing
+	// as before, so the run is between never restarting and both.
+	shared := cfg
+	shared.Proxies, shared.Share = 2, true
+	bothFresh := mustRun(t, shared, w, "predicted_ttft:kv_events=0:restart_s=4:inherit=0")
+	oneFresh := mustRun(t, shared, w, "predicted_ttft:kv_events=0:restart_s=4:inherit=0:restart_one=1")
+	if oneFresh.CachedTokens <= bothFresh.CachedTokens {
+		t.Fatalf("one proxy of two restarting from nothing cached %d prompt tokens, both %d", oneFresh.CachedTokens, bothFresh.CachedTokens)
+	}
 	cfg.Replicas = 1 // a restart needs no second replica
 	mustRun(t, cfg, w, "predicted_ttft:restart_s=4")
 }

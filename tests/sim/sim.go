@@ -320,7 +320,7 @@ func Run(cfg Config, w *Workload, st Strategy) (Result, error) {
 	}
 	for p := range cfg.Proxies {
 		env := Env{Replicas: cfg.Replicas, BlockSize: cfg.BlockSize, CapacityBlocks: cfg.CapacityBlocks,
-			Seed: Key(cfg.Seed, uint64(p)), Now: func() time.Duration { return r.now }}
+			Seed: Key(cfg.Seed, uint64(p)), Now: func() time.Duration { return r.now }, Proxy: p}
 		if off := r.skew[p]; off != 0 {
 			env.FleetNow = func() time.Duration { return r.now + off }
 		}

@@ -391,6 +391,8 @@ func TestParseStrategy(t *testing.T) {
 		{"predicted_ttft:scale_s=0", "scale_s"},
 		{"predicted_ttft:restart_s=30", ""},
 		{"predicted_ttft:restart_s=30:scale_s=10", "restart_s"},
+		{"predicted_ttft:restart_s=30:restart_one=1", ""},
+		{"predicted_ttft:restart_one=1", "only with restart_s"},
 		{"predicted_ttft:scale_s=NaN", "scale_s"},
 		{"predicted_ttft:inherit=2", "want 0 or 1"},
 		{"cache_aware:scale_s=30", "scale_s"},

@@ -31,7 +31,9 @@ import (
 // :inherit=0; :drain_s=S likewise takes the last replica out of the route
 // at S (it finishes what it was sent); :restart_s=S restarts the proxy at
 // S: a new balancer over the same replicas, which reads back the state the
-// old one wrote at its shutdown (routing.StateKeeper) unless :inherit=0.
+// old one wrote at its shutdown (routing.StateKeeper) unless :inherit=0;
+// every proxy of the run restarts then, or with :restart_one=1 only the
+// first (a rolling restart's step: its peers keep what they learned).
 // The old balancer still hears of the attempts it observed.
 type ttftPolicy struct {
 	*balancer
@@ -67,6 +69,7 @@ type ttftOptions struct {
 	scaleAt               time.Duration // 0: the route never changes
 	drain                 bool          // at scaleAt the last replica leaves rather than joins
 	restart               bool          // at scaleAt the proxy restarts (the same replicas)
+	restartOne            bool          // only the first proxy restarts
 	inherit               bool
 }
 
@@ -98,6 +101,9 @@ func newTTFTPolicy(spec routing.Spec, env Env, o ttftOptions) (Policy, error) {
 		spec.Engine = p.engine
 	}
 	n := env.Replicas
+	if o.restart && o.restartOne && env.Proxy != 0 {
+		o.scaleAt = 0 // this proxy never restarts
+	}
 	if o.scaleAt > 0 {
 		if env.Replicas < 2 && !o.restart {
 			return nil, fmt.Errorf("scale_s and drain_s need 2 replicas or more")
