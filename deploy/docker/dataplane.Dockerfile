@@ -13,13 +13,13 @@ COPY . .
 RUN --mount=type=cache,target=/root/.cache/go-build \
     --mount=type=cache,target=/go/pkg/mod \
     cd dataplane && go build -trimpath -ldflags="-s -w" -o /out/rolter-proxy ./cmd/rolter-proxy
-# The --routing-state directory, owned by the runtime user, so that a
-# volume mounted there starts writable.
+# The --routing-state directory, owned by the runtime user (nonroot,
+# 65532), so that a volume mounted there starts writable.
 RUN mkdir -p /out/state
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/rolter-proxy /usr/local/bin/rolter-proxy
-COPY --from=build --chown=nonroot:nonroot /out/state /var/lib/rolter
+COPY --from=build --chown=65532:65532 /out/state /var/lib/rolter
 USER nonroot:nonroot
 EXPOSE 8080
 ENTRYPOINT ["/usr/local/bin/rolter-proxy"]
