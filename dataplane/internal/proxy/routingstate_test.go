@@ -73,3 +73,37 @@ func TestRestartReadsBackPredictedTTFT(t *testing.T) {
 		}
 	}
 }
+
+// Each variant of a route keeps its own state: the restarted proxy's
+// variant reads back its own balancer's, not its sibling's.
+func TestRestartReadsBackEachVariant(t *testing.T) {
+	a, b, c := newUpstream(t, "a"), newUpstream(t, "b"), newUpstream(t, "c")
+	doc := openAuth + providers(a, b, c) + `[[routes]]
+model = "m"
+[[routes.variants]]
+name = "stable"
+strategy = "predicted_ttft"
+targets = [{ provider = "p0" }, { provider = "p1" }]
+[[routes.variants]]
+name = "canary"
+strategy = "predicted_ttft"
+targets = [{ provider = "p1" }, { provider = "p2" }]
+`
+	p, _ := newTestProxy(t, doc)
+	pools := p.rt.Load().routes["m"].pools
+	if len(pools) != 2 || pools[1].variant != "canary" {
+		t.Fatalf("pools %+v, want stable and canary", pools)
+	}
+	teachTTFT(t, pools[1].balancer) // the canary only
+	state, _ := p.RoutingState()
+	if len(state) != 2 || state[0].Variant != "stable" || state[1].Variant != "canary" {
+		t.Fatalf("routing state %+v, want one entry per variant", state)
+	}
+	restarted := New(Options{Restore: state})
+	applyDoc(t, restarted, doc)
+	pools = restarted.rt.Load().routes["m"].pools
+	if pools[0].balancer.(routing.LawReporter).Law().Fitted || !pools[1].balancer.(routing.LawReporter).Law().Fitted {
+		t.Fatalf("after the restart stable fitted %v, canary fitted %v; want only the canary's law read back",
+			pools[0].balancer.(routing.LawReporter).Law().Fitted, pools[1].balancer.(routing.LawReporter).Law().Fitted)
+	}
+}
