@@ -275,14 +275,16 @@ func (l *load) servedBy(provider string, t time.Time) bool {
 }
 
 // between counts the requests in flight at some time from from to to (a
-// stream sent before the kill may be cut by it): all of them, those that
-// failed (not a 200, or a stream cut, told or not), and the streams cut
-// silently.
-func (l *load) between(from, to time.Time) (total, failed, silent int) {
+// stream sent before the kill may be cut by it) and sent after since (the
+// previous outage's recovery: a request it caught, a stream on a frozen
+// replica waiting out the client's timeout, is that outage's): all of
+// them, those that failed (not a 200, or a stream cut, told or not), and
+// the streams cut silently.
+func (l *load) between(since, from, to time.Time) (total, failed, silent int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, r := range l.results {
-		if r.end.Before(from) || r.at.After(to) {
+		if r.end.Before(from) || r.at.After(to) || r.at.Before(since) {
 			continue
 		}
 		total++
@@ -471,6 +473,7 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 		}},
 	}
 	precise := `outcome="` + preciseOutcome[o.strategy] + `"`
+	var prevRecovered time.Time // the previous outage's end
 	fmt.Printf("\n%-15s %9s %9s %8s %13s %18s %15s %12s\n", "component", "down_for", "requests", "failed", "recovered_in", "precise_while_down", "tokenize_failed", "silent_cuts")
 	for _, c := range checks {
 		if only != "" && !strings.Contains(","+only+",", ","+c.name+",") {
@@ -523,7 +526,8 @@ func run(bin string, base, rate int, down, within time.Duration, only string, o 
 			explain(proxy)
 			return err
 		}
-		total, failed, silent := l.between(t0, t2)
+		total, failed, silent := l.between(prevRecovered, t0, t2)
+		prevRecovered = t2
 		fmt.Printf("%-15s %9s %9d %8d %13s %18.0f %15.0f %12d\n", c.name, down, total, failed, t2.Sub(t1).Round(10*time.Millisecond), scoredDuring, tokFailed, silent)
 	}
 	if log, err := os.ReadFile(filepath.Join(work, "proxy.log")); err == nil && strings.Contains(string(log), "read back what it had learned") {
