@@ -419,12 +419,17 @@ func (x *Index) Stats(tgt int) Stats {
 func (x *Index) insert(tgt int, h uint64) {
 	t := &x.targets[tgt]
 	t.inserts++
-	e := t.lru.PushNewest(entry{hash: h, published: t.inserts, at: x.at})
-	t.slots[h] = e
-	hs := x.holders[h]
-	hs.add(tgt)
-	x.holders[h] = hs
+	x.hold(tgt, t, entry{hash: h, published: t.inserts, at: x.at})
 	x.evict(tgt, t)
+}
+
+// hold makes e the newest hash of target tgt (t), which must not hold it
+// yet, and records tgt among its holders.
+func (x *Index) hold(tgt int, t *target, e entry) {
+	t.slots[e.hash] = t.lru.PushNewest(e)
+	hs := x.holders[e.hash]
+	hs.add(tgt)
+	x.holders[e.hash] = hs
 }
 
 // evict drops target t's (index tgt) oldest hashes while it is above its

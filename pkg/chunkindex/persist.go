@@ -159,10 +159,7 @@ func Decode(data []byte, now func() int64) (*Index, error) {
 				r.Fail("target %d holds hash %#x twice", i, e.hash)
 				break
 			}
-			t.slots[e.hash] = t.lru.PushNewest(e)
-			hs := x.holders[e.hash]
-			hs.add(i)
-			x.holders[e.hash] = hs
+			x.hold(i, t, e)
 		}
 		if x.next == nil {
 			continue

@@ -47,10 +47,7 @@ func (x *Index) Remap(from []int, now func() int64) *Index {
 			if e.at != 0 {
 				e.at += shift
 			}
-			dst.slots[e.hash] = dst.lru.PushNewest(e)
-			hs := y.holders[e.hash]
-			hs.add(j)
-			y.holders[e.hash] = hs
+			y.hold(j, dst, e)
 		}
 		for _, p := range c.next {
 			y.next[p[0]] = p[1]

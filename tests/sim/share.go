@@ -68,7 +68,8 @@ func (r *run) newShareNode(p int, env *Env) {
 }
 
 // bindShare connects proxy p's policy to its route once built, and a
-// predicted_ttft policy's later balancers (:scale_s, :drain_s) too.
+// predicted_ttft policy's later balancers (:scale_s, :drain_s,
+// :restart_s) too.
 func (r *run) bindShare(p int, px *proxy) {
 	rt := r.share.routes[p]
 	bind := func(b routing.Balancer) {

@@ -41,14 +41,15 @@ type ttftPolicy struct {
 	engine *simEngine
 	stream float64
 	turns  bool
-	scale  *ttftScale // nil without :scale_s or :drain_s
+	scale  *ttftScale // nil without :scale_s, :drain_s or :restart_s
 	// rebind connects a new balancer to the proxy's fleet route (nil
 	// without sharing), as the proxy does after a reload.
 	rebind func(routing.Balancer)
 }
 
 // ttftScale is a predicted_ttft policy's reload when the last replica
-// joins the route or leaves it (:scale_s, :drain_s).
+// joins the route or leaves it, or its proxy's restart (:scale_s,
+// :drain_s, :restart_s).
 type ttftScale struct {
 	at      time.Duration
 	inherit bool
@@ -128,8 +129,8 @@ func newTTFTPolicy(spec routing.Spec, env Env, o ttftOptions) (Policy, error) {
 	return p, nil
 }
 
-// scaled reloads the route once the last replica has joined or left it
-// (:scale_s, :drain_s).
+// scaled reloads the route once the last replica has joined or left it,
+// or restarts the proxy (:scale_s, :drain_s, :restart_s).
 func (p *ttftPolicy) scaled(v *View) {
 	s := p.scale
 	if s == nil || s.done || v.Now < s.at {
