@@ -13,8 +13,8 @@ COPY . .
 RUN --mount=type=cache,target=/root/.cache/go-build \
     --mount=type=cache,target=/go/pkg/mod \
     cd dataplane && go build -trimpath -ldflags="-s -w" -o /out/rolter-proxy ./cmd/rolter-proxy
-# The --routing-state directory, owned by the runtime user (nonroot,
-# 65532), so that a volume mounted there starts writable.
+# The --snapshot-cache and --routing-state directory, owned by the runtime
+# user (nonroot, 65532), so that a volume mounted there starts writable.
 RUN mkdir -p /out/state
 
 FROM gcr.io/distroless/static-debian12:nonroot

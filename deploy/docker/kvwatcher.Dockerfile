@@ -13,9 +13,13 @@ COPY . .
 RUN --mount=type=cache,target=/root/.cache/go-build \
     --mount=type=cache,target=/go/pkg/mod \
     cd kvwatcher && go build -trimpath -ldflags="-s -w" -o /out/rolter-kvwatcher ./cmd/rolter-kvwatcher
+# The --snapshot-cache directory, owned by the runtime user (nonroot,
+# 65532), so that a volume mounted there starts writable.
+RUN mkdir -p /out/state
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/rolter-kvwatcher /usr/local/bin/rolter-kvwatcher
+COPY --from=build --chown=65532:65532 /out/state /var/lib/rolter
 USER nonroot:nonroot
 EXPOSE 9465
 ENTRYPOINT ["/usr/local/bin/rolter-kvwatcher"]

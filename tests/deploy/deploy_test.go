@@ -435,6 +435,7 @@ func TestDockerfiles(t *testing.T) {
 type composeFile struct {
 	path     string
 	services map[string]map[string]any
+	volumes  map[string]bool // the named volumes it declares
 }
 
 func loadCompose(t *testing.T, name string) composeFile {
@@ -442,11 +443,55 @@ func loadCompose(t *testing.T, name string) composeFile {
 	if len(docs) != 1 {
 		t.Fatalf("%s: %d documents", name, len(docs))
 	}
-	cf := composeFile{path: name, services: map[string]map[string]any{}}
+	cf := composeFile{path: name, services: map[string]map[string]any{}, volumes: map[string]bool{}}
 	for k, v := range m(docs[0]["services"]) {
 		cf.services[k] = m(v)
 	}
+	for k := range m(docs[0]["volumes"]) {
+		cf.volumes[k] = true
+	}
 	return cf
+}
+
+// keptByCompose says whether path lies on one of service svc's named
+// volumes, mounted writable: storage that outlives the container, which a
+// tmpfs (emptied when the container stops) and the image's own layer (the
+// containers run read-only) are not.
+//
+// A named volume first mounted at a directory starts with the image's
+// contents and owner there, so the rolter image has to own that directory
+// for its nonroot user (65532), or the node cannot write its files.
+func keptByCompose(t *testing.T, cf composeFile, c *container, svc map[string]any) func(path string) bool {
+	for _, v := range l(svc["volumes"]) {
+		parts := strings.Split(fmt.Sprint(v), ":")
+		if len(parts) < 2 || !cf.volumes[parts[0]] {
+			continue
+		}
+		file := ""
+		for f, name := range dockerfiles {
+			if name == c.bin.name {
+				file = f
+			}
+		}
+		data, err := os.ReadFile(filepath.Join(repo, "deploy", "docker", file))
+		if err != nil {
+			t.Errorf("%s: the Dockerfile of %s: %v", c.where, c.bin.name, err)
+			continue
+		}
+		if !regexp.MustCompile(`(?m)^COPY --from=build --chown=65532:65532 \S+ ` + regexp.QuoteMeta(parts[1]) + `$`).Match(data) {
+			t.Errorf("%s: volume %s is mounted at %s, which %s does not create owned by the nonroot user (COPY --chown=65532:65532)", c.where, parts[0], parts[1], file)
+		}
+	}
+	return func(path string) bool {
+		for _, v := range l(svc["volumes"]) {
+			parts := strings.Split(fmt.Sprint(v), ":")
+			if len(parts) >= 2 && cf.volumes[parts[0]] && strings.HasPrefix(path, parts[1]+"/") &&
+				(len(parts) < 3 || !strings.Contains(parts[2], "ro")) {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // composeContainers returns the rolter processes of a compose file.
@@ -600,6 +645,7 @@ func TestCompose(t *testing.T) {
 			t.Errorf("%s: the kvwatcher needs exactly one of --config and --controlplane", name)
 		}
 		checkFollower(t, c)
+		checkStateFiles(t, c, keptByCompose(t, cf, c, cf.services[name]))
 		// Files given by flag are mounted.
 		if f := c.vals["config"] + c.vals["f"]; f != "" {
 			checkMounted(t, c.where, cf.services[name], f)
@@ -712,6 +758,26 @@ func checkFollower(t *testing.T, c *container) {
 	if !loopback && !insecure && !sysRoots && c.vals["controlplane-ca"] == "" {
 		t.Errorf("%s: %s dials %s with TLS and the system roots by default: give --controlplane-insecure (plaintext) or --controlplane-ca",
 			c.where, c.bin.name, c.vals["controlplane"])
+	}
+}
+
+// checkStateFiles checks the files a node keeps across its restarts: a
+// proxy or kvwatcher following control planes has --snapshot-cache (so
+// that, restarted while none answers, it starts from the last config rather
+// than from nothing), and that file and --routing-state lie where kept(path)
+// says they outlive the container.
+func checkStateFiles(t *testing.T, c *container, kept func(path string) bool) {
+	t.Helper()
+	if c.vals == nil || (c.bin.name != "rolter-proxy" && c.bin.name != "rolter-kvwatcher") {
+		return
+	}
+	if c.vals["controlplane"] != "" && c.vals["snapshot-cache"] == "" {
+		t.Errorf("%s: %s follows a control plane without --snapshot-cache: restarted while none answers, it would start with no config", c.where, c.bin.name)
+	}
+	for _, f := range []string{"snapshot-cache", "routing-state"} {
+		if path := c.vals[f]; path != "" && !kept(path) {
+			t.Errorf("%s: --%s %s is not on a writable volume kept across the container's restarts", c.where, f, path)
+		}
 	}
 }
 
@@ -1003,6 +1069,22 @@ func checkKubernetes(t *testing.T, objs []object) []k8sPod {
 				}
 			}
 			checkFollower(t, c)
+			checkStateFiles(t, c, func(path string) bool {
+				// An emptyDir lives as long as the pod, across its
+				// containers' restarts; a claim longer.
+				for _, vm := range l(cm["volumeMounts"]) {
+					mv := m(vm)
+					if mv["readOnly"] == true || !strings.HasPrefix(path, fmt.Sprint(mv["mountPath"])+"/") {
+						continue
+					}
+					for _, vv := range l(spec["volumes"]) {
+						if v := m(vv); v["name"] == mv["name"] && (v["emptyDir"] != nil || v["persistentVolumeClaim"] != nil) {
+							return true
+						}
+					}
+				}
+				return false
+			})
 			checkSecretFiles(t, c, spec, mounts)
 			if c.bin.name == "rolter-kvwatcher" && (c.vals["controlplane"] == "" || c.vals["config"] != "") {
 				t.Errorf("%s: the kvwatcher should follow the control plane (--controlplane), not a mounted --config", where)
@@ -1606,7 +1688,8 @@ func TestKubernetesTLS(t *testing.T) {
 // does for the keys the rolter services use: command replaced, volumes
 // merged by container path, environment merged.
 func mergeCompose(base, over composeFile) composeFile {
-	out := composeFile{path: base.path + "+" + over.path, services: map[string]map[string]any{}}
+	out := composeFile{path: base.path + "+" + over.path, services: map[string]map[string]any{}, volumes: maps.Clone(base.volumes)}
+	maps.Copy(out.volumes, over.volumes)
 	for name, svc := range base.services {
 		out.services[name] = maps.Clone(svc)
 	}
@@ -1693,6 +1776,7 @@ func TestComposeTLS(t *testing.T) {
 				checkMountedFrom(t, c.where, cf.services[name], file, "./tls")
 			}
 		}
+		checkStateFiles(t, c, keptByCompose(t, cf, c, cf.services[name]))
 		for _, a := range strings.Split(c.vals["controlplane"], ",") {
 			if host, _, err := net.SplitHostPort(a); err == nil {
 				hosts[host] = true
