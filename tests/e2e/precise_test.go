@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -168,6 +170,27 @@ func (f *kvFleet) respond(t testing.TB, system, user string) string {
 	return raw.Header.Get("X-Rolter-Provider")
 }
 
+// message sends one Anthropic Messages request through the proxy with the
+// official Anthropic SDK (no token-ids header), system as its system prompt
+// (one text block, as Claude Code sends it, after a billing header block
+// that vLLM leaves out) and user as its message, and returns the provider
+// that served it.
+func (f *kvFleet) message(t testing.TB, system, user string) string {
+	t.Helper()
+	client := anthropic.NewClient(aoption.WithBaseURL(f.base), aoption.WithAPIKey("unused"), aoption.WithMaxRetries(0))
+	var raw *http.Response
+	_, err := client.Messages.New(t.Context(), anthropic.MessageNewParams{
+		Model:     "m",
+		MaxTokens: 2,
+		System:    []anthropic.TextBlockParam{{Text: "x-anthropic-billing-header: cch=" + user + ";"}, {Text: system}},
+		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(user))},
+	}, aoption.WithResponseInto(&raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw.Header.Get("X-Rolter-Provider")
+}
+
 // longSystem is a system prompt of about words words, different per seed.
 func longSystem(seed string, words int) string {
 	var b strings.Builder
@@ -177,8 +200,8 @@ func longSystem(seed string, words int) string {
 	return b.String()
 }
 
-// TestPreciseRoutingForSDKClients: an OpenAI SDK chat or Responses request
-// with no token-ids header goes to the replica that holds its prefix, on
+// TestPreciseRoutingForSDKClients: an OpenAI SDK chat or Responses request,
+// or an Anthropic SDK Messages request, with no token-ids header goes to the replica that holds its prefix, on
 // the replica's own KV events: the proxy got the token ids from the
 // replica's /tokenize, and the precise decisions are counted as scored,
 // not neutral.
@@ -187,6 +210,7 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 		{"precise_cache_aware", "chat", "scored", "neutral"},
 		{"predicted_ttft", "chat", "precise", "approximate"},
 		{"precise_cache_aware", "responses", "scored", "neutral"},
+		{"predicted_ttft", "messages", "precise", "approximate"},
 	} {
 		t.Run(tc.strategy+"/"+tc.api, func(t *testing.T) {
 			// Prefill costs time (50 µs a token), as on a GPU: predicted_ttft
@@ -198,10 +222,7 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 			decisions := func(outcome string) float64 {
 				return metric(t, f.base, fmt.Sprintf(`rolter_routing_decisions_total{model="m",outcome=%q,strategy=%q,variant=""}`, outcome, tc.strategy))
 			}
-			send := f.chat
-			if tc.api == "responses" {
-				send = f.respond
-			}
+			send := map[string]func(testing.TB, string, string) string{"chat": f.chat, "responses": f.respond, "messages": f.message}[tc.api]
 			for g := range 3 {
 				system := longSystem(fmt.Sprintf("g%d-", g), 400)
 				// The group's first request computes its prefix wherever it
@@ -359,14 +380,53 @@ func TestBurstTakesTurnsThroughProxies(t *testing.T) {
 	}
 }
 
-// TestResponsesTokenizeMatchesPrompt: for each form of Responses request
-// the proxy tokenizes, the ids the replica's /tokenize answers for the
-// proxy's /tokenize body are exactly the prompt the replica computes for
-// the Responses request (its usage.input_tokens, and every one-token block
-// of the ids resident after it; the words differ per form, so no other
-// request computed that prefix). The other forms are not tokenized.
+// TestResponsesTokenizeMatchesPrompt: for each Responses form the proxy
+// tokenizes, the ids the replica's /tokenize answers for the proxy's body
+// are exactly the Responses request's prompt (as many as its input tokens,
+// every one resident in the replica's cache), and the forms it cannot
+// reproduce are never sent to /tokenize.
 func TestResponsesTokenizeMatchesPrompt(t *testing.T) {
-	f := startKVFleet(t, 1, "precise_cache_aware", openKVConfig, "", vllmsim.Options{BlockSize: 1})
+	checkTokenizedForms(t, "precise_cache_aware", "/v1/responses", `{"model":"m","max_output_tokens":1,`, []string{
+		`"instructions":"alpha be brief","input":"alpha hello"`,
+		`"instructions":"","input":"beta hello"`,
+		`"input":[{"role":"developer","content":"gamma rules"},{"type":"message","role":"user","content":[{"type":"input_text","text":"gamma one"},{"type":"input_text","text":"gamma two"}]},` +
+			`{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"gamma answer","annotations":[]}]},{"role":"user","content":"gamma again"}]`,
+		`"instructions":"delta sys","input":[{"role":"system","content":[{"type":"input_text","text":"delta more"}]},{"role":"assistant","content":"delta said"},{"role":"user","content":"delta ask"}]`,
+	}, []string{
+		`"input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"x"}]`,
+		`"input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"http://x"}]}]`,
+		`"input":"hi","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]`,
+	})
+}
+
+// TestMessagesTokenizeMatchesPrompt: the same for Anthropic Messages
+// requests, whose prompt is their input and cached tokens.
+func TestMessagesTokenizeMatchesPrompt(t *testing.T) {
+	checkTokenizedForms(t, "predicted_ttft", "/v1/messages", `{"model":"m","max_tokens":1,`, []string{
+		`"system":"alpha be brief","messages":[{"role":"user","content":"alpha hello"}]`,
+		`"system":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"beta sys"},{"type":"text","text":"tem"}],` +
+			`"messages":[{"role":"system","content":"atic"},{"role":"user","content":[{"type":"text","text":"beta a"},{"type":"text","text":"beta b"}]}]`,
+		`"messages":[{"role":"user","content":"gamma weather?"},{"role":"assistant","content":[{"type":"thinking","thinking":"gamma hmm","signature":"s"},{"type":"text","text":"gamma calling"},` +
+			`{"type":"tool_use","id":"toolu_1","name":"get","input":{"city":"Paris","days":[1,2]}}]},` +
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"gamma 18"},{"type":"text","text":"C"}]},{"type":"text","text":"gamma thanks"}]}],` +
+			`"tools":[{"name":"get","description":"gamma weather","input_schema":{"properties":{"city":{"type":"string"}}}}]`,
+		`"messages":[{"role":"user","content":"delta hi"},{"role":"assistant","content":[{"type":"tool_result","content":"delta x"},{"type":"text","text":""}]},{"role":"user","content":[]},{"role":"user","content":"delta again"}]`,
+	}, []string{
+		`"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"http://x"}},{"type":"text","text":"what?"}]}]`,
+		`"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"x":1.5}}]},{"role":"user","content":"go"}]`,
+		`"messages":[{"role":"user","content":"hi"}],"output_config":{"effort":"low"}`,
+	})
+}
+
+// checkTokenizedForms sends each form (body fields after prefix) to path
+// on a one-replica fleet of strategy with one-token blocks: for the
+// tokenized forms, the ids the replica's /tokenize answered for the
+// proxy's body must be exactly the prompt the replica computed (as many as
+// the usage's input and cached tokens, every one resident in its cache);
+// the unsupported forms must never reach /tokenize and be counted.
+func checkTokenizedForms(t *testing.T, strategy, path, prefix string, tokenized, unsupported []string) {
+	t.Helper()
+	f := startKVFleet(t, 1, strategy, openKVConfig, "", vllmsim.Options{BlockSize: 1})
 	r := f.replicas[0]
 	var mu sync.Mutex
 	var answered [][]uint32
@@ -382,31 +442,26 @@ func TestResponsesTokenizeMatchesPrompt(t *testing.T) {
 		w.WriteHeader(rec.Code)
 		_, _ = w.Write(rec.Body.Bytes())
 	})
-	send := func(body string) int {
+	send := func(form string) int {
 		t.Helper()
-		resp, err := http.Post(f.base+"/v1/responses", "application/json", strings.NewReader(body))
+		resp, err := http.Post(f.base+path, "application/json", strings.NewReader(prefix+form+"}"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
 		var out struct {
 			Usage struct {
-				InputTokens int `json:"input_tokens"`
+				InputTokens          int `json:"input_tokens"`
+				CacheReadInputTokens int `json:"cache_read_input_tokens"` // Anthropic's, beside input_tokens
 			} `json:"usage"`
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("status %d, %v", resp.StatusCode, err)
 		}
-		return out.Usage.InputTokens
+		return out.Usage.InputTokens + out.Usage.CacheReadInputTokens
 	}
-	for i, input := range []string{
-		`"instructions":"alpha be brief","input":"alpha hello"`,
-		`"instructions":"","input":"beta hello"`,
-		`"input":[{"role":"developer","content":"gamma rules"},{"type":"message","role":"user","content":[{"type":"input_text","text":"gamma one"},{"type":"input_text","text":"gamma two"}]},` +
-			`{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"gamma answer","annotations":[]}]},{"role":"user","content":"gamma again"}]`,
-		`"instructions":"delta sys","input":[{"role":"system","content":[{"type":"input_text","text":"delta more"}]},{"role":"assistant","content":"delta said"},{"role":"user","content":"delta ask"}]`,
-	} {
-		inputTokens := send(`{"model":"m","max_output_tokens":1,` + input + `}`)
+	for i, form := range tokenized {
+		promptTokens := send(form)
 		mu.Lock()
 		if len(answered) != i+1 {
 			mu.Unlock()
@@ -420,24 +475,20 @@ func TestResponsesTokenizeMatchesPrompt(t *testing.T) {
 				resident++
 			}
 		}
-		if len(ids) == 0 || inputTokens != len(ids) || resident != len(ids) {
-			t.Errorf("form %d: /tokenize %d ids, the Responses prompt %d tokens, %d of the ids resident", i, len(ids), inputTokens, resident)
+		if len(ids) == 0 || promptTokens != len(ids) || resident != len(ids) {
+			t.Errorf("form %d: /tokenize %d ids, the prompt %d tokens, %d of the ids resident", i, len(ids), promptTokens, resident)
 		}
 	}
-	for _, input := range []string{
-		`"input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"x"}]`,
-		`"input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"http://x"}]}]`,
-		`"input":"hi","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]`,
-	} {
-		send(`{"model":"m","max_output_tokens":1,` + input + `}`)
+	for _, form := range unsupported {
+		send(form)
 	}
-	if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="unsupported"}`); n != 3 {
-		t.Errorf("unsupported counted %v times, want 3", n)
+	if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="unsupported"}`); n != float64(len(unsupported)) {
+		t.Errorf("unsupported counted %v times, want %d", n, len(unsupported))
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(answered) != 4 {
-		t.Errorf("/tokenize asked %d times, want 4 (the unsupported forms never)", len(answered))
+	if len(answered) != len(tokenized) {
+		t.Errorf("/tokenize asked %d times, want %d (the unsupported forms never)", len(answered), len(tokenized))
 	}
 }
 

@@ -83,6 +83,7 @@ func FuzzRequestBody(f *testing.F) {
 		`{"input":["a","b"],"encoding_format":"base64"}`,
 		`{"input":[{"type":"function_call_output","output":[{"type":"input_text","text":"ok"}]},{"role":"user","content":"x"}],"instructions":"be"}`,
 		`{"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]}],"stream":true}`,
+		`{"messages":[{"role":"system","content":"s"},{"role":"assistant","content":[{"type":"tool_use","id":"u","input":{}},{"type":"tool_result","content":[1]}]},{"role":"user","content":[]}],"tools":[{"name":"f","input_schema":{}}]}`,
 		`{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false}`,
 		`{"previous_response_id":"resp_x","input":"y"}`,
 	}

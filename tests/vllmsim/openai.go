@@ -33,12 +33,11 @@ func firstByte(raw json.RawMessage) byte {
 }
 
 // contentPart is one element of an array-valued message content, in any
-// dialect: OpenAI ("text"), Anthropic ("text", "tool_result" with nested
-// content) or Responses ("input_text", "output_text").
+// dialect: OpenAI ("text"), Anthropic ("text") or Responses ("input_text",
+// "output_text").
 type contentPart struct {
-	Type    string          `json:"type"`
-	Text    *string         `json:"text"`
-	Content json.RawMessage `json:"content"` // Anthropic tool_result
+	Type string  `json:"type"`
+	Text *string `json:"text"`
 }
 
 // contentText flattens a message content, a string or an array of parts,
@@ -63,15 +62,8 @@ func contentText(raw json.RawMessage, field string) (string, *apiError) {
 		}
 		texts := make([]string, 0, len(parts))
 		for _, p := range parts {
-			switch {
-			case p.Text != nil:
+			if p.Text != nil {
 				texts = append(texts, *p.Text)
-			case p.Type == "tool_result" && len(p.Content) > 0:
-				t, aerr := contentText(p.Content, field+".content")
-				if aerr != nil {
-					return "", aerr
-				}
-				texts = append(texts, t)
 			}
 		}
 		return strings.Join(texts, "\n"), nil
@@ -198,15 +190,42 @@ func (f templateFields) template() (ChatTemplate, *apiError) {
 		if raw[0] != '[' {
 			return ChatTemplate{}, errorf(http.StatusBadRequest, "tools: must be an array")
 		}
-		var b bytes.Buffer
-		if err := json.Compact(&b, raw); err != nil {
-			return ChatTemplate{}, errorf(http.StatusBadRequest, "tools: %v", err)
+		tools, aerr := canonicalTools(raw)
+		if aerr != nil {
+			return ChatTemplate{}, aerr
 		}
-		if b.String() != "[]" {
-			t.Tools = b.String()
+		if tools != "[]" {
+			t.Tools = tools
 		}
 	}
 	return t, nil
+}
+
+// canonicalTools is a tools array as the template sees it, whatever the
+// request's spelling: vLLM reads each tool into its pydantic model and
+// renders the model's dump, where a function's absent description is null
+// and a null defer_loading is left out (FunctionDefinition). Here: keys
+// sorted, numbers as written.
+func canonicalTools(raw json.RawMessage) (string, *apiError) {
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var tools []any
+	if err := d.Decode(&tools); err != nil {
+		return "", errorf(http.StatusBadRequest, "tools: %v", err)
+	}
+	for _, t := range tools {
+		tool, _ := t.(map[string]any)
+		if fn, ok := tool["function"].(map[string]any); ok {
+			if _, ok := fn["description"]; !ok {
+				fn["description"] = nil
+			}
+			if v, ok := fn["defer_loading"]; ok && v == nil {
+				delete(fn, "defer_loading")
+			}
+		}
+	}
+	b, _ := json.Marshal(tools)
+	return string(b), nil
 }
 
 // chatMessages converts request messages to the template's [Message]s.

@@ -13,3 +13,6 @@ func NewLimited(hc *http.Client, limit int) *Client {
 // EntryOverhead is entryOverhead: what the bound charges an answer besides
 // its ids.
 const EntryOverhead = entryOverhead
+
+// PythonDumps is pythonDumps: a tool input as Python's json.dumps prints it.
+var PythonDumps = pythonDumps

@@ -1,8 +1,8 @@
 // Package tokenize obtains a request's prompt token ids from the engine
 // itself, for precise routing of clients that do not send them (every
-// OpenAI or Anthropic SDK): it turns a chat, completions or Responses body
-// into vLLM's POST /tokenize request, asks one replica, decodes the answer,
-// and caches it.
+// OpenAI or Anthropic SDK): it turns a chat, completions, Responses or
+// Anthropic Messages body into vLLM's POST /tokenize request, asks one
+// replica, decodes the answer, and caches it.
 //
 // # Exactly as the engine computes them
 //
@@ -33,10 +33,19 @@
 // truncation "auto", a partial (in_progress, incomplete) message, which
 // vLLM continues instead of answering.
 //
+// vLLM serves the Anthropic Messages API by converting each request to a
+// chat completion (messages.go cites the source), so [Build] makes the
+// same chat messages and tools: the system texts joined as one system
+// message (less Claude Code's per-request billing header), text blocks as
+// text parts, thinking as reasoning, tool uses as tool calls whose
+// arguments Python's json.dumps prints, a user's tool results as tool
+// messages before it. Not tokenized: images, documents, tool references,
+// an effort, a tool input with a non-integer number.
+//
 // Anything [Build] cannot reproduce faithfully (another endpoint, non-text
 // message content that the engine would fetch and process, batched
-// prompts, the Responses requests above) is not tokenized: the request
-// routes on the approximate index.
+// prompts, the Responses and Messages requests above) is not tokenized:
+// the request routes on the approximate index.
 //
 // # Bounded and cached
 //
@@ -70,6 +79,7 @@ const (
 	PathChatCompletions = "/v1/chat/completions"
 	PathCompletions     = "/v1/completions"
 	PathResponses       = "/v1/responses"
+	PathMessages        = "/v1/messages"
 )
 
 // CacheTokens bounds the cache in units of a token id (4 bytes): 4 Mi, 16
@@ -119,6 +129,10 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 				return nil, nil, false // a batch, or not token ids
 			}
 			return nil, ids, true
+		}
+	case PathMessages:
+		if b, ok := messagesBody(model, fields); ok {
+			return b, nil, true
 		}
 	case PathResponses:
 		if msgs, ok := responsesMessages(fields); ok {

@@ -76,7 +76,7 @@ func TestBuild(t *testing.T) {
 		{"responses: no input items", tokenize.PathResponses, `{"instructions":"be brief","input":[]}`, "", nil},
 		{"responses: no input", tokenize.PathResponses, `{"instructions":"be brief"}`, "", nil},
 		{"responses: instructions not a string", tokenize.PathResponses, `{"instructions":1,"input":"hi"}`, "", nil},
-		{"another endpoint", "/v1/messages", `{"messages":[{"role":"user","content":"hi"}]}`, "", nil},
+		{"another endpoint", "/v1/embeddings", `{"input":"hi"}`, "", nil},
 		{"not JSON", tokenize.PathChatCompletions, `{`, "", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -106,8 +106,10 @@ func FuzzBuild(f *testing.F) {
 	f.Add(uint8(2), []byte(`{"instructions":"be brief","input":"hi","tools":[],"reasoning":{"effort":null}}`))
 	f.Add(uint8(2), []byte(`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"type":"message","role":"assistant","status":"completed","content":[{"type":"output_text","text":"b"}]}]}`))
 	f.Add(uint8(2), []byte(`{"input":[{"role":"user","content":"hi"},{"type":"function_call","name":"f","arguments":"{}"}],"previous_response_id":"r"}`))
+	f.Add(uint8(3), []byte(`{"system":[{"type":"text","text":"a"}],"messages":[{"role":"user","content":[{"type":"text","text":"b"},{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"c"}]}]}]}`))
+	f.Add(uint8(3), []byte(`{"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"tool_use","id":"i","name":"f","input":{"a":[1,{"b":"\u00e9"}]}}]}],"tools":[{"name":"f","input_schema":{}}]}`))
 	f.Fuzz(func(t *testing.T, sel uint8, body []byte) {
-		path := []string{tokenize.PathChatCompletions, tokenize.PathCompletions, tokenize.PathResponses}[sel%3]
+		path := []string{tokenize.PathChatCompletions, tokenize.PathCompletions, tokenize.PathResponses, tokenize.PathMessages}[sel%4]
 		tok, ids, ok := tokenize.Build(path, body, "engine-model")
 		if !ok {
 			if tok != nil || ids != nil {
@@ -131,8 +133,12 @@ func FuzzBuild(f *testing.F) {
 		if string(got["model"]) != `"engine-model"` {
 			t.Fatalf("model %s", got["model"])
 		}
-		if path == tokenize.PathResponses {
+		switch path {
+		case tokenize.PathResponses:
 			checkResponses(t, got, in, body)
+			return
+		case tokenize.PathMessages:
+			checkMessages(t, got, in)
 			return
 		}
 		for k, v := range got {
@@ -141,6 +147,45 @@ func FuzzBuild(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkMessages checks the /tokenize body Build made of an Anthropic
+// Messages body: chat messages of the roles vLLM's conversion makes, the
+// chat completion's defaults, and only the template's kwargs copied.
+func checkMessages(t *testing.T, got, in map[string]json.RawMessage) {
+	t.Helper()
+	if string(got["add_generation_prompt"]) != "true" || string(got["add_special_tokens"]) != "false" {
+		t.Fatalf("tokenize body %v", got)
+	}
+	if k, ok := got["chat_template_kwargs"]; ok && string(k) != string(in["chat_template_kwargs"]) {
+		t.Fatalf("chat_template_kwargs %s, the client sent %s", k, in["chat_template_kwargs"])
+	}
+	var msgs []struct {
+		Role string `json:"role"`
+	}
+	if err := json.Unmarshal(got["messages"], &msgs); err != nil {
+		t.Fatalf("messages %s: %v", got["messages"], err)
+	}
+	for i, m := range msgs {
+		if !slices.Contains([]string{"system", "user", "assistant", "tool"}, m.Role) || (m.Role == "system" && i > 0) {
+			t.Fatalf("message %d: role %q", i, m.Role)
+		}
+	}
+	if tools, ok := got["tools"]; ok {
+		var fns []struct {
+			Type     string                     `json:"type"`
+			Function map[string]json.RawMessage `json:"function"`
+		}
+		if err := json.Unmarshal(tools, &fns); err != nil {
+			t.Fatalf("tools %s: %v", tools, err)
+		}
+		for _, f := range fns {
+			var params map[string]json.RawMessage
+			if f.Type != "function" || json.Unmarshal(f.Function["parameters"], &params) != nil || params["type"] == nil {
+				t.Fatalf("tool %v", f)
+			}
+		}
+	}
 }
 
 // checkResponses checks the /tokenize body Build made of a Responses body:

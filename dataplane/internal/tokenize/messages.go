@@ -1,0 +1,542 @@
+package tokenize
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// How vLLM renders an Anthropic Messages request
+// (vllm/entrypoints/anthropic/serving.py at 0001948bc769, the commit
+// responses.go cites; in full 0001948bc76939369ca855c90b36d81256477e85):
+// AnthropicServingMessages._convert_anthropic_to_openai_request turns it
+// into a ChatCompletionRequest, rendered and tokenized as a chat completion
+// (add_generation_prompt true, continue_final_message false,
+// add_special_tokens false: the request's defaults).
+//
+//   - _convert_system_message: one system message first, the text of the
+//     top-level system (a string, or its text blocks) and then of every
+//     message of role system, joined with "" (text blocks that are empty or
+//     start with "x-anthropic-billing-header" left out); none when there is
+//     no text at all.
+//   - _convert_messages: every other message in order. A string content is
+//     kept; blocks become text parts (empty texts left out), "thinking"
+//     the message's reasoning (joined with ""), "tool_use" a tool call whose
+//     arguments are Python's json.dumps of its input, a user's
+//     "tool_result" a tool message placed before the message it came in
+//     (its text, or its text items joined with "\n"), an assistant's the
+//     text part "Tool result: " + str(content). One text part becomes the
+//     content string, several stay parts; a user message left with no
+//     content is dropped, an assistant one kept without it.
+//   - _convert_tools: each tool becomes {"type":"function","function":
+//     {"name","description","parameters":input_schema,"defer_loading"}}.
+//   - chat_template_kwargs is passed on.
+
+// messagesBillingHeader starts the system text block Claude Code sends with
+// a per-request hash, which vLLM leaves out of the prompt.
+const messagesBillingHeader = "x-anthropic-billing-header"
+
+// surrogateEscape matches a \u escape of a UTF-16 surrogate. Joining two
+// JSON strings' texts is exact unless one holds such an escape (a lone
+// surrogate, which Python keeps as it is, or half of a pair), so those are
+// not joined.
+var surrogateEscape = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
+
+// messagesBody returns the /tokenize chat body vLLM renders for an
+// Anthropic Messages body's fields, or false when Build cannot reproduce
+// it exactly: images and documents (the engine fetches and processes them),
+// tool references, block types it does not know, output_config's effort
+// (the template reads it), a tool use without an id (vLLM names it by the
+// clock) or whose input holds a number that is not an integer (Python
+// prints floats its own way).
+func messagesBody(model string, fields map[string]json.RawMessage) ([]byte, bool) {
+	if oc := fields["output_config"]; !isNull(oc) {
+		var o map[string]json.RawMessage
+		if json.Unmarshal(oc, &o) != nil || !isNull(o["effort"]) {
+			return nil, false
+		}
+	}
+	var msgs []map[string]json.RawMessage
+	if json.Unmarshal(fields["messages"], &msgs) != nil || len(msgs) == 0 {
+		return nil, false
+	}
+	var system [][]byte // JSON strings
+	if s := bytes.TrimSpace(fields["system"]); !isNull(s) {
+		if _, ok := str(s); ok {
+			if string(s) != `""` { // Python's "if system" skips an empty one
+				system = append(system, s)
+			}
+		} else if !systemTexts(s, &system) {
+			return nil, false
+		}
+	}
+	for _, m := range msgs {
+		if role, ok := str(m["role"]); !ok || role != "system" {
+			continue
+		}
+		c := bytes.TrimSpace(m["content"])
+		if _, ok := str(c); ok {
+			system = append(system, c)
+		} else if !systemTexts(c, &system) {
+			return nil, false
+		}
+	}
+	out := []byte{'['}
+	add := func(msg []byte) {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, msg...)
+	}
+	if len(system) > 0 {
+		text, ok := joinStrings(system, "")
+		if !ok {
+			return nil, false
+		}
+		add(append(append([]byte(`{"role":"system","content":`), text...), '}'))
+	}
+	for _, m := range msgs {
+		role, ok := str(m["role"])
+		switch {
+		case !ok:
+			return nil, false
+		case role == "system":
+			continue
+		case role != "user" && role != "assistant":
+			return nil, false
+		}
+		if !messagesTurn(role, m["content"], add) {
+			return nil, false
+		}
+	}
+	out = append(out, ']')
+
+	m, _ := json.Marshal(model)
+	b := append(append([]byte(`{"model":`), m...), `,"messages":`...)
+	b = append(b, out...)
+	if t := fields["tools"]; !isNull(t) {
+		tools, ok := messagesTools(t)
+		if !ok {
+			return nil, false
+		}
+		b = append(append(b, `,"tools":`...), tools...)
+	}
+	if k := fields["chat_template_kwargs"]; !isNull(k) {
+		b = append(append(b, `,"chat_template_kwargs":`...), k...)
+	}
+	return append(b, `,"add_generation_prompt":true,"add_special_tokens":false}`...), true
+}
+
+// systemTexts appends the texts of a system content's blocks to dst: text
+// blocks, less the empty ones and the billing header. Any other block, or
+// content that is not an array of blocks, is not reproduced.
+func systemTexts(content json.RawMessage, dst *[][]byte) bool {
+	var blocks []map[string]json.RawMessage
+	if json.Unmarshal(content, &blocks) != nil {
+		return false
+	}
+	for _, bl := range blocks {
+		typ, _ := str(bl["type"])
+		if typ != "text" {
+			return false
+		}
+		text := bytes.TrimSpace(bl["text"])
+		if isNull(text) {
+			continue
+		}
+		s, ok := str(text)
+		if !ok {
+			return false
+		}
+		if s != "" && !strings.HasPrefix(s, messagesBillingHeader) {
+			*dst = append(*dst, text)
+		}
+	}
+	return true
+}
+
+// messagesTurn adds the chat messages of one user or assistant message:
+// the tool messages of a user's tool results, then the message itself
+// unless it is a user's with no content left.
+func messagesTurn(role string, content json.RawMessage, add func([]byte)) bool {
+	r, _ := json.Marshal(role)
+	msg := append([]byte(`{"role":`), r...)
+	c := bytes.TrimSpace(content)
+	if _, ok := str(c); ok {
+		add(append(append(append(msg, `,"content":`...), c...), '}'))
+		return true
+	}
+	var blocks []map[string]json.RawMessage
+	if len(c) == 0 || c[0] != '[' || json.Unmarshal(c, &blocks) != nil {
+		return false
+	}
+	var parts, calls [][]byte
+	var reasoning [][]byte
+	for _, bl := range blocks {
+		typ, _ := str(bl["type"])
+		switch typ {
+		case "text":
+			text := bytes.TrimSpace(bl["text"])
+			if isNull(text) || string(text) == `""` {
+				continue
+			}
+			if _, ok := str(text); !ok {
+				return false
+			}
+			parts = append(parts, append(append([]byte(`{"type":"text","text":`), text...), '}'))
+		case "thinking":
+			th := bytes.TrimSpace(bl["thinking"])
+			if isNull(th) {
+				continue
+			}
+			if _, ok := str(th); !ok {
+				return false
+			}
+			reasoning = append(reasoning, th)
+		case "redacted_thinking":
+		case "tool_use":
+			call, ok := toolCall(bl)
+			if !ok {
+				return false
+			}
+			calls = append(calls, call)
+		case "tool_result":
+			if role == "user" {
+				tool, ok := toolMessage(bl)
+				if !ok {
+					return false
+				}
+				add(tool)
+				continue
+			}
+			text := bytes.TrimSpace(bl["content"])
+			if isNull(text) || string(text) == `""` {
+				text = []byte(`""`)
+			} else if _, ok := str(text); !ok {
+				return false // str() of a list is Python's repr
+			}
+			joined, ok := joinStrings([][]byte{[]byte(`"Tool result: "`), text}, "")
+			if !ok {
+				return false
+			}
+			parts = append(parts, append(append([]byte(`{"type":"text","text":`), joined...), '}'))
+		default: // images, documents, tool references, what vLLM adds later
+			return false
+		}
+	}
+	if len(reasoning) > 0 {
+		text, ok := joinStrings(reasoning, "")
+		if !ok {
+			return false
+		}
+		msg = append(append(msg, `,"reasoning":`...), text...)
+	}
+	if len(calls) > 0 {
+		msg = append(append(msg, `,"tool_calls":`...), jsonArray(calls)...)
+	}
+	switch {
+	case len(parts) == 1:
+		text := parts[0][len(`{"type":"text","text":`) : len(parts[0])-1]
+		msg = append(append(msg, `,"content":`...), text...)
+	case len(parts) > 1:
+		msg = append(append(msg, `,"content":`...), jsonArray(parts)...)
+	case role == "user":
+		return true // no content: vLLM drops it, tool calls and all
+	}
+	add(append(msg, '}'))
+	return true
+}
+
+// toolCall is the chat tool call of a tool_use block, its id and name
+// copied as the client wrote them.
+func toolCall(bl map[string]json.RawMessage) ([]byte, bool) {
+	id := bytes.TrimSpace(bl["id"])
+	if s, ok := str(id); !ok || s == "" {
+		return nil, false
+	}
+	name := []byte(`""`) // block.name or ""
+	if n := bytes.TrimSpace(bl["name"]); !isNull(n) {
+		if _, ok := str(n); !ok {
+			return nil, false
+		}
+		name = n
+	}
+	args := []byte("{}") // json.dumps(block.input or {})
+	if in := bytes.TrimSpace(bl["input"]); !isNull(in) {
+		var ok bool
+		if in[0] != '{' {
+			return nil, false
+		}
+		if args, ok = pythonDumps(in); !ok {
+			return nil, false
+		}
+	}
+	a, _ := json.Marshal(string(args))
+	call := append(append([]byte(`{"id":`), id...), `,"type":"function","function":{"name":`...)
+	call = append(append(call, name...), `,"arguments":`...)
+	return append(append(call, a...), "}}"...), true
+}
+
+// toolMessage is the chat tool message of a user's tool_result block.
+func toolMessage(bl map[string]json.RawMessage) ([]byte, bool) {
+	id := []byte(`""`)
+	if v := bytes.TrimSpace(bl["tool_use_id"]); !isNull(v) {
+		if _, ok := str(v); !ok {
+			return nil, false
+		}
+		id = v
+	}
+	text := []byte(`""`)
+	c := bytes.TrimSpace(bl["content"])
+	if _, ok := str(c); ok {
+		text = c
+	} else if !isNull(c) {
+		var items []json.RawMessage
+		if c[0] != '[' || json.Unmarshal(c, &items) != nil {
+			return nil, false
+		}
+		var texts [][]byte
+		for _, it := range items {
+			var item map[string]json.RawMessage
+			if json.Unmarshal(it, &item) != nil {
+				continue // vLLM reads dict items only
+			}
+			switch typ, _ := str(item["type"]); typ {
+			case "text":
+				t, present := item["text"]
+				if !present {
+					t = []byte(`""`) // item.get("text", "")
+				} else if _, ok := str(t); !ok {
+					return nil, false // null or not a string: vLLM fails to join it
+				}
+				t = bytes.TrimSpace(t)
+				texts = append(texts, t)
+			case "image", "tool_reference":
+				return nil, false // they add messages of their own
+			}
+		}
+		if len(texts) > 0 {
+			var ok bool
+			if text, ok = joinStrings(texts, `\n`); !ok {
+				return nil, false
+			}
+		}
+	}
+	msg := append([]byte(`{"role":"tool","tool_call_id":`), id...)
+	return append(append(append(msg, `,"content":`...), text...), '}'), true
+}
+
+// messagesTools converts Anthropic tools to the chat form vLLM renders.
+func messagesTools(raw json.RawMessage) ([]byte, bool) {
+	var tools []map[string]json.RawMessage
+	if json.Unmarshal(raw, &tools) != nil {
+		return nil, false
+	}
+	out := make([][]byte, len(tools))
+	for i, t := range tools {
+		fn := []byte(`{"name":`)
+		name := bytes.TrimSpace(t["name"])
+		if _, ok := str(name); !ok {
+			return nil, false
+		}
+		fn = append(fn, name...)
+		if v := bytes.TrimSpace(t["description"]); len(v) > 0 {
+			fn = append(append(fn, `,"description":`...), v...)
+		}
+		params, ok := inputSchema(t["input_schema"])
+		if !ok {
+			return nil, false
+		}
+		fn = append(append(fn, `,"parameters":`...), params...)
+		if v := bytes.TrimSpace(t["defer_loading"]); len(v) > 0 {
+			fn = append(append(fn, `,"defer_loading":`...), v...)
+		}
+		out[i] = append(append([]byte(`{"type":"function","function":`), fn...), `}}`...)
+	}
+	return jsonArray(out), true
+}
+
+// inputSchema is a tool's input_schema as vLLM's AnthropicTool validates
+// it (vllm/entrypoints/anthropic/protocol.py at 00589e563e77): an object,
+// given "type": "object" at its end when it has no "type".
+func inputSchema(raw json.RawMessage) ([]byte, bool) {
+	raw = bytes.TrimSpace(raw)
+	var keys map[string]json.RawMessage
+	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &keys) != nil {
+		return nil, false
+	}
+	if _, ok := keys["type"]; ok {
+		return raw, true
+	}
+	body := bytes.TrimSpace(raw[1 : len(raw)-1])
+	b := append([]byte{'{'}, body...)
+	if len(body) > 0 {
+		b = append(b, ',')
+	}
+	return append(b, `"type":"object"}`...), true
+}
+
+// jsonArray joins JSON values into an array.
+func jsonArray(vals [][]byte) []byte {
+	b := []byte{'['}
+	for i, v := range vals {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, v...)
+	}
+	return append(b, ']')
+}
+
+// joinStrings joins JSON strings with sep (JSON string text) into one,
+// copying each one's text as the client wrote it; false when a part holds
+// a surrogate escape.
+func joinStrings(parts [][]byte, sep string) ([]byte, bool) {
+	if len(parts) == 1 {
+		return parts[0], true
+	}
+	b := []byte{'"'}
+	for i, p := range parts {
+		if surrogateEscape.Match(p) {
+			return nil, false
+		}
+		if i > 0 {
+			b = append(b, sep...)
+		}
+		b = append(b, p[1:len(p)-1]...)
+	}
+	return append(b, '"'), true
+}
+
+// pythonDumps prints a JSON object the way Python's json.dumps prints what
+// json.loads made of it: keys in order, ", " and ": " between items, every
+// character outside printable ASCII escaped (\u with lowercase hex,
+// surrogate pairs above U+FFFF). False for what it would print otherwise
+// or not at all: numbers that are not integers, repeated keys, surrogate
+// escapes (Python keeps a lone one as it is), invalid UTF-8.
+func pythonDumps(raw json.RawMessage) ([]byte, bool) {
+	if !utf8.Valid(raw) || surrogateEscape.Match(raw) {
+		return nil, false
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var b []byte
+	err := dumpValue(d, &b)
+	if err != nil {
+		return nil, false
+	}
+	if _, err := d.Token(); !errors.Is(err, io.EOF) {
+		return nil, false
+	}
+	return b, true
+}
+
+// errNotReproduced stops pythonDumps on a value Python prints otherwise.
+var errNotReproduced = errors.New("not reproduced")
+
+// integer matches a JSON number that Python reads as an int.
+var integer = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
+
+func dumpValue(d *json.Decoder, b *[]byte) error {
+	tok, err := d.Token()
+	if err != nil {
+		return err
+	}
+	switch v := tok.(type) {
+	case json.Delim:
+		switch v {
+		case '{':
+			*b = append(*b, '{')
+			seen := map[string]bool{}
+			for i := 0; d.More(); i++ {
+				k, err := d.Token()
+				if err != nil {
+					return err
+				}
+				key := k.(string) // a key is always a string
+				if seen[key] {
+					return errNotReproduced
+				}
+				seen[key] = true
+				if i > 0 {
+					*b = append(*b, ", "...)
+				}
+				dumpString(b, key)
+				*b = append(*b, ": "...)
+				if err := dumpValue(d, b); err != nil {
+					return err
+				}
+			}
+			*b = append(*b, '}')
+		case '[':
+			*b = append(*b, '[')
+			for i := 0; d.More(); i++ {
+				if i > 0 {
+					*b = append(*b, ", "...)
+				}
+				if err := dumpValue(d, b); err != nil {
+					return err
+				}
+			}
+			*b = append(*b, ']')
+		}
+		_, err := d.Token() // the closing delimiter
+		return err
+	case string:
+		dumpString(b, v)
+	case json.Number:
+		s := string(v)
+		if !integer.MatchString(s) {
+			return errNotReproduced
+		}
+		if s == "-0" {
+			s = "0"
+		}
+		*b = append(*b, s...)
+	case bool:
+		*b = strconv.AppendBool(*b, v)
+	case nil:
+		*b = append(*b, "null"...)
+	}
+	return nil
+}
+
+// dumpString prints s as Python's json.dumps does with ensure_ascii.
+func dumpString(b *[]byte, s string) {
+	*b = append(*b, '"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			*b = append(*b, '\\', byte(r))
+		case r == '\n':
+			*b = append(*b, `\n`...)
+		case r == '\r':
+			*b = append(*b, `\r`...)
+		case r == '\t':
+			*b = append(*b, `\t`...)
+		case r == '\b':
+			*b = append(*b, `\b`...)
+		case r == '\f':
+			*b = append(*b, `\f`...)
+		case r >= 0x20 && r < 0x7f:
+			*b = append(*b, byte(r))
+		case r > 0xffff:
+			hi, lo := utf16.EncodeRune(r)
+			*b = appendU(appendU(*b, hi), lo)
+		default:
+			*b = appendU(*b, r)
+		}
+	}
+	*b = append(*b, '"')
+}
+
+func appendU(b []byte, r rune) []byte {
+	const hex = "0123456789abcdef"
+	return append(b, '\\', 'u', hex[r>>12&0xf], hex[r>>8&0xf], hex[r>>4&0xf], hex[r&0xf])
+}
