@@ -620,9 +620,14 @@ func BenchmarkTokenizeThroughProxy(b *testing.B) {
 	f := startKVFleet(b, 2, "precise_cache_aware", openKVConfig, "", vllmsim.Options{})
 	system := longSystem("bench", 2000)
 	client := &http.Client{}
-	send := func(b *testing.B, q int, header bool) time.Duration {
+	send := func(b *testing.B, q int, header, messages bool) time.Duration {
+		path := "/v1/chat/completions"
 		body := fmt.Sprintf(`{"model":"m","max_tokens":1,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, system, q)
-		req, _ := http.NewRequest(http.MethodPost, f.base+"/v1/chat/completions", strings.NewReader(body))
+		if messages { // the Anthropic SDK's form, converted as vLLM converts it
+			path = "/v1/messages"
+			body = fmt.Sprintf(`{"model":"m","max_tokens":1,"system":[{"type":"text","text":%q}],"messages":[{"role":"user","content":[{"type":"text","text":"question %d"}]}]}`, system, q)
+		}
+		req, _ := http.NewRequest(http.MethodPost, f.base+path, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		if header {
 			ids := vllmsim.Tokenize(vllmsim.ChatPrompt([]vllmsim.Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprintf("question %d", q)}}))
@@ -647,11 +652,11 @@ func BenchmarkTokenizeThroughProxy(b *testing.B) {
 	}
 	q := 0
 	for _, tc := range []struct {
-		name           string
-		header, repeat bool
-	}{{"header", true, false}, {"tokenize", false, false}, {"tokenize_cached", false, true}} {
+		name                     string
+		header, repeat, messages bool
+	}{{"header", true, false, false}, {"tokenize", false, false, false}, {"tokenize_cached", false, true, false}, {"messages_tokenize", false, false, true}} {
 		b.Run(tc.name, func(b *testing.B) {
-			send(b, -1, tc.header) // connections warm; -1 is the repeated body
+			send(b, -1, tc.header, tc.messages) // connections warm; -1 is the repeated body
 			var lat []time.Duration
 			for b.Loop() {
 				n := q
@@ -660,7 +665,7 @@ func BenchmarkTokenizeThroughProxy(b *testing.B) {
 				} else {
 					q++
 				}
-				lat = append(lat, send(b, n, tc.header))
+				lat = append(lat, send(b, n, tc.header, tc.messages))
 			}
 			slices.Sort(lat)
 			b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
