@@ -61,7 +61,7 @@ done
 # The kvwatcher follows the control plane for its providers and runs the
 # embedded NATS server the proxy reads KV deltas from.
 ./bin/rolter-kvwatcher --controlplane "$CP_ADDR" --token "$ROLTER_NODE_TOKENS" --embed-nats "$NATS_ADDR" \
-  --metrics-listen 127.0.0.1:9465 >"$WORK/kvwatcher.log" 2>&1 &
+  --snapshot-cache "$WORK/kvwatcher-snapshot.json" --metrics-listen 127.0.0.1:9465 >"$WORK/kvwatcher.log" 2>&1 &
 pids+=($!)
 wait_http "http://127.0.0.1:9465/metrics"
 
