@@ -27,6 +27,7 @@ type Metrics struct {
 	TTFT              *prometheus.HistogramVec // model, variant
 	CacheLookup       *prometheus.HistogramVec // result
 	Tokenize          *prometheus.CounterVec   // model, outcome
+	TokenIDsIgnored   *prometheus.CounterVec   // model
 	TokenizeSeconds   *prometheus.HistogramVec // model
 	TurnWait          *prometheus.HistogramVec // model
 	ConfigVersion     prometheus.Gauge
@@ -61,6 +62,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		CORSPreflights:   cv("cors_preflights_total", "Browsers' CORS preflights the proxy answered, by result: allowed, or denied (the origin is not in server.cors.allowed_origins).", "result"),
 		EngineLoadFails:  cv("engine_load_scrape_failures_total", "Failed scrapes of a replica's engine load (request, status, body, parse, missing metric).", "provider"),
 		StateSaves:       cv("routing_state_saves_total", "Writes of the --routing-state file (what the balancers learned, read back at the next start), by outcome: ok, error.", "outcome"),
+		TokenIDsIgnored:  cv("token_ids_header_ignored_total", "Requests whose x-rolter-vllm-token-ids header was not a comma-separated list of unsigned 32-bit token ids: ignored whole, the request routed as one without it.", "model"),
 		Tokenize:         cv("tokenize_total", "Requests of precise routes without a token-ids header, by how their token ids were obtained: cached, engine (the replica's /tokenize), or why not: timeout, error, rejected (a client error from the engine), unsupported (a body /tokenize cannot reproduce), none (no replica to ask), shutting_down (the proxy halted during the call).", "model", "outcome"),
 		EngineLoad: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rolter_engine_load_requests", Help: "Requests running plus waiting on the replica, as last scraped from its metrics ([providers.engine_load]).",

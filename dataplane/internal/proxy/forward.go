@@ -261,6 +261,12 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 			w.Header().Set("X-Rolter-Cache", "MISS")
 		}
 	}
+	if len(x.rctx.TokenIDs) == 0 && r.Header.Get(routing.TokenIDsHeader) != "" {
+		// A wrong token list would steer precise routing wrongly (the
+		// seed's rule: ignored whole); counted so that an integration
+		// sending a broken header is seen.
+		p.metrics.TokenIDsIgnored.WithLabelValues(x.route.cfg.Model).Inc()
+	}
 	p.tokenIDs(ctx, x, raw)
 	if p.halted.Err() != nil {
 		// Halt may have cut /tokenize: the request is refused before it is

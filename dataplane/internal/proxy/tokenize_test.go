@@ -72,6 +72,39 @@ func TestRejectedTokenizeIsNotAnError(t *testing.T) {
 	}
 }
 
+// TestMalformedTokenIDsHeaderIsIgnoredAndCounted: a token-ids header that
+// is not a list of unsigned 32-bit ids is ignored whole (a wrong list would
+// steer precise routing wrongly): the request is served and tokenized by
+// the engine as if it had none, and rolter_token_ids_header_ignored_total
+// counts it; a well-formed header is used and not counted.
+func TestMalformedTokenIDsHeaderIsIgnoredAndCounted(t *testing.T) {
+	var tokenizeCalls atomic.Int32
+	up := newUpstream(t, "v")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/tokenize" {
+			return false
+		}
+		tokenizeCalls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"count":2,"max_model_len":100,"tokens":[7,8],"token_strs":null}`)
+		return true
+	}
+	p, url := kvRouteProxy(t, up, "predicted_ttft")
+	for i, h := range []string{"1,2,abc", "-4", "1,,2", "4294967296", "1, 2,3"} {
+		resp, body := post(t, url+"/v1/chat/completions", "", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}]}`, i),
+			"X-Rolter-Vllm-Token-Ids", h)
+		if resp.StatusCode != 200 {
+			t.Fatalf("header %q: status %d: %s", h, resp.StatusCode, body)
+		}
+	}
+	if n := testutil.ToFloat64(p.metrics.TokenIDsIgnored.WithLabelValues("m")); n != 4 {
+		t.Errorf("rolter_token_ids_header_ignored_total = %v, want 4 (the last header is well formed)", n)
+	}
+	if n := tokenizeCalls.Load(); n != 4 {
+		t.Errorf("/tokenize asked %d times, want 4: once for each ignored header, never for the well-formed one", n)
+	}
+}
+
 // kvRouteProxy serves a proxy whose route m, of strategy, has the one
 // provider up with KV events (so it asks up's /tokenize).
 func kvRouteProxy(t *testing.T, up *upstream, strategy string) (*Proxy, string) {
