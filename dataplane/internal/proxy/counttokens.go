@@ -79,7 +79,7 @@ func (p *Proxy) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 	}
 	rte := rt.routes[req.Model]
 	if rte == nil {
-		fail(errModelNotFound, fmt.Sprintf("model %q does not exist", req.Model))
+		fail(errModelNotFound, fmt.Sprintf("model %q does not exist", echoedName(req.Model)))
 		return
 	}
 	model = req.Model

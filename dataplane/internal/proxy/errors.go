@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"unicode/utf8"
 )
 
 // dialect is the API family of an endpoint, which decides the error shape.
@@ -101,4 +102,21 @@ func errorEvent(d dialect, e apiError, msg string) []byte {
 	}
 	b, _ = json.Marshal(openAIErrorBody{Error: openAIError{Message: msg, Type: e.openaiType, Code: e.code}})
 	return append(append([]byte("data: "), b...), "\n\n"...)
+}
+
+// maxEchoedName bounds how much of a client's model name an error quotes
+// back: enough to recognise it, not a copy of a megabyte-long name.
+const maxEchoedName = 256
+
+// echoedName is name as an error message quotes it, cut at maxEchoedName
+// bytes (on a rune boundary) with "…" after the cut.
+func echoedName(name string) string {
+	if len(name) <= maxEchoedName {
+		return name
+	}
+	cut := maxEchoedName
+	for cut > 0 && !utf8.RuneStart(name[cut]) {
+		cut--
+	}
+	return name[:cut] + "…"
 }

@@ -171,7 +171,7 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	x.body = body
 	rte := rt.routes[body.Model]
 	if rte == nil {
-		fail(errModelNotFound, fmt.Sprintf("model %q does not exist", body.Model))
+		fail(errModelNotFound, fmt.Sprintf("model %q does not exist", echoedName(body.Model)))
 		return
 	}
 	model = body.Model

@@ -138,7 +138,7 @@ func (p *Proxy) serveModel(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	if rt.routes[id] == nil || !keyMayUse(key, id) {
-		writeError(w, d, errModelNotFound, fmt.Sprintf("The model %q does not exist", id))
+		writeError(w, d, errModelNotFound, fmt.Sprintf("The model %q does not exist", echoedName(id)))
 		return
 	}
 	var body any = newModelEntry(id)
