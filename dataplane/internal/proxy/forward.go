@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"rolter.dev/dataplane/internal/tokenize"
 	"rolter.dev/pkg/affinity"
 	"rolter.dev/pkg/backoff"
 	"rolter.dev/pkg/config"
@@ -239,7 +240,14 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	}
 	// The route context is built from the body as it will be forwarded, in
 	// one pass (the conversation text, its whole length and digest).
-	x.rctx = affinity.Build(ep.path, raw, r.Header)
+	aff := raw
+	if ep.path == tokenize.PathMessages && x.pools[0].pool.strategy == routing.PredictedTTFT {
+		// The prompt the engine caches: vLLM leaves Claude Code's
+		// per-request billing block out, so predicted_ttft's approximate
+		// index does too (the seed's strategies read the body as sent).
+		aff, _ = tokenize.WithoutBillingHeader(raw)
+	}
+	x.rctx = affinity.Build(ep.path, aff, r.Header)
 	// A client that does not stream gets the answer whole: no first token
 	// reaches the proxy (predicted_ttft hears of the whole answer instead).
 	x.rctx.Buffered = !x.body.Stream

@@ -190,3 +190,29 @@ func TestTokenizeSkipsAReplicaThatTimedOut(t *testing.T) {
 		t.Fatalf("rolter_tokenize_total{outcome=\"timeout\"} = %v, want 1", n)
 	}
 }
+
+// TestPredictedTTFTReadsMessagesWithoutTheBillingHeader: Claude Code opens
+// every Messages request's system with a billing block that carries a
+// per-request hash, which vLLM leaves out of the prompt. A predicted_ttft
+// route without KV events reads the conversation without it too, so
+// requests sharing a long system prompt go where its first went; through
+// the body as sent, each would look like a new prompt.
+func TestPredictedTTFTReadsMessagesWithoutTheBillingHeader(t *testing.T) {
+	a, b := newUpstream(t, "a"), newUpstream(t, "b")
+	_, srv := newTestProxy(t, openAuth+providers(a, b)+"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\n"+
+		"targets = [{ provider = \"p0\" }, { provider = \"p1\" }]\n")
+	system := strings.Repeat("You are a careful coding agent with many tools. ", 300)
+	served := map[string]int{}
+	for i := range 6 {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":8,"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1; cch=%08x;"},`+
+			`{"type":"text","text":%q}],"messages":[{"role":"user","content":"question %d"}]}`, i*7919, system, i)
+		resp, out := post(t, srv.URL+"/v1/messages", "", body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, out)
+		}
+		served[resp.Header.Get("X-Rolter-Provider")]++
+	}
+	if len(served) != 1 {
+		t.Fatalf("requests sharing a system prompt spread over %v", served)
+	}
+}

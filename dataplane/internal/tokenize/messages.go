@@ -408,3 +408,69 @@ func joinStrings(parts [][]byte, sep string) ([]byte, bool) {
 	}
 	return append(b, '"'), true
 }
+
+// WithoutBillingHeader returns an Anthropic Messages body with the system
+// text blocks vLLM leaves out of the prompt removed (Claude Code's
+// x-anthropic-billing-header, whose per-request hash would make every
+// request's text unlike the last), and true; or body and false when it
+// holds none. Only the top-level system array is rewritten, in place
+// within a copy of the body, so the rest stays byte for byte: a balancer
+// that reads the conversation's text (the approximate index) then sees
+// the prompt the engine caches.
+func WithoutBillingHeader(body []byte) ([]byte, bool) {
+	if !bytes.Contains(body, []byte(messagesBillingHeader)) {
+		return body, false
+	}
+	d := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+		return body, false
+	}
+	for d.More() {
+		k, err := d.Token()
+		if err != nil {
+			return body, false
+		}
+		start := d.InputOffset()
+		var v json.RawMessage
+		if err := d.Decode(&v); err != nil {
+			return body, false
+		}
+		if k != "system" {
+			continue
+		}
+		end := d.InputOffset()
+		var blocks []json.RawMessage
+		if json.Unmarshal(v, &blocks) != nil {
+			return body, false // a string: nothing to leave out
+		}
+		kept := blocks[:0]
+		for _, bl := range blocks {
+			var b struct {
+				Type string  `json:"type"`
+				Text *string `json:"text"`
+			}
+			if json.Unmarshal(bl, &b) == nil && b.Type == "text" && b.Text != nil && strings.HasPrefix(*b.Text, messagesBillingHeader) {
+				continue
+			}
+			kept = append(kept, bl)
+		}
+		if len(kept) == len(blocks) {
+			return body, false
+		}
+		// start is just past the key: the value follows a colon and
+		// perhaps white space.
+		colon := bytes.IndexByte(body[start:end], ':')
+		if colon < 0 {
+			return body, false
+		}
+		out := make([]byte, 0, len(body))
+		out = append(out, body[:start+int64(colon)+1]...)
+		vals := make([][]byte, len(kept))
+		for i, bl := range kept {
+			vals[i] = bl
+		}
+		out = append(out, jsonArray(vals)...)
+		return append(out, body[end:]...), true
+	}
+	return body, false
+}

@@ -127,3 +127,60 @@ func TestPythonDumpsMatchesPython(t *testing.T) {
 		}
 	}
 }
+
+// TestWithoutBillingHeader: the billing block is cut out of the top-level
+// system array and nothing else of the body changes; bodies without one
+// come back as they are.
+func TestWithoutBillingHeader(t *testing.T) {
+	for _, tc := range []struct{ name, body, want string }{
+		{"first block", `{"model":"m", "system": [{"type":"text","text":"x-anthropic-billing-header: cch=1f;"}, {"type":"text","text":"rules"}],"messages":[]}`,
+			`{"model":"m", "system":[{"type":"text","text":"rules"}],"messages":[]}`},
+		{"after the messages, not first", `{"messages":[{"role":"user","content":"x-anthropic-billing-header in a message stays"}],"system":[{"type":"text","text":"a"},{"text":"x-anthropic-billing-header: cch=2;","type":"text","cache_control":{"type":"ephemeral"}}]}`,
+			`{"messages":[{"role":"user","content":"x-anthropic-billing-header in a message stays"}],"system":[{"type":"text","text":"a"}]}`},
+		{"a system string", `{"system":"x-anthropic-billing-header: cch=3;","messages":[]}`, ""},
+		{"no header", `{"system":[{"type":"text","text":"rules"}],"messages":[]}`, ""},
+		{"not JSON", `{"system":[x-anthropic-billing-header`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := tokenize.WithoutBillingHeader([]byte(tc.body))
+			if want := tc.want; want == "" {
+				if ok || string(got) != tc.body {
+					t.Fatalf("changed: %s", got)
+				}
+				return
+			}
+			if !ok || string(got) != tc.want {
+				t.Fatalf("got %s, %v\nwant %s", got, ok, tc.want)
+			}
+		})
+	}
+	one, _ := tokenize.WithoutBillingHeader([]byte(`{"system":[{"type":"text","text":"x-anthropic-billing-header: cch=aa;"},{"type":"text","text":"rules"}]}`))
+	two, _ := tokenize.WithoutBillingHeader([]byte(`{"system":[{"type":"text","text":"x-anthropic-billing-header: cch=bb;"},{"type":"text","text":"rules"}]}`))
+	if string(one) != string(two) {
+		t.Fatalf("two requests differing by the hash differ after: %s, %s", one, two)
+	}
+}
+
+// FuzzWithoutBillingHeader: any body comes back unchanged or as valid JSON
+// (when it was) that is shorter and no longer holds a billing block in its
+// system array.
+func FuzzWithoutBillingHeader(f *testing.F) {
+	f.Add([]byte(`{"system":[{"type":"text","text":"x-anthropic-billing-header: cch=1;"},{"type":"text","text":"r"}],"messages":[]}`))
+	f.Add([]byte(`{"system" : [ {"type":"text","text":"x-anthropic-billing-header"} ] , "system":"x"}`))
+	f.Add([]byte(`{"system":"x-anthropic-billing-header"}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, ok := tokenize.WithoutBillingHeader(body)
+		if !ok {
+			if !bytes.Equal(got, body) {
+				t.Fatalf("not ok, yet changed: %s", got)
+			}
+			return
+		}
+		if len(got) >= len(body) || (json.Valid(body) && !json.Valid(got)) {
+			t.Fatalf("%s\nbecame %s", body, got)
+		}
+		if again, ok := tokenize.WithoutBillingHeader(got); ok && json.Valid(body) {
+			t.Fatalf("a billing block left: %s", again)
+		}
+	})
+}
