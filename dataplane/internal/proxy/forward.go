@@ -239,12 +239,12 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		w.Header()[k] = vs
 	}
 	// The route context is built from the body as it will be forwarded, in
-	// one pass (the conversation text, its whole length and digest).
+	// one pass (the conversation text, its whole length and digest); for
+	// predicted_ttft, a Messages body less Claude Code's per-request
+	// billing block, which vLLM leaves out of the prompt it caches (the
+	// seed's strategies read the body as sent).
 	aff := raw
 	if ep.path == tokenize.PathMessages && x.pools[0].pool.strategy == routing.PredictedTTFT {
-		// The prompt the engine caches: vLLM leaves Claude Code's
-		// per-request billing block out, so predicted_ttft's approximate
-		// index does too (the seed's strategies read the body as sent).
 		aff, _ = tokenize.WithoutBillingHeader(raw)
 	}
 	x.rctx = affinity.Build(ep.path, aff, r.Header)
