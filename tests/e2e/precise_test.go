@@ -418,6 +418,17 @@ func TestMessagesTokenizeMatchesPrompt(t *testing.T) {
 	})
 }
 
+// TestCompletionsTokenizeMatchesPrompt: the same for completions, whose
+// prompt may come as a batch of one (LangChain's completions client).
+func TestCompletionsTokenizeMatchesPrompt(t *testing.T) {
+	checkTokenizedForms(t, "predicted_ttft", "/v1/completions", `{"model":"m","max_tokens":1,`, []string{
+		`"prompt":"alpha once upon a time"`,
+		`"prompt":["beta once upon a time"]`,
+	}, []string{
+		`"prompt":["gamma a","gamma b"]`,
+	})
+}
+
 // checkTokenizedForms sends each form (body fields after prefix) to path
 // on a one-replica fleet of strategy with one-token blocks: for the
 // tokenized forms, the ids the replica's /tokenize answered for the
@@ -451,14 +462,15 @@ func checkTokenizedForms(t *testing.T, strategy, path, prefix string, tokenized,
 		defer resp.Body.Close()
 		var out struct {
 			Usage struct {
-				InputTokens          int `json:"input_tokens"`
+				PromptTokens         int `json:"prompt_tokens"`           // OpenAI chat and completions
+				InputTokens          int `json:"input_tokens"`            // Responses, Anthropic
 				CacheReadInputTokens int `json:"cache_read_input_tokens"` // Anthropic's, beside input_tokens
 			} `json:"usage"`
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("status %d, %v", resp.StatusCode, err)
 		}
-		return out.Usage.InputTokens + out.Usage.CacheReadInputTokens
+		return out.Usage.PromptTokens + out.Usage.InputTokens + out.Usage.CacheReadInputTokens
 	}
 	for i, form := range tokenized {
 		promptTokens := send(form)

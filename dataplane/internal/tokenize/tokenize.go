@@ -125,8 +125,26 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 			return encode(model, fields, []string{"prompt", "add_special_tokens"}), nil, true
 		case len(p) > 0 && p[0] == '[':
 			var ids []uint32
-			if err := json.Unmarshal(p, &ids); err != nil || len(ids) == 0 {
-				return nil, nil, false // a batch, or not token ids
+			if err := json.Unmarshal(p, &ids); err == nil && len(ids) > 0 {
+				return nil, ids, true
+			}
+			// A batch of one (LangChain's completions client sends its
+			// prompt so) is that one prompt to vLLM; a larger batch is
+			// several requests, which no one pick serves alone.
+			var batch []json.RawMessage
+			if json.Unmarshal(p, &batch) != nil || len(batch) != 1 {
+				return nil, nil, false
+			}
+			one := bytes.TrimSpace(batch[0])
+			if len(one) > 0 && one[0] == '"' {
+				f := map[string]json.RawMessage{"prompt": one, "add_special_tokens": fields["add_special_tokens"]}
+				if f["add_special_tokens"] == nil {
+					delete(f, "add_special_tokens")
+				}
+				return encode(model, f, []string{"prompt", "add_special_tokens"}), nil, true
+			}
+			if err := json.Unmarshal(one, &ids); err != nil || len(ids) == 0 {
+				return nil, nil, false // not token ids
 			}
 			return nil, ids, true
 		}
