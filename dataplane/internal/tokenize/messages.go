@@ -52,18 +52,17 @@ var surrogateEscape = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
 // prints floats its own way).
 func messagesBody(model string, fields map[string]json.RawMessage) ([]byte, bool) {
 	if oc := fields["output_config"]; !isNull(oc) {
-		var o map[string]json.RawMessage
-		if json.Unmarshal(oc, &o) != nil || !isNull(o["effort"]) {
+		if o, ok := object(oc); !ok || !isNull(o["effort"]) {
 			return nil, false
 		}
 	}
-	var msgs []map[string]json.RawMessage
-	if json.Unmarshal(fields["messages"], &msgs) != nil || len(msgs) == 0 {
+	msgs, ok := objects(fields["messages"])
+	if !ok || len(msgs) == 0 {
 		return nil, false
 	}
 	var system [][]byte // JSON strings
 	if s := bytes.TrimSpace(fields["system"]); !isNull(s) {
-		if _, ok := str(s); ok {
+		if isString(s) {
 			if string(s) != `""` { // Python's "if system" skips an empty one
 				system = append(system, s)
 			}
@@ -76,15 +75,18 @@ func messagesBody(model string, fields map[string]json.RawMessage) ([]byte, bool
 			continue
 		}
 		c := bytes.TrimSpace(m["content"])
-		if _, ok := str(c); ok {
+		if isString(c) {
 			system = append(system, c)
 		} else if !systemTexts(c, &system) {
 			return nil, false
 		}
 	}
-	out := []byte{'['}
+	m, _ := json.Marshal(model)
+	out := make([]byte, 0, len(fields["messages"])+len(fields["system"])+len(fields["tools"])+256)
+	out = append(append(append(out, `{"model":`...), m...), `,"messages":[`...)
+	first := len(out)
 	add := func(msg []byte) {
-		if len(out) > 1 {
+		if len(out) > first {
 			out = append(out, ',')
 		}
 		out = append(out, msg...)
@@ -110,11 +112,7 @@ func messagesBody(model string, fields map[string]json.RawMessage) ([]byte, bool
 			return nil, false
 		}
 	}
-	out = append(out, ']')
-
-	m, _ := json.Marshal(model)
-	b := append(append([]byte(`{"model":`), m...), `,"messages":`...)
-	b = append(b, out...)
+	b := append(out, ']')
 	if t := fields["tools"]; !isNull(t) {
 		tools, ok := messagesTools(t)
 		if !ok {
@@ -132,8 +130,8 @@ func messagesBody(model string, fields map[string]json.RawMessage) ([]byte, bool
 // blocks, less the empty ones and the billing header. Any other block, or
 // content that is not an array of blocks, is not reproduced.
 func systemTexts(content json.RawMessage, dst *[][]byte) bool {
-	var blocks []map[string]json.RawMessage
-	if json.Unmarshal(content, &blocks) != nil {
+	blocks, ok := objects(content)
+	if !ok {
 		return false
 	}
 	for _, bl := range blocks {
@@ -163,12 +161,12 @@ func messagesTurn(role string, content json.RawMessage, add func([]byte)) bool {
 	r, _ := json.Marshal(role)
 	msg := append([]byte(`{"role":`), r...)
 	c := bytes.TrimSpace(content)
-	if _, ok := str(c); ok {
+	if isString(c) {
 		add(append(append(append(msg, `,"content":`...), c...), '}'))
 		return true
 	}
-	var blocks []map[string]json.RawMessage
-	if len(c) == 0 || c[0] != '[' || json.Unmarshal(c, &blocks) != nil {
+	blocks, ok := objects(c)
+	if !ok || len(c) == 0 || c[0] != '[' {
 		return false
 	}
 	var parts, calls [][]byte
@@ -181,7 +179,7 @@ func messagesTurn(role string, content json.RawMessage, add func([]byte)) bool {
 			if isNull(text) || string(text) == `""` {
 				continue
 			}
-			if _, ok := str(text); !ok {
+			if !isString(text) {
 				return false
 			}
 			parts = append(parts, append(append([]byte(`{"type":"text","text":`), text...), '}'))
@@ -190,7 +188,7 @@ func messagesTurn(role string, content json.RawMessage, add func([]byte)) bool {
 			if isNull(th) {
 				continue
 			}
-			if _, ok := str(th); !ok {
+			if !isString(th) {
 				return false
 			}
 			reasoning = append(reasoning, th)
@@ -213,7 +211,7 @@ func messagesTurn(role string, content json.RawMessage, add func([]byte)) bool {
 			text := bytes.TrimSpace(bl["content"])
 			if isNull(text) || string(text) == `""` {
 				text = []byte(`""`)
-			} else if _, ok := str(text); !ok {
+			} else if !isString(text) {
 				return false // str() of a list is Python's repr
 			}
 			joined, ok := joinStrings([][]byte{[]byte(`"Tool result: "`), text}, "")
@@ -257,7 +255,7 @@ func toolCall(bl map[string]json.RawMessage) ([]byte, bool) {
 	}
 	name := []byte(`""`) // block.name or ""
 	if n := bytes.TrimSpace(bl["name"]); !isNull(n) {
-		if _, ok := str(n); !ok {
+		if !isString(n) {
 			return nil, false
 		}
 		name = n
@@ -282,32 +280,28 @@ func toolCall(bl map[string]json.RawMessage) ([]byte, bool) {
 func toolMessage(bl map[string]json.RawMessage) ([]byte, bool) {
 	id := []byte(`""`)
 	if v := bytes.TrimSpace(bl["tool_use_id"]); !isNull(v) {
-		if _, ok := str(v); !ok {
+		if !isString(v) {
 			return nil, false
 		}
 		id = v
 	}
 	text := []byte(`""`)
 	c := bytes.TrimSpace(bl["content"])
-	if _, ok := str(c); ok {
+	if isString(c) {
 		text = c
 	} else if !isNull(c) {
-		var items []json.RawMessage
-		if c[0] != '[' || json.Unmarshal(c, &items) != nil {
-			return nil, false
+		items, ok := objects(c)
+		if !ok || c[0] != '[' {
+			return nil, false // not a list of dicts: vLLM's model refuses it
 		}
 		var texts [][]byte
-		for _, it := range items {
-			var item map[string]json.RawMessage
-			if json.Unmarshal(it, &item) != nil {
-				continue // vLLM reads dict items only
-			}
+		for _, item := range items {
 			switch typ, _ := str(item["type"]); typ {
 			case "text":
 				t, present := item["text"]
 				if !present {
 					t = []byte(`""`) // item.get("text", "")
-				} else if _, ok := str(t); !ok {
+				} else if !isString(t) {
 					return nil, false // null or not a string: vLLM fails to join it
 				}
 				t = bytes.TrimSpace(t)
@@ -329,15 +323,15 @@ func toolMessage(bl map[string]json.RawMessage) ([]byte, bool) {
 
 // messagesTools converts Anthropic tools to the chat form vLLM renders.
 func messagesTools(raw json.RawMessage) ([]byte, bool) {
-	var tools []map[string]json.RawMessage
-	if json.Unmarshal(raw, &tools) != nil {
+	tools, ok := objects(raw)
+	if !ok {
 		return nil, false
 	}
 	out := make([][]byte, len(tools))
 	for i, t := range tools {
 		fn := []byte(`{"name":`)
 		name := bytes.TrimSpace(t["name"])
-		if _, ok := str(name); !ok {
+		if !isString(name) {
 			return nil, false
 		}
 		fn = append(fn, name...)
@@ -362,8 +356,8 @@ func messagesTools(raw json.RawMessage) ([]byte, bool) {
 // given "type": "object" at its end when it has no "type".
 func inputSchema(raw json.RawMessage) ([]byte, bool) {
 	raw = bytes.TrimSpace(raw)
-	var keys map[string]json.RawMessage
-	if len(raw) == 0 || raw[0] != '{' || json.Unmarshal(raw, &keys) != nil {
+	keys, ok := object(raw)
+	if !ok || keys == nil {
 		return nil, false
 	}
 	if _, ok := keys["type"]; ok {
@@ -473,4 +467,11 @@ func WithoutBillingHeader(body []byte) ([]byte, bool) {
 		return append(out, body[end:]...), true
 	}
 	return body, false
+}
+
+// isString reports whether v, a value of an already parsed JSON document,
+// is a string: its first byte tells, with no second pass over a long text.
+func isString(v json.RawMessage) bool {
+	v = bytes.TrimSpace(v)
+	return len(v) > 0 && v[0] == '"'
 }

@@ -108,8 +108,11 @@ var chatFields = []string{"messages", "tools", "chat_template", "chat_template_k
 // token ids, ids holds them and tok is nil. ok is false when the request
 // cannot be tokenized faithfully.
 func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok bool) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
+	if !json.Valid(body) {
+		return nil, nil, false
+	}
+	fields, ok := object(body) // read in place: see rawjson.go
+	if !ok {
 		return nil, nil, false
 	}
 	switch path {
@@ -171,25 +174,21 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 // textOnly reports whether messages is a non-empty array of messages whose
 // content is a string, null or an array of text parts only.
 func textOnly(messages json.RawMessage) bool {
-	var msgs []struct {
-		Content json.RawMessage `json:"content"`
-	}
-	if err := json.Unmarshal(messages, &msgs); err != nil || len(msgs) == 0 {
+	msgs, ok := objects(messages)
+	if !ok || len(msgs) == 0 {
 		return false
 	}
 	for _, m := range msgs {
-		c := bytes.TrimSpace(m.Content)
+		c := bytes.TrimSpace(m["content"])
 		if len(c) == 0 || c[0] != '[' {
 			continue
 		}
-		var parts []struct {
-			Type string `json:"type"`
-		}
-		if err := json.Unmarshal(c, &parts); err != nil {
+		parts, ok := objects(c)
+		if !ok {
 			return false
 		}
 		for _, p := range parts {
-			if p.Type != "text" {
+			if typ, _ := str(p["type"]); typ != "text" {
 				return false
 			}
 		}

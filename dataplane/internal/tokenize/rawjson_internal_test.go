@@ -1,0 +1,61 @@
+package tokenize
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+// FuzzObject: on a valid JSON document, object and objects read exactly
+// what json.Unmarshal reads into maps of raw values (the same keys, a
+// repeated one keeping its last value, byte-equal values), and refuse what
+// it refuses.
+func FuzzObject(f *testing.F) {
+	for _, s := range []string{
+		`{"a":1,"b":[1,{"c":"\""}],"a":"x\\"}`, `{ "k\u0065y" : null , "" : {} }`, `[{"a":1},null,{"b":"]"}]`,
+		`[]`, `{}`, `"s"`, `[1]`, `[{"a":1},2]`, `{"a":"\\\\\"}"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		if !json.Valid(doc) {
+			return
+		}
+		var want map[string]json.RawMessage
+		wantErr := json.Unmarshal(doc, &want)
+		got, ok := object(doc)
+		if ok != (wantErr == nil) {
+			t.Fatalf("object ok %v, json.Unmarshal %v", ok, wantErr)
+		}
+		same := func(a, b map[string]json.RawMessage) bool {
+			if len(a) != len(b) || (a == nil) != (b == nil) {
+				return false
+			}
+			for k, v := range a {
+				if w, ok := b[k]; !ok || !bytes.Equal(v, w) {
+					return false
+				}
+			}
+			return true
+		}
+		if ok && !same(got, want) {
+			t.Fatalf("object %v, json.Unmarshal %v", got, want)
+		}
+		var wantList []map[string]json.RawMessage
+		wantErr = json.Unmarshal(doc, &wantList)
+		gotList, ok := objects(doc)
+		if ok != (wantErr == nil) {
+			t.Fatalf("objects ok %v, json.Unmarshal %v", ok, wantErr)
+		}
+		if ok {
+			if len(gotList) != len(wantList) {
+				t.Fatalf("objects %d, json.Unmarshal %d", len(gotList), len(wantList))
+			}
+			for i := range gotList {
+				if !same(gotList[i], wantList[i]) {
+					t.Fatalf("element %d: %v against %v", i, gotList[i], wantList[i])
+				}
+			}
+		}
+	})
+}
