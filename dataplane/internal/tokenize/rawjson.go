@@ -31,6 +31,9 @@ func object(obj []byte) (map[string]json.RawMessage, bool) {
 	for i < len(obj) && obj[i] == '"' {
 		end := skipString(obj, i)
 		key := obj[i:end]
+		if len(key) < 2 || key[len(key)-1] != '"' {
+			return nil, false // unterminated: not a valid document after all
+		}
 		var k string
 		if bytes.IndexByte(key, '\\') < 0 && utf8.Valid(key) {
 			k = string(key[1 : len(key)-1])

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// FuzzObject: on a valid JSON document, object and objects read exactly
+// FuzzObject: on any input, never a panic; on a valid JSON document, object and objects read exactly
 // what json.Unmarshal reads into maps of raw values (the same keys, a
 // repeated one keeping its last value, byte-equal values), and refuse what
 // it refuses.
@@ -19,6 +19,8 @@ func FuzzObject(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		if !json.Valid(doc) {
+			object(doc) // must not panic, whatever it answers
+			objects(doc)
 			return
 		}
 		var want map[string]json.RawMessage
