@@ -98,8 +98,8 @@ func responsesMessages(fields map[string]json.RawMessage) ([]byte, bool) {
 		add("user", in)
 		return append(b, ']'), true
 	}
-	var items []map[string]json.RawMessage
-	if len(in) == 0 || in[0] != '[' || json.Unmarshal(in, &items) != nil || len(items) == 0 {
+	items, ok := objects(in)
+	if !ok || len(in) == 0 || in[0] != '[' || len(items) == 0 {
 		return nil, false
 	}
 	for _, it := range items {
@@ -141,8 +141,8 @@ func responsesItem(it map[string]json.RawMessage) (role string, content []byte, 
 		}
 		return "", nil, false
 	}
-	var parts []map[string]json.RawMessage
-	if len(c) == 0 || c[0] != '[' || json.Unmarshal(c, &parts) != nil || len(parts) == 0 {
+	parts, ok := objects(c)
+	if !ok || len(c) == 0 || c[0] != '[' || len(parts) == 0 {
 		return "", nil, false
 	}
 	switch role {
