@@ -20,17 +20,7 @@ import (
 // engine), and the answer is not cached, so the same request asks again
 // (counted error again, never cached).
 func TestEmptyTokenizeAnswerIsNoIDs(t *testing.T) {
-	var tokenizeCalls atomic.Int32
-	up := newUpstream(t, "v")
-	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
-		if r.URL.Path != "/tokenize" {
-			return false
-		}
-		tokenizeCalls.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"count":0,"max_model_len":100,"tokens":[],"token_strs":null}`)
-		return true
-	}
+	up, tokenizeCalls := tokenizeUpstream(t, `{"count":0,"max_model_len":100,"tokens":[],"token_strs":null}`)
 	p, url := kvRouteProxy(t, up, "precise_cache_aware")
 	for i := range 2 {
 		resp, body := post(t, url+"/v1/chat/completions", "", `{"model":"m","messages":[{"role":"user","content":"hello there"}]}`)
@@ -78,17 +68,7 @@ func TestRejectedTokenizeIsNotAnError(t *testing.T) {
 // the engine as if it had none, and rolter_token_ids_header_ignored_total
 // counts it; a well-formed header is used and not counted.
 func TestMalformedTokenIDsHeaderIsIgnoredAndCounted(t *testing.T) {
-	var tokenizeCalls atomic.Int32
-	up := newUpstream(t, "v")
-	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
-		if r.URL.Path != "/tokenize" {
-			return false
-		}
-		tokenizeCalls.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"count":2,"max_model_len":100,"tokens":[7,8],"token_strs":null}`)
-		return true
-	}
+	up, tokenizeCalls := tokenizeUpstream(t, `{"count":2,"max_model_len":100,"tokens":[7,8],"token_strs":null}`)
 	p, url := kvRouteProxy(t, up, "predicted_ttft")
 	for i, h := range []string{"1,2,abc", "-4", "1,,2", "4294967296", "1, 2,3"} {
 		resp, body := post(t, url+"/v1/chat/completions", "", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hello %d"}]}`, i),
@@ -103,6 +83,24 @@ func TestMalformedTokenIDsHeaderIsIgnoredAndCounted(t *testing.T) {
 	if n := tokenizeCalls.Load(); n != 4 {
 		t.Errorf("/tokenize asked %d times, want 4: once for each ignored header, never for the well-formed one", n)
 	}
+}
+
+// tokenizeUpstream is a provider v whose /tokenize answers answer, with
+// the count of the calls it took; every other path gets the upstream's
+// default answer.
+func tokenizeUpstream(t *testing.T, answer string) (*upstream, *atomic.Int32) {
+	var calls atomic.Int32
+	up := newUpstream(t, "v")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/tokenize" {
+			return false
+		}
+		calls.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, answer)
+		return true
+	}
+	return up, &calls
 }
 
 // kvRouteProxy serves a proxy whose route m, of strategy, has the one
