@@ -21,6 +21,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
+	"github.com/openai/openai-go/v3/shared"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"rolter.dev/dataplane/app"
@@ -136,14 +137,31 @@ func (f *kvFleet) chat(t testing.TB, system, user string) string {
 	return provider
 }
 
+// chatReasoning is chat with a reasoning effort, which vLLM's templates
+// read (vllmsim renders it first, before the system prompt).
+func (f *kvFleet) chatReasoning(t testing.TB, system, user string) string {
+	t.Helper()
+	provider, err := chatWith(t.Context(), f.base, system, user, shared.ReasoningEffortLow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return provider
+}
+
 // chatVia is chat through the proxy at base, for any goroutine.
 func chatVia(ctx context.Context, base, system, user string) (string, error) {
+	return chatWith(ctx, base, system, user, "")
+}
+
+// chatWith is chatVia with a reasoning effort, none when empty.
+func chatWith(ctx context.Context, base, system, user string, effort shared.ReasoningEffort) (string, error) {
 	client := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	var raw *http.Response
 	_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 		Model:               "m",
 		Messages:            []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system), openai.UserMessage(user)},
 		MaxCompletionTokens: openai.Int(2),
+		ReasoningEffort:     effort,
 	}, option.WithResponseInto(&raw))
 	if err != nil {
 		return "", err
@@ -211,6 +229,7 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 		{"predicted_ttft", "chat", "precise", "approximate"},
 		{"precise_cache_aware", "responses", "scored", "neutral"},
 		{"predicted_ttft", "messages", "precise", "approximate"},
+		{"predicted_ttft", "chat with a reasoning effort", "precise", "approximate"},
 	} {
 		t.Run(tc.strategy+"/"+tc.api, func(t *testing.T) {
 			// Prefill costs time (50 µs a token), as on a GPU: predicted_ttft
@@ -222,7 +241,8 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 			decisions := func(outcome string) float64 {
 				return metric(t, f.base, fmt.Sprintf(`rolter_routing_decisions_total{model="m",outcome=%q,strategy=%q,variant=""}`, outcome, tc.strategy))
 			}
-			send := map[string]func(testing.TB, string, string) string{"chat": f.chat, "responses": f.respond, "messages": f.message}[tc.api]
+			send := map[string]func(testing.TB, string, string) string{"chat": f.chat, "responses": f.respond, "messages": f.message,
+				"chat with a reasoning effort": f.chatReasoning}[tc.api]
 			for g := range 3 {
 				system := longSystem(fmt.Sprintf("g%d-", g), 400)
 				// The group's first request computes its prefix wherever it
@@ -392,6 +412,7 @@ func TestResponsesTokenizeMatchesPrompt(t *testing.T) {
 		`"input":[{"role":"developer","content":"gamma rules"},{"type":"message","role":"user","content":[{"type":"input_text","text":"gamma one"},{"type":"input_text","text":"gamma two"}]},` +
 			`{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"gamma answer","annotations":[]}]},{"role":"user","content":"gamma again"}]`,
 		`"instructions":"delta sys","input":[{"role":"system","content":[{"type":"input_text","text":"delta more"}]},{"role":"assistant","content":"delta said"},{"role":"user","content":"delta ask"}]`,
+		`"input":"epsilon hello","reasoning":{"effort":"low"}`,
 	}, []string{
 		`"input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"x"}]`,
 		`"input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"http://x"}]}]`,
@@ -411,10 +432,24 @@ func TestMessagesTokenizeMatchesPrompt(t *testing.T) {
 			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"gamma 18"},{"type":"text","text":"C"}]},{"type":"text","text":"gamma thanks"}]}],` +
 			`"tools":[{"name":"get","description":"gamma weather","input_schema":{"properties":{"city":{"type":"string"}}}}]`,
 		`"messages":[{"role":"user","content":"delta hi"},{"role":"assistant","content":[{"type":"tool_result","content":"delta x"},{"type":"text","text":""}]},{"role":"user","content":[]},{"role":"user","content":"delta again"}]`,
+		`"messages":[{"role":"user","content":"epsilon hi"}],"output_config":{"effort":"low"},"chat_template_kwargs":{"x":1}`,
 	}, []string{
 		`"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"http://x"}},{"type":"text","text":"what?"}]}]`,
 		`"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"x":1.5}}]},{"role":"user","content":"go"}]`,
-		`"messages":[{"role":"user","content":"hi"}],"output_config":{"effort":"low"}`,
+	})
+}
+
+// TestChatTokenizeMatchesPrompt: the same for chat completions whose
+// reasoning effort or documents reach the template beside the client's
+// chat_template_kwargs.
+func TestChatTokenizeMatchesPrompt(t *testing.T) {
+	checkTokenizedForms(t, "predicted_ttft", "/v1/chat/completions", `{"model":"m","max_tokens":1,`, []string{
+		`"messages":[{"role":"user","content":"alpha hello"}]`,
+		`"messages":[{"role":"user","content":"beta hello"}],"reasoning_effort":"low"`,
+		`"messages":[{"role":"user","content":"gamma hello"}],"reasoning_effort":"none","chat_template_kwargs":{"enable_thinking":true,"reasoning_effort":"high"}`,
+		`"messages":[{"role":"user","content":"delta hello"}],"documents":[{"title":"t","text":"delta doc"}],"chat_template_kwargs":{"x":[1]}`,
+	}, []string{
+		`"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x"}}]}]`,
 	})
 }
 

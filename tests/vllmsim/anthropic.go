@@ -19,6 +19,11 @@ type messagesRequest struct {
 	Tools     []anthropicTool `json:"tools"`
 	MaxTokens *int            `json:"max_tokens"`
 	Stream    bool            `json:"stream"`
+	// OutputConfig's effort is the chat completion's reasoning_effort.
+	OutputConfig *struct {
+		Effort *string `json:"effort"`
+	} `json:"output_config"`
+	ChatTemplateKwargs json.RawMessage `json:"chat_template_kwargs"`
 }
 
 // anthropicTool is a tool definition of the Messages API.
@@ -99,7 +104,15 @@ func parseMessagesRequest(body []byte) (*messagesRequest, []uint32, *apiError) {
 	if aerr != nil {
 		return nil, nil, aerr
 	}
-	tmpl, aerr := templateFields{Tools: tools}.template()
+	f := templateFields{Tools: tools, ChatTemplateKwargs: req.ChatTemplateKwargs}
+	var effort *string
+	if req.OutputConfig != nil {
+		effort = req.OutputConfig.Effort
+	}
+	if aerr := f.addKwargs(nil, effort, true); aerr != nil {
+		return nil, nil, aerr
+	}
+	tmpl, aerr := f.template()
 	if aerr != nil {
 		return nil, nil, aerr
 	}

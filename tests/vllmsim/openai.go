@@ -161,6 +161,10 @@ type chatRequest struct {
 	MaxCompletionTokens *int           `json:"max_completion_tokens"`
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
+	// Documents and ReasoningEffort reach the template as keyword
+	// arguments ([templateFields.addKwargs]).
+	Documents       json.RawMessage `json:"documents"`
+	ReasoningEffort *string         `json:"reasoning_effort"`
 	templateFields
 }
 
@@ -172,6 +176,52 @@ type templateFields struct {
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	Tools                json.RawMessage `json:"tools"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+}
+
+// addKwargs adds a request's documents and reasoning effort to its
+// chat_template_kwargs as vLLM's ChatCompletionRequest.build_chat_params
+// merges them (vllm/entrypoints/openai/chat_completion/protocol.py at
+// 002032ee2b18): each unless null, over the client's own keys, and with
+// thinking, enable_thinking (an effort other than "none") unless the client
+// set it. A Messages request's output_config.effort is its chat
+// completion's reasoning_effort; a Responses request's reasoning.effort is
+// added without enable_thinking.
+func (f *templateFields) addKwargs(documents json.RawMessage, effort *string, thinking bool) *apiError {
+	kw, aerr := f.kwargs()
+	if aerr != nil {
+		return aerr
+	}
+	if firstByte(documents) != 0 && firstByte(documents) != 'n' {
+		kw["documents"] = documents
+	}
+	if effort != nil {
+		kw["reasoning_effort"] = *effort
+		if _, set := kw["enable_thinking"]; thinking && !set {
+			kw["enable_thinking"] = *effort != "none"
+		}
+	}
+	if len(kw) > 0 {
+		f.ChatTemplateKwargs, _ = json.Marshal(kw)
+	}
+	return nil
+}
+
+// kwargs decodes chat_template_kwargs: an object, or nothing.
+func (f templateFields) kwargs() (map[string]any, *apiError) {
+	kw := map[string]any{}
+	switch firstByte(f.ChatTemplateKwargs) {
+	case 0, 'n':
+		return kw, nil
+	case '{':
+		d := json.NewDecoder(bytes.NewReader(f.ChatTemplateKwargs))
+		d.UseNumber()
+		if err := d.Decode(&kw); err != nil {
+			return nil, errorf(http.StatusBadRequest, "chat_template_kwargs: %v", err)
+		}
+		return kw, nil
+	}
+	return nil, errorf(http.StatusBadRequest, "chat_template_kwargs: must be an object")
 }
 
 // template returns the [ChatTemplate] the fields ask for: the generation
@@ -186,6 +236,17 @@ func (f templateFields) template() (ChatTemplate, *apiError) {
 		addGen = false
 	}
 	t := ChatTemplate{AddGenerationPrompt: addGen, ContinueFinalMessage: f.ContinueFinalMessage}
+	kw, aerr := f.kwargs()
+	if aerr != nil {
+		return ChatTemplate{}, aerr
+	}
+	// The request's own fields decide these, over any kwarg of the name.
+	delete(kw, "add_generation_prompt")
+	delete(kw, "continue_final_message")
+	if len(kw) > 0 {
+		b, _ := json.Marshal(kw)
+		t.Kwargs = string(b)
+	}
 	if raw := bytes.TrimSpace(f.Tools); len(raw) > 0 && string(raw) != "null" {
 		if raw[0] != '[' {
 			return ChatTemplate{}, errorf(http.StatusBadRequest, "tools: must be an array")
@@ -256,6 +317,9 @@ func parseChatRequest(body []byte) (*chatRequest, []uint32, *apiError) {
 	}
 	msgs, aerr := chatMessages(req.Messages)
 	if aerr != nil {
+		return nil, nil, aerr
+	}
+	if aerr := req.addKwargs(req.Documents, req.ReasoningEffort, true); aerr != nil {
 		return nil, nil, aerr
 	}
 	tmpl, aerr := req.template()

@@ -482,6 +482,59 @@ func TestTokenizeMatchesChatCompletion(t *testing.T) {
 	}
 }
 
+// TestTemplateKwargsAsVLLMMerges: a request's reasoning effort and
+// documents reach the template as vLLM merges them into the chat
+// template's keyword arguments, so /tokenize's chat form, which has no
+// fields for them, gives the request's prompt exactly when its
+// chat_template_kwargs hold the merge: for chat completions (with the
+// enable_thinking the effort implies, unless the client set it), Messages
+// (output_config.effort is the chat completion's effort) and Responses
+// (reasoning.effort, no enable_thinking). Without them the prompt differs.
+func TestTemplateKwargsAsVLLMMerges(t *testing.T) {
+	msgs := `[{"role":"user","content":"hi there"}]`
+	for _, tc := range []struct {
+		path, fields, kwargs string
+	}{
+		{"/v1/chat/completions", `"messages":` + msgs + `,"reasoning_effort":"low"`, `{"reasoning_effort":"low","enable_thinking":true}`},
+		{"/v1/chat/completions", `"messages":` + msgs + `,"reasoning_effort":"none","chat_template_kwargs":{"enable_thinking":true,"reasoning_effort":"high","x":1}`,
+			`{"x":1,"enable_thinking":true,"reasoning_effort":"none"}`},
+		{"/v1/chat/completions", `"messages":` + msgs + `,"documents":[{"title":"t","text":"d"}],"chat_template_kwargs":{"x":[1]}`, `{"x":[1],"documents":[{"title":"t","text":"d"}]}`},
+		{"/v1/messages", `"messages":` + msgs + `,"output_config":{"effort":"high"}`, `{"reasoning_effort":"high","enable_thinking":true}`},
+		{"/v1/messages", `"messages":` + msgs + `,"chat_template_kwargs":{"y":"z"}`, `{"y":"z"}`},
+		{"/v1/responses", `"input":` + msgs + `,"reasoning":{"effort":"medium"}`, `{"reasoning_effort":"medium"}`},
+	} {
+		t.Run(tc.path+" "+tc.kwargs, func(t *testing.T) {
+			sim, ts := newServer(t, vllmsim.Options{BlockSize: 1})
+			count := func(kwargs string) int {
+				return decode[struct{ Count int }](t, post(t, ts, "/tokenize", `{"model":"sim-model","messages":`+msgs+kwargs+`}`, http.StatusOK)).Count
+			}
+			tok := decode[struct{ Tokens []uint32 }](t, post(t, ts, "/tokenize", `{"model":"sim-model","messages":`+msgs+`,"chat_template_kwargs":`+tc.kwargs+`}`, http.StatusOK))
+			var u struct {
+				Usage struct {
+					PromptTokens int `json:"prompt_tokens"`
+					InputTokens  int `json:"input_tokens"`
+				} `json:"usage"`
+			}
+			if err := json.Unmarshal(post(t, ts, tc.path, `{"model":"sim-model","max_tokens":1,"max_output_tokens":1,`+tc.fields+`}`, http.StatusOK), &u); err != nil {
+				t.Fatal(err)
+			}
+			resident := 0
+			for _, h := range vllmsim.BlockHashes(tok.Tokens, 1) {
+				if sim.Cache().Has(h) {
+					resident++
+				}
+			}
+			prompt := u.Usage.PromptTokens + u.Usage.InputTokens
+			if prompt != len(tok.Tokens) || resident != len(tok.Tokens) {
+				t.Errorf("prompt %d tokens, /tokenize with the merged kwargs %d, %d of them resident", prompt, len(tok.Tokens), resident)
+			}
+			if plain := count(""); plain == prompt {
+				t.Errorf("the kwargs add no tokens: %d", plain)
+			}
+		})
+	}
+}
+
 func TestOpenAISDK(t *testing.T) {
 	_, ts := newServer(t, vllmsim.Options{})
 	client := openai.NewClient(option.WithBaseURL(ts.URL+"/v1"), option.WithAPIKey("unused"),

@@ -22,6 +22,10 @@ type responsesRequest struct {
 	MaxOutputTokens    *int            `json:"max_output_tokens"`
 	PreviousResponseID *string         `json:"previous_response_id"`
 	Stream             bool            `json:"stream"`
+	// Reasoning's effort reaches the template as reasoning_effort.
+	Reasoning *struct {
+		Effort *string `json:"effort"`
+	} `json:"reasoning"`
 }
 
 // inputItem is one element of an array-valued input: a message (with or
@@ -277,7 +281,19 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	if req.Instructions != nil && *req.Instructions != "" {
 		conv = append([]Message{{Role: "system", Content: *req.Instructions}}, history...)
 	}
-	prompt := Tokenize(ChatPrompt(conv))
+	var f templateFields
+	if req.Reasoning != nil {
+		if aerr := f.addKwargs(nil, req.Reasoning.Effort, false); aerr != nil {
+			aerr.writeOpenAI(w)
+			return
+		}
+	}
+	tmpl, aerr := f.template()
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	prompt := Tokenize(RenderChatTemplate(conv, tmpl))
 	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, req.MaxOutputTokens)
 	if aerr != nil {
 		aerr.writeOpenAI(w)

@@ -122,6 +122,15 @@ type ChatTemplate struct {
 	// non-empty one is rendered first, as "<|tools|>\n" + Tools + "\n", the
 	// way real templates put the tool schemas before the conversation.
 	Tools string
+	// Kwargs is the template's other keyword arguments (vLLM's merged
+	// chat_template_kwargs: a request's reasoning effort, enable_thinking,
+	// documents, anything the client sets) as compact JSON with sorted
+	// keys, or empty. A non-empty one is rendered first, as
+	// "<|kwargs|>\n" + Kwargs + "\n", the way real templates put a
+	// reasoning effort or a thinking switch in the prompt. Real templates
+	// read only the variables they declare; this one renders them all, so
+	// a prompt rendered with other arguments than its request's shows.
+	Kwargs string
 }
 
 // RenderChatTemplate renders messages with the simulator's chat template
@@ -131,6 +140,9 @@ type ChatTemplate struct {
 // through it, so they agree on the prompt tokens.
 func RenderChatTemplate(messages []Message, t ChatTemplate) string {
 	var b strings.Builder
+	if t.Kwargs != "" {
+		writeTurn(&b, "kwargs", t.Kwargs)
+	}
 	if t.Tools != "" {
 		writeTurn(&b, "tools", t.Tools)
 	}

@@ -31,7 +31,9 @@ import (
 //     content is dropped, an assistant one kept without it.
 //   - _convert_tools: each tool becomes {"type":"function","function":
 //     {"name","description","parameters":input_schema,"defer_loading"}}.
-//   - chat_template_kwargs is passed on.
+//   - chat_template_kwargs is passed on; _handle_output_config sets
+//     output_config.effort as the chat completion's reasoning_effort, which
+//     reaches the template as a chat completion's does ([templateKwargs]).
 
 // messagesBillingHeader starts the system text block Claude Code sends with
 // a per-request hash, which vLLM leaves out of the prompt.
@@ -46,15 +48,24 @@ var surrogateEscape = regexp.MustCompile(`\\u[dD][89a-fA-F]`)
 // messagesBody returns the /tokenize chat body vLLM renders for an
 // Anthropic Messages body's fields, or false when Build cannot reproduce
 // it exactly: images and documents (the engine fetches and processes them),
-// tool references, block types it does not know, output_config's effort
-// (the template reads it), a tool use without an id (vLLM names it by the
-// clock) or whose input holds a number that is not an integer (Python
-// prints floats its own way).
+// tool references, block types it does not know, a tool use without an id
+// (vLLM names it by the clock) or whose input holds a number that is not an
+// integer (Python prints floats its own way).
 func messagesBody(model string, fields map[string]json.RawMessage) ([]byte, bool) {
+	var effort json.RawMessage
 	if oc := fields["output_config"]; !isNull(oc) {
-		if o, ok := object(oc); !ok || !isNull(o["effort"]) {
+		o, ok := object(oc)
+		if !ok {
 			return nil, false
 		}
+		effort = o["effort"]
+	}
+	kw, ok := templateKwargs(fields["chat_template_kwargs"], nil, effort, true)
+	if !ok {
+		return nil, false
+	}
+	if kw == nil {
+		kw = fields["chat_template_kwargs"]
 	}
 	msgs, ok := objects(fields["messages"])
 	if !ok || len(msgs) == 0 {
@@ -120,8 +131,8 @@ func messagesBody(model string, fields map[string]json.RawMessage) ([]byte, bool
 		}
 		b = append(append(b, `,"tools":`...), tools...)
 	}
-	if k := fields["chat_template_kwargs"]; !isNull(k) {
-		b = append(append(b, `,"chat_template_kwargs":`...), k...)
+	if !isNull(kw) {
+		b = append(append(b, `,"chat_template_kwargs":`...), kw...)
 	}
 	return append(b, `,"add_generation_prompt":true,"add_special_tokens":false}`...), true
 }

@@ -25,7 +25,7 @@ import (
 //   - vllm/entrypoints/openai/responses/protocol.py (010a69cea9ac):
 //     ResponsesRequest.build_chat_params sets add_generation_prompt (unless
 //     continuing), continue_final_message and reasoning_effort (from
-//     reasoning.effort); build_tok_params leaves add_special_tokens at
+//     reasoning.effort) as the template's arguments; build_tok_params leaves add_special_tokens at
 //     TokenizeParams' default, true (vllm/renderers/params.py,
 //     1aa021e827032484a7f89194c7e528fc40655204).
 //   - vllm/renderers/chat_utils/parse_chat_message_content.py
@@ -58,17 +58,11 @@ func responsesMessages(fields map[string]json.RawMessage) ([]byte, bool) {
 		}
 	}
 	// Tools would be rendered from their conversion to the chat form;
-	// reasoning.effort reaches the template; truncation "auto" may cut the
-	// prompt's start.
+	// truncation "auto" may cut the prompt's start. reasoning.effort
+	// reaches the template ([responsesKwargs]).
 	if t := fields["tools"]; !isNull(t) {
 		var tools []json.RawMessage
 		if json.Unmarshal(t, &tools) != nil || len(tools) > 0 {
-			return nil, false
-		}
-	}
-	if r := fields["reasoning"]; !isNull(r) {
-		var rs map[string]json.RawMessage
-		if json.Unmarshal(r, &rs) != nil || !isNull(rs["effort"]) {
 			return nil, false
 		}
 	}
@@ -110,6 +104,22 @@ func responsesMessages(fields map[string]json.RawMessage) ([]byte, bool) {
 		add(role, content)
 	}
 	return append(b, ']'), true
+}
+
+// responsesKwargs returns the chat template's keyword arguments of a
+// Responses body: reasoning_effort, from reasoning.effort unless null
+// (ResponsesRequest.build_chat_params, cited above, which adds no
+// enable_thinking), or nil when there is none; false when reasoning is not
+// an object or its effort not a string.
+func responsesKwargs(fields map[string]json.RawMessage) (json.RawMessage, bool) {
+	if isNull(fields["reasoning"]) {
+		return nil, true
+	}
+	r, ok := object(fields["reasoning"])
+	if !ok {
+		return nil, false
+	}
+	return templateKwargs(nil, nil, r["effort"], false)
 }
 
 // responsesItem returns the chat message of one input item: a message

@@ -14,7 +14,10 @@
 // defaults (add_generation_prompt true, continue_final_message false,
 // add_special_tokens false), so [Build] copies exactly those fields from
 // the client's body: messages, tools, chat_template, chat_template_kwargs,
-// add_generation_prompt, continue_final_message, add_special_tokens. A
+// add_generation_prompt, continue_final_message, add_special_tokens, with
+// the request's documents and reasoning_effort (and the enable_thinking it
+// implies) added to chat_template_kwargs, where the chat completion puts
+// them and the chat form has no field for them ([templateKwargs]). A
 // completions body with a string prompt becomes the prompt form; one whose
 // prompt already is token ids needs no call.
 //
@@ -27,11 +30,11 @@
 // output_text part, which vLLM reduces to its text) become those messages,
 // every text copied as the client wrote it; with add_generation_prompt and
 // add_special_tokens true, as the cited Responses code renders and
-// tokenizes. Not tokenized: previous_response_id or any other stored
-// state, any other item (function calls and their outputs, reasoning),
-// images, files, tools, reasoning.effort (the template reads it),
-// truncation "auto", a partial (in_progress, incomplete) message, which
-// vLLM continues instead of answering.
+// tokenizes, and reasoning.effort as the template's reasoning_effort. Not
+// tokenized: previous_response_id or any other stored state, any other
+// item (function calls and their outputs, reasoning), images, files,
+// tools, truncation "auto", a partial (in_progress, incomplete) message,
+// which vLLM continues instead of answering.
 //
 // vLLM serves the Anthropic Messages API by converting each request to a
 // chat completion (messages.go cites the source), so [Build] makes the
@@ -39,8 +42,9 @@
 // message (less Claude Code's per-request billing header), text blocks as
 // text parts, thinking as reasoning, tool uses as tool calls whose
 // arguments Python's json.dumps prints, a user's tool results as tool
-// messages before it. Not tokenized: images, documents, tool references,
-// an effort, a tool input with a non-integer number.
+// messages before it, output_config.effort as a chat completion's
+// reasoning_effort. Not tokenized: images, documents, tool references, a
+// tool input with a non-integer number.
 //
 // Anything [Build] cannot reproduce faithfully (another endpoint, non-text
 // message content that the engine would fetch and process, batched
@@ -68,6 +72,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -120,6 +125,13 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 		if !textOnly(fields["messages"]) {
 			return nil, nil, false
 		}
+		kw, ok := templateKwargs(fields["chat_template_kwargs"], fields["documents"], fields["reasoning_effort"], true)
+		if !ok {
+			return nil, nil, false
+		}
+		if kw != nil {
+			fields["chat_template_kwargs"] = kw
+		}
 		return encode(model, fields, chatFields), nil, true
 	case PathCompletions:
 		p := bytes.TrimSpace(fields["prompt"])
@@ -156,6 +168,10 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 			return b, nil, true
 		}
 	case PathResponses:
+		kw, ok := responsesKwargs(fields)
+		if !ok {
+			return nil, nil, false
+		}
 		if msgs, ok := responsesMessages(fields); ok {
 			// The template inputs of ResponsesRequest.build_chat_params
 			// (no partial final message: add_generation_prompt true) and
@@ -165,10 +181,65 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 			m, _ := json.Marshal(model)
 			b := append([]byte(`{"model":`), m...)
 			b = append(append(b, `,"messages":`...), msgs...)
+			if kw != nil {
+				b = append(append(b, `,"chat_template_kwargs":`...), kw...)
+			}
 			return append(b, `,"add_generation_prompt":true,"add_special_tokens":true}`...), nil, true
 		}
 	}
 	return nil, nil, false
+}
+
+// templateKwargs returns the chat template's keyword arguments a request
+// renders with, for the /tokenize chat form, which has no fields for the
+// last three: the client's chat_template_kwargs (an object or null) with
+// documents and reasoning_effort added unless null, and enable_thinking
+// (reasoning_effort other than "none") unless the client's set it, when
+// thinking is true. ChatCompletionRequest.build_chat_params merges them so
+// (vllm/entrypoints/openai/chat_completion/protocol.py at 002032ee2b18, in
+// full 002032ee2b18ed1e2fca1d8c1da8d71cbb2cba2d; merge_kwargs in
+// vllm/renderers/params.py), and every renderer passes the merged
+// arguments to the template: Gemma's and Qwen's read enable_thinking,
+// gpt-oss-style ones reasoning_effort. The added members follow the
+// client's, so where a key repeats the request's field wins, as in the
+// merge (a JSON reader keeps a repeated key's last value). kw is nil when
+// nothing is added; false when the kwargs are not an object or the effort
+// is not a string, which vLLM refuses.
+func templateKwargs(user, documents, effort json.RawMessage, thinking bool) (kw json.RawMessage, ok bool) {
+	var userKw map[string]json.RawMessage
+	if !isNull(user) {
+		if userKw, ok = object(user); !ok {
+			return nil, false
+		}
+	}
+	if isNull(documents) && isNull(effort) {
+		return nil, true
+	}
+	b := []byte{'{'}
+	if userKw != nil {
+		u := bytes.TrimSpace(user)
+		b = append(b[:0], bytes.TrimSpace(u[:len(u)-1])...) // without its closing brace
+	}
+	add := func(key string, v []byte) {
+		if b[len(b)-1] != '{' {
+			b = append(b, ',')
+		}
+		b = append(append(append(append(b, '"'), key...), `":`...), v...)
+	}
+	if !isNull(documents) {
+		add("documents", bytes.TrimSpace(documents))
+	}
+	if !isNull(effort) {
+		e, ok := str(effort)
+		if !ok {
+			return nil, false
+		}
+		add("reasoning_effort", bytes.TrimSpace(effort))
+		if _, set := userKw["enable_thinking"]; thinking && !set {
+			add("enable_thinking", []byte(strconv.FormatBool(e != "none")))
+		}
+	}
+	return append(b, '}'), true
 }
 
 // textOnly reports whether messages is a non-empty array of messages whose

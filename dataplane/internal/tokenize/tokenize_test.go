@@ -30,6 +30,20 @@ func TestBuild(t *testing.T) {
 		{"chat: text parts", tokenize.PathChatCompletions,
 			`{"messages":[{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":null}],"chat_template_kwargs":{"x":1},"continue_final_message":true,"add_special_tokens":true,"chat_template":"t"}`,
 			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]},{"role":"assistant","content":null}],"chat_template":"t","chat_template_kwargs":{"x":1},"continue_final_message":true,"add_special_tokens":true}`, nil},
+		{"chat: a reasoning effort reaches the template with the thinking it implies", tokenize.PathChatCompletions,
+			`{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":"low"}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"reasoning_effort":"low","enable_thinking":true}}`, nil},
+		{"chat: effort none turns thinking off", tokenize.PathChatCompletions,
+			`{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":"none","chat_template_kwargs":{ }}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"reasoning_effort":"none","enable_thinking":false}}`, nil},
+		{"chat: the client's enable_thinking stays, its effort is overridden", tokenize.PathChatCompletions,
+			`{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false, "reasoning_effort":"high" } ,"reasoning_effort":"low","documents":[{"title":"t","text":"x"}]}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false, "reasoning_effort":"high","documents":[{"title":"t","text":"x"}],"reasoning_effort":"low"}}`, nil},
+		{"chat: null effort and documents add nothing", tokenize.PathChatCompletions,
+			`{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":null,"documents":null}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"chat: an effort that is not a string", tokenize.PathChatCompletions, `{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":1}`, "", nil},
+		{"chat: kwargs that are not an object", tokenize.PathChatCompletions, `{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":[],"reasoning_effort":"low"}`, "", nil},
 		{"chat: an image is not tokenized here", tokenize.PathChatCompletions,
 			`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x"}}]}]}`, "", nil},
 		{"chat: no messages", tokenize.PathChatCompletions, `{"messages":[]}`, "", nil},
@@ -58,7 +72,9 @@ func TestBuild(t *testing.T) {
 		{"responses: stored state", tokenize.PathResponses, `{"input":"hi","previous_response_id":"resp_1"}`, "", nil},
 		{"responses: a conversation", tokenize.PathResponses, `{"input":"hi","conversation":"conv_1"}`, "", nil},
 		{"responses: tools", tokenize.PathResponses, `{"input":"hi","tools":[{"type":"function","name":"f"}]}`, "", nil},
-		{"responses: reasoning effort", tokenize.PathResponses, `{"input":"hi","reasoning":{"effort":"low"}}`, "", nil},
+		{"responses: a reasoning effort reaches the template, with no thinking flag", tokenize.PathResponses, `{"input":"hi","reasoning":{"effort":"low","summary":null}}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"reasoning_effort":"low"},"add_generation_prompt":true,"add_special_tokens":true}`, nil},
+		{"responses: reasoning not an object", tokenize.PathResponses, `{"input":"hi","reasoning":"low"}`, "", nil},
 		{"responses: truncation auto", tokenize.PathResponses, `{"input":"hi","truncation":"auto"}`, "", nil},
 		{"responses: template kwargs", tokenize.PathResponses, `{"input":"hi","chat_template_kwargs":{"x":1}}`, "", nil},
 		{"responses: a function call", tokenize.PathResponses,
@@ -109,7 +125,10 @@ func FuzzBuild(f *testing.F) {
 	f.Add(uint8(1), []byte(`{"prompt":[1,2,4294967296]}`))
 	f.Add(uint8(1), []byte(`{"prompt":[[1],[2]]}`))
 	f.Add(uint8(1), []byte(`{"prompt":["one"],"add_special_tokens":null}`))
+	f.Add(uint8(0), []byte(`{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":null},"reasoning_effort":"none","documents":[]}`))
 	f.Add(uint8(2), []byte(`{"instructions":"be brief","input":"hi","tools":[],"reasoning":{"effort":null}}`))
+	f.Add(uint8(2), []byte(`{"input":"hi","reasoning":{"effort":"high"}}`))
+	f.Add(uint8(3), []byte(`{"messages":[{"role":"user","content":"hi"}],"output_config":{"effort":"max"},"chat_template_kwargs":{"x":1}}`))
 	f.Add(uint8(2), []byte(`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"type":"message","role":"assistant","status":"completed","content":[{"type":"output_text","text":"b"}]}]}`))
 	f.Add(uint8(2), []byte(`{"input":[{"role":"user","content":"hi"},{"type":"function_call","name":"f","arguments":"{}"}],"previous_response_id":"r"}`))
 	f.Add(uint8(3), []byte(`{"system":[{"type":"text","text":"a"}],"messages":[{"role":"user","content":[{"type":"text","text":"b"},{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"c"}]}]}]}`))
@@ -147,7 +166,13 @@ func FuzzBuild(f *testing.F) {
 			checkMessages(t, got, in)
 			return
 		}
+		if path == tokenize.PathChatCompletions {
+			checkKwargs(t, got, in["chat_template_kwargs"], in["documents"], in["reasoning_effort"], true)
+		}
 		for k, v := range got {
+			if k == "chat_template_kwargs" && path == tokenize.PathChatCompletions {
+				continue // checked above
+			}
 			sent := in[k]
 			var one []json.RawMessage
 			if k == "prompt" && json.Unmarshal(sent, &one) == nil && len(one) == 1 {
@@ -168,9 +193,9 @@ func checkMessages(t *testing.T, got, in map[string]json.RawMessage) {
 	if string(got["add_generation_prompt"]) != "true" || string(got["add_special_tokens"]) != "false" {
 		t.Fatalf("tokenize body %v", got)
 	}
-	if k, ok := got["chat_template_kwargs"]; ok && string(k) != string(in["chat_template_kwargs"]) {
-		t.Fatalf("chat_template_kwargs %s, the client sent %s", k, in["chat_template_kwargs"])
-	}
+	var oc struct{ Effort json.RawMessage }
+	_ = json.Unmarshal(in["output_config"], &oc)
+	checkKwargs(t, got, in["chat_template_kwargs"], nil, oc.Effort, true)
 	var msgs []struct {
 		Role string `json:"role"`
 	}
@@ -208,7 +233,11 @@ func checkResponses(t *testing.T, got, in map[string]json.RawMessage, body []byt
 	if p := in["previous_response_id"]; p != nil && string(p) != "null" {
 		t.Fatalf("tokenized with previous_response_id %s", p)
 	}
-	if len(got) != 4 || string(got["add_generation_prompt"]) != "true" || string(got["add_special_tokens"]) != "true" {
+	var r struct{ Effort json.RawMessage }
+	_ = json.Unmarshal(in["reasoning"], &r)
+	checkKwargs(t, got, nil, nil, r.Effort, false)
+	if len(got) != 4+len(got["chat_template_kwargs"][:min(len(got["chat_template_kwargs"]), 1)]) ||
+		string(got["add_generation_prompt"]) != "true" || string(got["add_special_tokens"]) != "true" {
 		t.Fatalf("tokenize body %v", got)
 	}
 	var msgs []struct {
@@ -241,6 +270,64 @@ func checkResponses(t *testing.T, got, in map[string]json.RawMessage, body []byt
 				t.Fatalf("part %v", p)
 			}
 			copied(p["text"])
+		}
+	}
+}
+
+// checkKwargs checks a /tokenize body's chat_template_kwargs against the
+// merge vLLM's chat completion makes of the client's user kwargs, its
+// documents and reasoning effort, and, with thinking, enable_thinking
+// unless the client set it: the same keys with the same values, or no
+// kwargs where there is nothing to pass.
+func checkKwargs(t *testing.T, got map[string]json.RawMessage, user, documents, effort json.RawMessage, thinking bool) {
+	t.Helper()
+	null := func(v json.RawMessage) bool { v = bytes.TrimSpace(v); return len(v) == 0 || string(v) == "null" }
+	var want map[string]json.RawMessage
+	if !null(user) {
+		if err := json.Unmarshal(user, &want); err != nil {
+			t.Fatalf("tokenized with chat_template_kwargs %s: %v", user, err)
+		}
+	}
+	_, set := want["enable_thinking"]
+	if !null(documents) || !null(effort) {
+		if want == nil {
+			want = map[string]json.RawMessage{}
+		}
+	}
+	if !null(documents) {
+		want["documents"] = documents
+	}
+	if !null(effort) {
+		var e string
+		if err := json.Unmarshal(effort, &e); err != nil {
+			t.Fatalf("tokenized with effort %s: %v", effort, err)
+		}
+		want["reasoning_effort"] = effort
+		if thinking && !set {
+			want["enable_thinking"] = json.RawMessage(fmt.Sprint(e != "none"))
+		}
+	}
+	k, ok := got["chat_template_kwargs"]
+	if ok != (want != nil) {
+		t.Fatalf("chat_template_kwargs %s, want %s", k, want)
+	}
+	var have map[string]json.RawMessage
+	if ok && json.Unmarshal(k, &have) != nil {
+		t.Fatalf("chat_template_kwargs %s: not an object", k)
+	}
+	compact := func(v json.RawMessage) string {
+		var b bytes.Buffer
+		if err := json.Compact(&b, v); err != nil {
+			t.Fatalf("value %s: %v", v, err)
+		}
+		return b.String()
+	}
+	if len(have) != len(want) {
+		t.Fatalf("chat_template_kwargs %s, want %s", k, want)
+	}
+	for key, v := range want {
+		if h, ok := have[key]; !ok || compact(h) != compact(v) {
+			t.Fatalf("chat_template_kwargs %s: %s is %s, want %s", k, key, h, v)
 		}
 	}
 }
