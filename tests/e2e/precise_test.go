@@ -273,6 +273,12 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 			if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="engine"}`); n < 1 {
 				t.Fatalf("the replicas' /tokenize answered %v times", n)
 			}
+			// Every answer reported its prompt, as long as the ids.
+			match, mismatch := metric(t, f.base, `rolter_tokenize_checked_total{model="m",result="match"}`),
+				metric(t, f.base, `rolter_tokenize_checked_total{model="m",result="mismatch"}`)
+			if match < 1 || mismatch > 0 {
+				t.Fatalf("ids checked against the prompt: %v match, %v mismatch", match, mismatch)
+			}
 			if tc.strategy == "precise_cache_aware" {
 				if n := decisions(tc.neutral); n > 0 && decisions(tc.scored) < 5*n {
 					t.Logf("%v neutral picks (before the events arrived)", n)

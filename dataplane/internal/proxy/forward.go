@@ -77,6 +77,9 @@ type exchange struct {
 	observed  int
 	sent      time.Time
 	firstSeen bool
+	// tokenized: rctx.TokenIDs are an engine's /tokenize answer (fresh or
+	// cached), checked against the prompt length the answer reports.
+	tokenized bool
 }
 
 // poolState is one pool's share of an exchange.
@@ -655,6 +658,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 				x.status = x.eventErr
 			}
 			p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, outcome).Inc()
+			if outcome == "ok" {
+				p.checkTokenized(x)
+			}
 		}
 		if o, ok := pl.balancer.(routing.TTFTObserver); ok && x.rctx.Buffered && end == relayDone && resp.StatusCode < 300 && x.eventErr == 0 {
 			// Without usage the balancer counts the request's token ids.

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -84,7 +85,7 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 		return
 	}
 	if ids, ok := p.tok.Cached(tok); ok {
-		x.rctx.TokenIDs = ids
+		x.rctx.TokenIDs, x.tokenized = ids, true
 		count("cached")
 		return
 	}
@@ -103,7 +104,7 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 	outcome := "engine"
 	switch {
 	case err == nil:
-		x.rctx.TokenIDs = ids
+		x.rctx.TokenIDs, x.tokenized = ids, true
 	case halted(ctx):
 		outcome = "shutting_down"
 	case errors.Is(err, context.DeadlineExceeded) || cctx.Err() != nil && ctx.Err() == nil:
@@ -124,6 +125,28 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 		attribute.Int("rolter.tokens", len(ids)))
 	span.End()
 	count(outcome)
+}
+
+// checkTokenized counts whether the token ids a request was routed on,
+// from an engine's /tokenize, are as many as the prompt the answer's usage
+// reports: the one check of the conversion (package tokenize) against the
+// vLLM release actually serving, whose templates and request handling may
+// differ from the source the conversion follows. Only for the assigned
+// pool (a fall-over variant may serve another model), and only when the
+// answer reported its prompt (a stream without usage does not). Equal
+// lengths do not prove equal ids; unequal ones prove the ids wrong.
+func (p *Proxy) checkTokenized(x *exchange) {
+	if !x.tokenized || x.cur != 0 || !x.usage.Known || x.usage.PromptTokens <= 0 {
+		return
+	}
+	result := "match"
+	if x.usage.PromptTokens != int64(len(x.rctx.TokenIDs)) {
+		result = "mismatch"
+		p.log.LogAttrs(x.ctx, slog.LevelDebug, "token ids unlike the engine's prompt",
+			slog.String("request_id", x.id), slog.String("endpoint", x.ep.path),
+			slog.Int("ids", len(x.rctx.TokenIDs)), slog.Int64("prompt_tokens", x.usage.PromptTokens))
+	}
+	p.metrics.TokenizeChecked.WithLabelValues(x.route.cfg.Model, result).Inc()
 }
 
 // engineState is what the route's replicas report about themselves, for

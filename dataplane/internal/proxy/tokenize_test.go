@@ -214,3 +214,55 @@ func TestPredictedTTFTReadsMessagesWithoutTheBillingHeader(t *testing.T) {
 		t.Fatalf("requests sharing a system prompt spread over %v", served)
 	}
 }
+
+// TestTokenizedIDsCheckedAgainstThePrompt: a request routed on ids from
+// the engine's /tokenize (fresh or cached) is checked against the prompt
+// length its answer reports: as many tokens counts match, another number
+// mismatch (the engine rendered the prompt otherwise); an answer without
+// usage, or ids the client sent, are not checked.
+func TestTokenizedIDsCheckedAgainstThePrompt(t *testing.T) {
+	up := newUpstream(t, "v")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/tokenize" {
+			_, _ = io.WriteString(w, `{"count":3,"max_model_len":100,"tokens":[7,8,9],"token_strs":null}`)
+			return true
+		}
+		body, _ := up.last()
+		msgs, _ := body["messages"].([]any)
+		text, _ := msgs[0].(map[string]any)["content"].(string)
+		switch {
+		case strings.HasPrefix(text, "no usage"):
+			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[]}`)
+		default:
+			prompt := 3
+			if strings.HasPrefix(text, "mismatch") {
+				prompt = 5
+			}
+			fmt.Fprintf(w, `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":1,"total_tokens":%d}}`, prompt, prompt+1)
+		}
+		return true
+	}
+	p, url := kvRouteProxy(t, up, "predicted_ttft")
+	for _, tc := range []struct{ text, header string }{
+		{"match", ""}, {"match", ""}, // the second one's ids are cached
+		{"mismatch", ""}, {"no usage", ""}, {"mismatch sent by the client", "7,8,9"},
+	} {
+		h := []string{}
+		if tc.header != "" {
+			h = []string{"X-Rolter-Vllm-Token-Ids", tc.header}
+		}
+		resp, body := post(t, url+"/v1/chat/completions", "", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, tc.text), h...)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d: %s", tc.text, resp.StatusCode, body)
+		}
+	}
+	for result, want := range map[string]float64{"match": 2, "mismatch": 1} {
+		if n := testutil.ToFloat64(p.metrics.TokenizeChecked.WithLabelValues("m", result)); n != want {
+			t.Errorf("rolter_tokenize_checked_total{result=%q} = %v, want %v", result, n, want)
+		}
+	}
+	if n := testutil.ToFloat64(p.metrics.Tokenize.WithLabelValues("m", "cached")); n != 1 {
+		t.Errorf("rolter_tokenize_total{outcome=\"cached\"} = %v, want 1", n)
+	}
+}
