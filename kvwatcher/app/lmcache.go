@@ -73,6 +73,12 @@ func pollLMCache(ctx context.Context, client *http.Client, endpoint string) (lmR
 	if len(body) > maxLMBody {
 		return lmResult{}, "body", errors.New("body too large")
 	}
+	return parseLMCache(body)
+}
+
+// parseLMCache reads an occupancy answer's body; on failure it returns the
+// reason label: body (not the JSON object) or value (no finite occupancy).
+func parseLMCache(body []byte) (lmResult, string, error) {
 	var v struct {
 		Occupancy      *float64 `json:"occupancy"`
 		CacheAvailable *bool    `json:"cache_available"`

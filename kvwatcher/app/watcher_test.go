@@ -453,3 +453,21 @@ func TestTopicMismatchIsCounted(t *testing.T) {
 	send(t, pub, frames(topic, 2, encodeBatch(t, a.stored(0, 2)))...)
 	eventually(t, "the right topic indexed", func() bool { return ix.PrefixMatch("p", a.ids()) == 2 })
 }
+
+// FuzzParseLMCache: an occupancy answer comes from outside; whatever its
+// body, parseLMCache refuses it with a reason or returns an occupancy in
+// [0, 1].
+func FuzzParseLMCache(f *testing.F) {
+	for _, s := range []string{`{"occupancy":0.5}`, `{"occupancy":2,"cache_available":false}`, `{"occupancy":null}`, `{"occupancy":1e999}`, `[]`, ``} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		res, reason, err := parseLMCache(body)
+		if (err == nil) != (reason == "") {
+			t.Fatalf("err %v with reason %q", err, reason)
+		}
+		if err == nil && !(res.occupancy >= 0 && res.occupancy <= 1) {
+			t.Fatalf("occupancy %v", res.occupancy)
+		}
+	})
+}

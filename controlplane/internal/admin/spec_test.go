@@ -2,11 +2,13 @@ package admin
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"rolter.dev/controlplane/internal/state"
 	"rolter.dev/pkg/config"
 )
 
@@ -74,4 +76,33 @@ func TestSpecOfRedactsInlineKeys(t *testing.T) {
 	if strings.Contains(string(b), "sk-inline-secret") || !strings.Contains(string(b), redacted) {
 		t.Errorf("spec: %s", b)
 	}
+}
+
+// FuzzDecodeEntry: an admin client's spec is outside input. Whatever JSON
+// object it is, decodeEntry returns a field error under the entry's own
+// path, or a config holding exactly that one entry; it never panics.
+func FuzzDecodeEntry(f *testing.F) {
+	f.Add(true, []byte(`{"name":"p","kind":"openai_compatible","api_base":"http://x"}`))
+	f.Add(false, []byte(`{"model":"m","targets":[{"provider":"p","weight":2}],"strategy":"predicted_ttft"}`))
+	f.Add(true, []byte(`{"name":"p","kind":"x","timeout":1.5,"extra":{"a":[null,true]}}`))
+	f.Fuzz(func(t *testing.T, provider bool, js []byte) {
+		var s structpb.Struct
+		if s.UnmarshalJSON(js) != nil {
+			return
+		}
+		list := map[bool]string{true: "providers", false: "routes"}[provider]
+		cfg, err := decodeEntry(list, "entry", &s)
+		if err != nil {
+			for _, e := range state.Unjoin(err) {
+				var fe *config.FieldError
+				if !errors.As(e, &fe) || fe.Path != "" && !strings.HasPrefix(fe.Path, list) {
+					t.Fatalf("error %v (%T) outside %s", e, e, list)
+				}
+			}
+			return
+		}
+		if n := len(cfg.Providers) + len(cfg.Routes); n != 1 {
+			t.Fatalf("%d entries from one spec", n)
+		}
+	})
 }
