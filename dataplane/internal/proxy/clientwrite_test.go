@@ -22,16 +22,22 @@ import (
 )
 
 // The tests here play clients that stop reading a response, or read it
-// slowly, against a proxy whose server.client_write_timeout_ms is 200 ms.
+// slowly, against a proxy whose server.client_write_timeout_ms is 1 s.
 // Nothing is timed: the stalled client is cut off whenever the proxy gets
 // to it, and the slow readers take as long as they take.
 
-const writeTimeoutServer = "[server]\nrequire_auth = false\nclient_write_timeout_ms = 200\n"
+// writeTimeoutServer gives 1 s per write. Not less: on a loaded 2-core CI
+// machine a reader that kept reading was once held up past 200 ms for one
+// piece, and a stalled HTTP/2 client was once counted closed rather than
+// cut off: net/http applies a stream's write deadline asynchronously, in
+// the connection's serve loop, so a write that completed just before its
+// deadline can leave the timer to reset the stream while the next write
+// has a deadline of its own, which that write's error then does not pass.
+const writeTimeoutServer = "[server]\nrequire_auth = false\nclient_write_timeout_ms = 1000\n"
 
-// slowReaderServer gives the slow-reader tests, whose client keeps
-// reading, 1 s per write: on a loaded 2-core CI machine a reader was once
-// held up past 200 ms for one piece.
-const slowReaderServer = "[server]\nrequire_auth = false\nclient_write_timeout_ms = 1000\n"
+// shortWriteTimeoutServer gives 200 ms per write, for a test that waits
+// past the deadline of a response that was taken whole.
+const shortWriteTimeoutServer = "[server]\nrequire_auth = false\nclient_write_timeout_ms = 200\n"
 
 // Socket buffer sizes. A tiny one makes a client that stops reading block
 // the proxy's writes after a few KiB instead of after the megabytes the
@@ -396,7 +402,7 @@ func (s slowReader) Read(b []byte) (int, error) {
 // times what the socket buffers hold, while the client reads it slowly (so
 // the proxy's writes block, each for less than the timeout), reaches the
 // client whole, over HTTP/1.1 and HTTP/2, and counts as a 200. The timeout
-// is 1 s (slowReaderServer), so the upstream's pause is 1.5 s; the two
+// is 1 s (writeTimeoutServer), so the upstream's pause is 1.5 s; the two
 // protocols run in parallel, so the test waits for it once.
 func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 	for _, h2 := range []bool{false, true} {
@@ -427,7 +433,7 @@ func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 				return true
 			}
 			p := New(Options{})
-			applyDoc(t, p, slowReaderServer+"[accounting]\nsink = \"none\"\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+			applyDoc(t, p, writeTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
 			url, client := serveSmallBuffers(t, p, h2, smallBuffer)
 			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
 			resp, err := client.Do(req)
@@ -455,15 +461,15 @@ func TestSlowReaderGetsTheWholeStream(t *testing.T) {
 // client takes at least twice the timeout to read (at most 16 KiB per
 // read, 2 ms apart: over 2 s, against 1 s), reaches it whole, stored and
 // then replayed, over HTTP/1.1 and HTTP/2, and both are 200s. The timeout
-// is 1 s (slowReaderServer), not the other tests' 200 ms: each 32 KiB
-// piece must be taken within it, and on a loaded 2-core CI machine a
-// reader that keeps reading was once held up past 200 ms (cut after 13 MB).
+// is 1 s (writeTimeoutServer): each 32 KiB piece must be taken within it,
+// and on a loaded 2-core CI machine a reader that keeps reading was once
+// held up past 200 ms (cut after 13 MB).
 func TestSlowReaderGetsTheWholeBody(t *testing.T) {
 	for _, h2 := range []bool{false, true} {
 		t.Run(protoName(h2), func(t *testing.T) {
 			up, answer := largeUpstream(t, false, 16<<20)
 			p := New(Options{})
-			applyDoc(t, p, slowReaderServer+"[accounting]\nsink = \"none\"\n"+providers(up)+cacheLarge)
+			applyDoc(t, p, writeTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+cacheLarge)
 			url, client := serveSmallBuffers(t, p, h2, smallBuffer)
 			for i, want := range []string{"MISS", "HIT"} {
 				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
@@ -496,7 +502,7 @@ func TestSlowReaderGetsTheWholeBody(t *testing.T) {
 func TestKeepAliveConnectionOutlivesTheWriteDeadline(t *testing.T) {
 	up := newUpstream(t, "a")
 	p := New(Options{})
-	applyDoc(t, p, writeTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+	applyDoc(t, p, shortWriteTimeoutServer+"[accounting]\nsink = \"none\"\n"+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
 	c := rawConn(t, newServer(t, p))
 	br := bufio.NewReader(c)
 	const body = `{"model":"m"}`
