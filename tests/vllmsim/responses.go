@@ -281,18 +281,13 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	if req.Instructions != nil && *req.Instructions != "" {
 		conv = append([]Message{{Role: "system", Content: *req.Instructions}}, history...)
 	}
+	// The template's only input beyond the messages is the effort; a
+	// Responses request has no kwargs of its own for either call to refuse.
 	var f templateFields
 	if req.Reasoning != nil {
-		if aerr := f.addKwargs(nil, req.Reasoning.Effort, false); aerr != nil {
-			aerr.writeOpenAI(w)
-			return
-		}
+		_ = f.addKwargs(nil, req.Reasoning.Effort, false)
 	}
-	tmpl, aerr := f.template()
-	if aerr != nil {
-		aerr.writeOpenAI(w)
-		return
-	}
+	tmpl, _ := f.template()
 	prompt := Tokenize(RenderChatTemplate(conv, tmpl))
 	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, req.MaxOutputTokens)
 	if aerr != nil {

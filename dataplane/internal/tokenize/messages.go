@@ -64,9 +64,6 @@ func messagesBody(model string, fields map[string]json.RawMessage) ([]byte, bool
 	if !ok {
 		return nil, false
 	}
-	if kw == nil {
-		kw = fields["chat_template_kwargs"]
-	}
 	msgs, ok := objects(fields["messages"])
 	if !ok || len(msgs) == 0 {
 		return nil, false

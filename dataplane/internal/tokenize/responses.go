@@ -25,9 +25,9 @@ import (
 //   - vllm/entrypoints/openai/responses/protocol.py (010a69cea9ac):
 //     ResponsesRequest.build_chat_params sets add_generation_prompt (unless
 //     continuing), continue_final_message and reasoning_effort (from
-//     reasoning.effort) as the template's arguments; build_tok_params leaves add_special_tokens at
-//     TokenizeParams' default, true (vllm/renderers/params.py,
-//     1aa021e827032484a7f89194c7e528fc40655204).
+//     reasoning.effort) as the template's arguments; build_tok_params
+//     leaves add_special_tokens at TokenizeParams' default, true
+//     (vllm/renderers/params.py, 1aa021e827032484a7f89194c7e528fc40655204).
 //   - vllm/renderers/chat_utils/parse_chat_message_content.py
 //     (be90fe165bb8): the template sees text, input_text and output_text
 //     parts alike, as {"type":"text","text":...} (or their texts joined
@@ -109,8 +109,9 @@ func responsesMessages(fields map[string]json.RawMessage) ([]byte, bool) {
 // responsesKwargs returns the chat template's keyword arguments of a
 // Responses body: reasoning_effort, from reasoning.effort unless null
 // (ResponsesRequest.build_chat_params, cited above, which adds no
-// enable_thinking), or nil when there is none; false when reasoning is not
-// an object or its effort not a string.
+// enable_thinking), or nil when there is none (the Responses body's own
+// chat_template_kwargs are refused, responsesUnset); false when reasoning
+// is not an object or its effort not a string.
 func responsesKwargs(fields map[string]json.RawMessage) (json.RawMessage, bool) {
 	if isNull(fields["reasoning"]) {
 		return nil, true

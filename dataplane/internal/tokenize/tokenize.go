@@ -130,7 +130,7 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 			return nil, nil, false
 		}
 		if kw != nil {
-			fields["chat_template_kwargs"] = kw
+			fields["chat_template_kwargs"] = kw // unchanged when nothing is added
 		}
 		return encode(model, fields, chatFields), nil, true
 	case PathCompletions:
@@ -202,9 +202,9 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 // arguments to the template: Gemma's and Qwen's read enable_thinking,
 // gpt-oss-style ones reasoning_effort. The added members follow the
 // client's, so where a key repeats the request's field wins, as in the
-// merge (a JSON reader keeps a repeated key's last value). kw is nil when
-// nothing is added; false when the kwargs are not an object or the effort
-// is not a string, which vLLM refuses.
+// merge (a JSON reader keeps a repeated key's last value). kw is user as
+// it is when nothing is added; false when the kwargs are not an object or
+// the effort is not a string, which vLLM refuses.
 func templateKwargs(user, documents, effort json.RawMessage, thinking bool) (kw json.RawMessage, ok bool) {
 	var userKw map[string]json.RawMessage
 	if !isNull(user) {
@@ -213,7 +213,7 @@ func templateKwargs(user, documents, effort json.RawMessage, thinking bool) (kw 
 		}
 	}
 	if isNull(documents) && isNull(effort) {
-		return nil, true
+		return user, true
 	}
 	b := []byte{'{'}
 	if userKw != nil {
