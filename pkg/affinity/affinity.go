@@ -78,11 +78,25 @@ type Affinity struct {
 //
 // body is not retained. Build never panics, whatever body holds.
 func Build(path string, body []byte, h http.Header) routing.Context {
+	return build(path, body, h, "")
+}
+
+// BuildSalted is [Build] for a request whose engine keys its cached blocks
+// by salt as well as by tokens (vLLM's cache_salt, which enters the hash
+// of a prompt's first block): the prompt is read as if a line naming the
+// salt came first, so that an approximate prefix index matches it only
+// with prompts of the same salt, as the engine's cache does. Its measured
+// length is the prompt's alone. An empty salt is Build.
+func BuildSalted(path string, body []byte, h http.Header, salt string) routing.Context {
+	return build(path, body, h, salt)
+}
+
+func build(path string, body []byte, h http.Header, salt string) routing.Context {
 	ctx := routing.Context{
 		SessionKey: SessionKey(h.Get(SessionHeader)),
 		TokenIDs:   routing.ParseTokenIDs(h.Get(routing.TokenIDsHeader)),
 	}
-	if a, ok := Parse(path, body); ok {
+	if a, ok := parse(path, body, salt); ok {
 		ctx.Prompt = a.Text
 		ctx.PromptLen = a.Len
 		ctx.PromptDigest = a.Digest
@@ -109,21 +123,31 @@ func RawPrompt(body []byte) string {
 // not an object, a missing prompt field (messages, input or prompt), or a
 // prompt of length zero (no turns, only media, or a token-id prompt).
 func Parse(path string, body []byte) (Affinity, bool) {
+	return parse(path, body, "")
+}
+
+// saltLine opens the text of a salted prompt (BuildSalted): a line no
+// conversation's text starts with, NUL-delimited.
+const saltLine = "\x00cache_salt\x00"
+
+func parse(path string, body []byte, salt string) (Affinity, bool) {
 	ep := endpointOf(path)
 	if ep == epNone {
 		return Affinity{}, false
 	}
 	b := pool.Get().(*builder)
 	b.reset(body, ep, false)
+	b.salt(salt)
 	ok := b.document()
 	if !ok && b.failed == failConflict {
 		// The fields contradict the speculative plan (duplicate keys, a turn
 		// with both content and output…): read again, delimiting first.
 		b.reset(body, ep, true)
+		b.salt(salt)
 		ok = b.document()
 	}
 	var a Affinity
-	if ok && b.n > 0 {
+	if ok && b.n > 0 { // a salt alone is no prompt
 		b.flush()
 		a = Affinity{Text: string(b.text), Len: b.n, Digest: b.h.Sum64()}
 		if b.full {
@@ -323,6 +347,18 @@ func (b *builder) appendText(p []byte) {
 	b.chain.Grow(len(b.body)/chunkindex.ChunkBytes + 1)
 	b.chain.Write(b.text)
 	b.chain.Write(p[cut:])
+}
+
+// salt starts the text and the digest with salt's line, not counted in
+// the prompt's length (see BuildSalted); nothing for an empty salt.
+func (b *builder) salt(salt string) {
+	if salt == "" {
+		return
+	}
+	for _, p := range []string{saltLine, salt, "\n"} {
+		b.hash([]byte(p))
+		b.appendText([]byte(p))
+	}
 }
 
 // push adds a literal piece of text (a role, ": ", "\n").

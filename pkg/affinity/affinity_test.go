@@ -512,3 +512,35 @@ func TestDeepNesting(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildSalted: a salted request's prompt reads as its salt's line and
+// then the conversation, in the text, the digest and (past the cut) the
+// chain, so that prompts share prefixes only with their own salt; its
+// measured length is the conversation's. No salt is Build.
+func TestBuildSalted(t *testing.T) {
+	for _, n := range []int{20, affinity.MaxBytes + 100} {
+		content := strings.Repeat("abcdefghij", n/10)
+		body := fmt.Appendf(nil, `{"messages":[{"role":"user","content":%q}]}`, content)
+		whole := "user: " + content + "\n"
+		if got, want := affinity.BuildSalted(chat, body, nil, ""), affinity.Build(chat, body, nil); got.Prompt != want.Prompt ||
+			got.PromptDigest != want.PromptDigest || got.PromptLen != want.PromptLen || !slices.Equal(got.PromptChain.Hashes, want.PromptChain.Hashes) {
+			t.Fatalf("%d bytes: no salt differs from Build", n)
+		}
+		var prompts []string
+		for _, salt := range []string{"tenant-a", "tenant-b", "tenant-a"} {
+			got := affinity.BuildSalted(chat, body, nil, salt)
+			salted := "\x00cache_salt\x00" + salt + "\n" + whole
+			if got.PromptLen != len(whole) || got.PromptDigest != xxh3.HashString(salted) || !strings.HasPrefix(salted, got.Prompt) {
+				t.Fatalf("%d bytes, salt %s: len %d, digest %#x, prompt %.40q; want %d, %#x and a prefix of %.40q",
+					n, salt, got.PromptLen, got.PromptDigest, got.Prompt, len(whole), xxh3.HashString(salted), salted)
+			}
+			if n > affinity.MaxBytes && !slices.Equal(got.PromptChain.Hashes, chunkindex.Hashes(nil, salted)) {
+				t.Fatalf("salt %s: the chain is not the salted text's", salt)
+			}
+			prompts = append(prompts, got.Prompt)
+		}
+		if prompts[0] == prompts[1] || prompts[0] != prompts[2] {
+			t.Fatalf("%d bytes: the salts' prompts equal %v and %v, want false and true", n, prompts[0] == prompts[1], prompts[0] == prompts[2])
+		}
+	}
+}

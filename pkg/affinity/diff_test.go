@@ -118,7 +118,7 @@ func FuzzBuild(f *testing.F) {
 		}
 		want := refBuild(path, body, h)
 		sameContext(t, path, got, want)
-		full, _, _, ok := refAffinity(path, body)
+		full, _, _, ok := refAffinity(path, body, "")
 		if ok && !strings.HasPrefix(full, got.Prompt) {
 			t.Fatalf("prompt %q is not a prefix of the whole text %q", got.Prompt, full)
 		}
@@ -128,6 +128,17 @@ func FuzzBuild(f *testing.F) {
 			}
 		} else if got.PromptChain.Len != 0 || got.PromptChain.Hashes != nil {
 			t.Fatalf("an uncut prompt carries a chain of %d bytes", got.PromptChain.Len)
+		}
+		// Salted, the same prompt behind its salt's line, and its digest
+		// (and past the cut, its chain) that text's.
+		salted := affinity.BuildSalted(path, body, h, "s")
+		if text, n, digest, ok := refAffinity(path, body, "s"); ok {
+			if n != got.PromptLen || salted.PromptLen != n || salted.PromptDigest != digest || !strings.HasPrefix(text, salted.Prompt) ||
+				len(text) > affinity.MaxBytes && !slices.Equal(salted.PromptChain.Hashes, chunkindex.Hashes(nil, text)) {
+				t.Fatalf("salted: len %d (unsalted %d), prompt %.60q", salted.PromptLen, got.PromptLen, salted.Prompt)
+			}
+		} else if salted.Prompt != got.Prompt || salted.HasDigest {
+			t.Fatalf("salted, a body without a prompt gave %+v", salted)
 		}
 	})
 }

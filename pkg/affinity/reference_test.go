@@ -300,8 +300,9 @@ func pointer(v any, path ...string) (any, bool) {
 }
 
 // refAffinity returns the whole prompt text (not cut), its length and
-// digest, or false when the body gives no prompt.
-func refAffinity(path string, body []byte) (string, int, uint64, bool) {
+// digest, or false when the body gives no prompt; with a salt, the text
+// and digest start with the salt's line (BuildSalted), the length not.
+func refAffinity(path string, body []byte, salt string) (string, int, uint64, bool) {
 	v, valid := decodeOrdered(body)
 	if !valid {
 		return "", 0, 0, false
@@ -311,6 +312,11 @@ func refAffinity(path string, body []byte) (string, int, uint64, bool) {
 		return "", 0, 0, false
 	}
 	r := &ref{h: xxh3.New()}
+	if salt != "" {
+		line := "\x00cache_salt\x00" + salt + "\n"
+		r.text.WriteString(line)
+		_, _ = r.h.WriteString(line)
+	}
 	switch path {
 	case affinity.PathChatCompletions:
 		m, ok := o.get("messages")
@@ -378,7 +384,7 @@ func refBuild(path string, body []byte, h http.Header) routing.Context {
 		SessionKey: h.Get("x-session-id"),
 		TokenIDs:   routing.ParseTokenIDs(h.Get("x-rolter-vllm-token-ids")),
 	}
-	if text, n, digest, ok := refAffinity(path, body); ok {
+	if text, n, digest, ok := refAffinity(path, body, ""); ok {
 		ctx.Prompt, ctx.PromptLen, ctx.PromptDigest, ctx.HasDigest = cut(text), n, digest, true
 	} else if utf8.Valid(body) {
 		ctx.Prompt = cut(string(body))

@@ -243,14 +243,23 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	}
 	// The route context is built from the body as it will be forwarded, in
 	// one pass (the conversation text, its whole length and digest); for
-	// predicted_ttft, a Messages body less Claude Code's per-request
-	// billing block, which vLLM leaves out of the prompt it caches (the
-	// seed's strategies read the body as sent).
-	aff := raw
-	if ep.path == tokenize.PathMessages && x.pools[0].pool.strategy == routing.PredictedTTFT {
-		aff, _ = tokenize.WithoutBillingHeader(raw)
+	// predicted_ttft, read as the engine caches it: a Messages body less
+	// Claude Code's per-request billing block, which vLLM leaves out of
+	// the prompt, and a salted request's prompt as one that shares
+	// prefixes only with its salt, which vLLM hashes into its blocks (its
+	// token ids, which cannot say so, are not used). The seed's strategies
+	// read the body as sent.
+	salt := ""
+	if x.pools[0].pool.strategy == routing.PredictedTTFT {
+		aff := raw
+		if ep.path == tokenize.PathMessages {
+			aff, _ = tokenize.WithoutBillingHeader(raw)
+		}
+		salt = tokenize.CacheSalt(raw)
+		x.rctx = affinity.BuildSalted(ep.path, aff, r.Header, salt)
+	} else {
+		x.rctx = affinity.Build(ep.path, raw, r.Header)
 	}
-	x.rctx = affinity.Build(ep.path, aff, r.Header)
 	// A client that does not stream gets the answer whole: no first token
 	// reaches the proxy (predicted_ttft hears of the whole answer instead).
 	x.rctx.Buffered = !x.body.Stream
@@ -277,6 +286,9 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		// seed's rule: ignored whole); counted so that an integration
 		// sending a broken header is seen.
 		p.metrics.TokenIDsIgnored.WithLabelValues(x.route.cfg.Model).Inc()
+	}
+	if salt != "" {
+		x.rctx.TokenIDs = nil // see above; tokenIDs asks nothing for it either
 	}
 	p.tokenIDs(ctx, x, raw)
 	if p.halted.Err() != nil {

@@ -266,3 +266,46 @@ func TestTokenizedIDsCheckedAgainstThePrompt(t *testing.T) {
 		t.Errorf("rolter_tokenize_total{outcome=\"cached\"} = %v, want 1", n)
 	}
 }
+
+// TestPredictedTTFTKeepsSaltsApart: vLLM hashes a request's cache_salt
+// into its prompt's first block, so requests of different salts share no
+// cached prefix. A predicted_ttft route reads a salted prompt as one that
+// shares prefixes only with its salt: two tenants sending the same long
+// system prompt each keep to a replica of their own (through the
+// conversation alone, the second tenant's first request would follow the
+// first's), and a salted request is not tokenized, nor routed on token
+// ids it sends, which cannot say which blocks the salt keys.
+func TestPredictedTTFTKeepsSaltsApart(t *testing.T) {
+	a, b := newUpstream(t, "a"), newUpstream(t, "b")
+	_, srv := newTestProxy(t, openAuth+providers(a, b)+"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\n"+
+		"targets = [{ provider = \"p0\" }, { provider = \"p1\" }]\n")
+	system := strings.Repeat("You are a careful assistant for a tenant. ", 300)
+	served := map[string]map[string]int{"tenant-a": {}, "tenant-b": {}}
+	for i := range 6 {
+		salt := []string{"tenant-a", "tenant-b"}[i%2]
+		body := fmt.Sprintf(`{"model":"m","cache_salt":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, salt, system, i)
+		resp, out := post(t, srv.URL+"/v1/chat/completions", "", body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, out)
+		}
+		served[salt][resp.Header.Get("X-Rolter-Provider")]++
+	}
+	if len(served["tenant-a"]) != 1 || len(served["tenant-b"]) != 1 || fmt.Sprint(served["tenant-a"]) == fmt.Sprint(served["tenant-b"]) {
+		t.Fatalf("two salts' requests served %v", served)
+	}
+
+	up, tokenizeCalls := tokenizeUpstream(t, `{"count":2,"max_model_len":100,"tokens":[7,8],"token_strs":null}`)
+	p, url := kvRouteProxy(t, up, "predicted_ttft")
+	for _, h := range [][]string{nil, {"X-Rolter-Vllm-Token-Ids", "7,8"}} {
+		resp, out := post(t, url+"/v1/chat/completions", "", `{"model":"m","cache_salt":"tenant-a","messages":[{"role":"user","content":"hi"}]}`, h...)
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		}
+	}
+	if n, unsupported := tokenizeCalls.Load(), testutil.ToFloat64(p.metrics.Tokenize.WithLabelValues("m", "unsupported")); n != 0 || unsupported != 2 {
+		t.Fatalf("/tokenize asked %d times, %v counted unsupported; want 0 and 2", n, unsupported)
+	}
+	if n := testutil.ToFloat64(p.metrics.TokenIDsIgnored.WithLabelValues("m")); n != 0 {
+		t.Fatalf("a well-formed header counted as ignored: %v", n)
+	}
+}

@@ -49,7 +49,8 @@
 // Anything [Build] cannot reproduce faithfully (another endpoint, non-text
 // message content that the engine would fetch and process, batched
 // prompts, the Responses and Messages requests above) is not tokenized:
-// the request routes on the approximate index.
+// the request routes on the approximate index. So is a request with a
+// cache_salt, whose cached blocks no token ids identify ([CacheSalt]).
 //
 // # Bounded and cached
 //
@@ -117,7 +118,9 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 		return nil, nil, false
 	}
 	fields, ok := object(body) // read in place: see rawjson.go
-	if !ok {
+	if !ok || !isNull(fields["cache_salt"]) {
+		// A salted request's blocks are keyed by its salt too (see
+		// CacheSalt), which no token ids express.
 		return nil, nil, false
 	}
 	switch path {
@@ -188,6 +191,25 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok
 		}
 	}
 	return nil, nil, false
+}
+
+// CacheSalt returns a request body's cache_salt, vLLM's per-request salt
+// of its prefix cache, or "" when it has none (or it is not a string, which
+// vLLM refuses). vLLM hashes the salt into the prompt's first block (its
+// extra_keys), so a salted request reuses only blocks of the same salt:
+// its token ids alone would match blocks it cannot reuse, and the
+// kvwatcher indexes no block with extra keys. body is a JSON document;
+// one without the key costs a byte search.
+func CacheSalt(body []byte) string {
+	if !bytes.Contains(body, []byte(`"cache_salt"`)) {
+		return ""
+	}
+	fields, ok := object(body)
+	if !ok {
+		return ""
+	}
+	s, _ := str(fields["cache_salt"])
+	return s
 }
 
 // templateKwargs returns the chat template's keyword arguments a request

@@ -97,6 +97,9 @@ func TestBuild(t *testing.T) {
 		{"responses: no input items", tokenize.PathResponses, `{"instructions":"be brief","input":[]}`, "", nil},
 		{"responses: no input", tokenize.PathResponses, `{"instructions":"be brief"}`, "", nil},
 		{"responses: instructions not a string", tokenize.PathResponses, `{"instructions":1,"input":"hi"}`, "", nil},
+		{"a salted chat", tokenize.PathChatCompletions, `{"messages":[{"role":"user","content":"hi"}],"cache_salt":"tenant-a"}`, "", nil},
+		{"salted token ids", tokenize.PathCompletions, `{"prompt":[1,2],"cache_salt":"tenant-a"}`, "", nil},
+		{"a null salt is none", tokenize.PathCompletions, `{"prompt":[1,2],"cache_salt":null}`, "", []uint32{1, 2}},
 		{"another endpoint", "/v1/embeddings", `{"input":"hi"}`, "", nil},
 		{"not JSON", tokenize.PathChatCompletions, `{`, "", nil},
 	} {
@@ -328,6 +331,22 @@ func checkKwargs(t *testing.T, got map[string]json.RawMessage, user, documents, 
 	for key, v := range want {
 		if h, ok := have[key]; !ok || compact(h) != compact(v) {
 			t.Fatalf("chat_template_kwargs %s: %s is %s, want %s", k, key, h, v)
+		}
+	}
+}
+
+func TestCacheSalt(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"cache_salt":"tenant-a","messages":[]}`:       "tenant-a",
+		`{"messages":[{"content":""cache_salt":"x""}]}`: "",
+		`{"cache_salt":null}`:                           "",
+		`{"cache_salt":1}`:                              "",
+		`{"cache_salt":"a","cache_salt":"b"}`:           "b",
+		`{"cache_salt":"café"}`:                         "café",
+		`[]`:                                            "",
+	} {
+		if got := tokenize.CacheSalt([]byte(body)); got != want {
+			t.Errorf("CacheSalt(%s) = %q, want %q", body, got, want)
 		}
 	}
 }
