@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -305,6 +306,11 @@ func chatMessages(msgs []chatMessage) ([]Message, *apiError) {
 	return out, nil
 }
 
+// reasoningEfforts are the values vLLM's ChatCompletionRequest accepts
+// for reasoning_effort (vllm/entrypoints/openai/chat_completion/
+// protocol.py at 002032ee2b18); any other is a 400.
+var reasoningEfforts = []string{"none", "minimal", "low", "medium", "high", "xhigh", "max"}
+
 // parseChatRequest decodes and checks a chat completion request body and
 // returns it with its prompt tokens.
 func parseChatRequest(body []byte) (*chatRequest, []uint32, *apiError) {
@@ -318,6 +324,9 @@ func parseChatRequest(body []byte) (*chatRequest, []uint32, *apiError) {
 	msgs, aerr := chatMessages(req.Messages)
 	if aerr != nil {
 		return nil, nil, aerr
+	}
+	if e := req.ReasoningEffort; e != nil && !slices.Contains(reasoningEfforts, *e) {
+		return nil, nil, errorf(http.StatusBadRequest, "reasoning_effort: must be one of %s, got %q", strings.Join(reasoningEfforts, ", "), *e)
 	}
 	if aerr := req.addKwargs(req.Documents, req.ReasoningEffort, true); aerr != nil {
 		return nil, nil, aerr

@@ -533,6 +533,21 @@ func TestTemplateKwargsAsVLLMMerges(t *testing.T) {
 	}
 }
 
+// TestReasoningEffortValues: a chat completion's reasoning_effort is one
+// of the values vLLM accepts, else a 400 naming them.
+func TestReasoningEffortValues(t *testing.T) {
+	_, ts := newServer(t, vllmsim.Options{})
+	for _, e := range []string{"none", "max"} {
+		post(t, ts, "/v1/chat/completions", `{"model":"sim-model","max_tokens":1,"messages":[{"role":"user","content":"hi"}],"reasoning_effort":"`+e+`"}`, http.StatusOK)
+	}
+	for _, e := range []string{`"auto"`, `""`, `5`} {
+		body := post(t, ts, "/v1/chat/completions", `{"model":"sim-model","max_tokens":1,"messages":[{"role":"user","content":"hi"}],"reasoning_effort":`+e+`}`, http.StatusBadRequest)
+		if !strings.Contains(string(body), "reasoning_effort") {
+			t.Errorf("%s: %s", e, body)
+		}
+	}
+}
+
 func TestOpenAISDK(t *testing.T) {
 	_, ts := newServer(t, vllmsim.Options{})
 	client := openai.NewClient(option.WithBaseURL(ts.URL+"/v1"), option.WithAPIKey("unused"),
