@@ -459,6 +459,67 @@ func TestChatTokenizeMatchesPrompt(t *testing.T) {
 	})
 }
 
+// TestSaltedTenantsKeepTheirPrefixes: vLLM (and vllmsim) hash a request's
+// cache_salt into its prompt's first block and publish it as that block's
+// extra keys. Two tenants sending one long system prompt through the
+// official OpenAI SDK under two salts: the kvwatcher indexes none of their
+// blocks (skipped for their extra keys), the proxy asks no /tokenize for
+// them, and each tenant's requests keep to a replica of its own, where its
+// repeats read its cached prefix.
+func TestSaltedTenantsKeepTheirPrefixes(t *testing.T) {
+	f := startKVFleet(t, 3, "predicted_ttft", openKVConfig, "", vllmsim.Options{PrefillTokensPerSecond: 20_000})
+	client := openai.NewClient(option.WithBaseURL(f.base+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	system := longSystem("tenant-", 400)
+	served := map[string]map[string]int{}
+	cachedRepeats := 0
+	for i := range 6 {
+		salt := []string{"tenant-a", "tenant-b"}[i%2]
+		var raw *http.Response
+		resp, err := client.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+			Model:               "m",
+			Messages:            []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system), openai.UserMessage(fmt.Sprintf("question %d", i))},
+			MaxCompletionTokens: openai.Int(2),
+		}, option.WithJSONSet("cache_salt", salt), option.WithResponseInto(&raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if served[salt] == nil {
+			served[salt] = map[string]int{}
+		}
+		served[salt][raw.Header.Get("X-Rolter-Provider")]++
+		if i >= 2 && resp.Usage.PromptTokensDetails.CachedTokens > 0 {
+			cachedRepeats++
+		}
+	}
+	a, b := served["tenant-a"], served["tenant-b"]
+	if len(a) != 1 || len(b) != 1 || fmt.Sprint(a) == fmt.Sprint(b) || cachedRepeats != 4 {
+		t.Fatalf("tenants served %v and %v, %d of 4 repeats read a cached prefix", a, b, cachedRepeats)
+	}
+	if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="unsupported"}`); n != 6 {
+		t.Fatalf("%v salted requests counted unsupported, want 6", n)
+	}
+	mfs, err := f.watcher.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	skipped := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "rolter_kvwatcher_skipped_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == "extra_keys" {
+					skipped += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if skipped == 0 {
+		t.Fatal("the watcher indexed the salted blocks")
+	}
+}
+
 // TestCompletionsTokenizeMatchesPrompt: the same for completions, whose
 // prompt may come as a batch of one (LangChain's completions client).
 func TestCompletionsTokenizeMatchesPrompt(t *testing.T) {

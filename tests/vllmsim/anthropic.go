@@ -346,7 +346,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		aerr.writeAnthropic(w)
 		return
 	}
-	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, req.MaxTokens)
+	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, req.MaxTokens, "")
 	if aerr != nil {
 		aerr.writeAnthropic(w)
 		return

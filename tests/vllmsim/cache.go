@@ -51,6 +51,9 @@ type KVEvent struct {
 	TokenIDs []uint32
 	// BlockSize is the number of tokens per block (set on BlockStored).
 	BlockSize int
+	// Salt is, for a BlockStored run that starts at the first block of a
+	// salted prompt, the cache_salt that block's extra keys hold.
+	Salt string
 }
 
 // Listener receives the events of a [Cache]. KVEvents is called
@@ -79,12 +82,37 @@ var _ Listener = ListenerFunc(nil)
 // bytes each). A trailing partial block has no hash, as in vLLM. It returns
 // nil when blockSize < 1. It is a pure function and safe for concurrent use.
 func BlockHashes(tokens []uint32, blockSize int) []uint64 {
+	return chainHashes(tokens, blockSize, 0)
+}
+
+// SaltedBlockHashes is [BlockHashes] for a request with a cache_salt:
+// vLLM hashes the salt into the prompt's first block (its extra keys), so
+// a salted prompt's chain starts from the salt's seed instead of 0 and
+// shares no block with another salt's or an unsalted prompt. An empty
+// salt is BlockHashes.
+func SaltedBlockHashes(tokens []uint32, blockSize int, salt string) []uint64 {
+	return chainHashes(tokens, blockSize, saltSeed(salt))
+}
+
+// saltSeed is the first block's parent for salt: 0 for none, else the
+// FNV-1a hash of "cache_salt", a NUL and the salt (never 0).
+func saltSeed(salt string) uint64 {
+	if salt == "" {
+		return 0
+	}
+	h := uint64(fnvOffset64)
+	for _, c := range []byte("cache_salt\x00" + salt) {
+		h = (h ^ uint64(c)) * fnvPrime64
+	}
+	return max(h, 1)
+}
+
+func chainHashes(tokens []uint32, blockSize int, parent uint64) []uint64 {
 	if blockSize < 1 {
 		return nil
 	}
 	n := len(tokens) / blockSize
 	hashes := make([]uint64, n)
-	var parent uint64
 	for i := range n {
 		parent = blockHash(parent, tokens[i*blockSize:(i+1)*blockSize])
 		hashes[i] = parent
@@ -168,6 +196,7 @@ func (c *Cache) Capacity() int { return c.capacity }
 // for concurrent use; the Cache serialises its own use of it.
 type Lease struct {
 	blocks []*block
+	salt   string // the request's cache_salt (SaltedBlockHashes)
 	// released guards against double release.
 	released bool
 }
@@ -184,14 +213,21 @@ func (l *Lease) Blocks() int { return len(l.blocks) }
 // every block is cached reports its last block as a miss when the prompt
 // length is a multiple of the block size.
 func (c *Cache) Admit(tokens []uint32) (cachedTokens int, lease *Lease) {
-	hashes := BlockHashes(tokens, c.blockSize)
+	return c.AdmitSalted(tokens, "")
+}
+
+// AdmitSalted is [Cache.Admit] for a prompt with a cache_salt: its blocks
+// are those of [SaltedBlockHashes], shared only with prompts of the same
+// salt, and the lease extends them so.
+func (c *Cache) AdmitSalted(tokens []uint32, salt string) (cachedTokens int, lease *Lease) {
+	hashes := SaltedBlockHashes(tokens, c.blockSize, salt)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cachedTokens = c.lookupLocked(len(tokens), hashes)
 	c.queries += uint64(len(tokens))
 	c.hits += uint64(cachedTokens)
 
-	lease = &Lease{}
+	lease = &Lease{salt: salt}
 	c.acquireLocked(lease, tokens, hashes)
 	return cachedTokens, lease
 }
@@ -245,7 +281,7 @@ func (c *Cache) lookupLocked(n int, hashes []uint64) int {
 // generated tokens fill. Blocks the lease already holds are skipped. It is a
 // no-op on a released lease and on one whose blocks a [Cache.Clear] dropped.
 func (c *Cache) Extend(lease *Lease, seq []uint32) {
-	hashes := BlockHashes(seq, c.blockSize)
+	hashes := SaltedBlockHashes(seq, c.blockSize, lease.salt)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if lease.released {
@@ -315,6 +351,8 @@ func (c *Cache) acquireLocked(lease *Lease, tokens []uint32, hashes []uint64) {
 					stored = &batch[len(batch)-1]
 					if i > 0 {
 						stored.ParentBlockHash, stored.HasParent = hashes[i-1], true
+					} else {
+						stored.Salt = lease.salt
 					}
 				}
 				stored.BlockHashes = append(stored.BlockHashes, h)

@@ -27,8 +27,13 @@
 // A request's cached prompt tokens are those of its longest run of leading
 // resident blocks; they are reported as usage.prompt_tokens_details.
 // cached_tokens (OpenAI), cache_read_input_tokens (Anthropic) or
-// usage.input_tokens_details.cached_tokens (Responses). A [Listener] receives
-// the cache's changes as vLLM-style KV events.
+// usage.input_tokens_details.cached_tokens (Responses). A request's
+// cache_salt (chat, completions, Responses) salts its chain as vLLM hashes
+// it into the first block ([SaltedBlockHashes]), so it reuses only blocks
+// of its own salt, and the first block's KV event carries the salt in its
+// extra keys. Chat templates render a request's reasoning effort,
+// documents and chat_template_kwargs as vLLM merges them. A [Listener]
+// receives the cache's changes as vLLM-style KV events.
 //
 // Time to first token is Options.TTFT plus the uncached prompt tokens divided
 // by Options.PrefillTokensPerSecond; every further token takes Options.ITL.

@@ -21,17 +21,18 @@ type plan struct {
 	prompt   []uint32 // prompt token ids
 	outLen   int      // output tokens to generate
 	length   bool     // true when outLen is a limit the output hits ("length")
+	salt     string   // the request's cache_salt, "" for none
 }
 
 // prepare validates a generation request's model and output length,
 // counts it and draws the fail rate. maxTokens is the request's own limit,
-// nil when it set none.
-func (s *Server) prepare(endpoint, model string, prompt []uint32, maxTokens *int) (plan, *apiError) {
+// nil when it set none; salt is its cache_salt, "" for none.
+func (s *Server) prepare(endpoint, model string, prompt []uint32, maxTokens *int, salt string) (plan, *apiError) {
 	served, ok := s.servedModel(model)
 	if !ok {
 		return plan{}, errorf(http.StatusNotFound, "The model `%s` does not exist.", model)
 	}
-	p := plan{endpoint: endpoint, model: served, prompt: prompt}
+	p := plan{endpoint: endpoint, model: served, prompt: prompt, salt: salt}
 	limit := s.opts.MaxModelLen
 	switch {
 	case maxTokens != nil && *maxTokens < 1:
@@ -95,7 +96,7 @@ func (s *Server) start(ctx context.Context, p plan) (*generation, error) {
 		}
 	}
 	s.running.Add(1)
-	cached, lease := s.cache.Admit(p.prompt)
+	cached, lease := s.cache.AdmitSalted(p.prompt, p.salt)
 	s.mu.Lock()
 	s.stats.promptTokens += uint64(len(p.prompt))
 	s.stats.cachedTokens += uint64(cached)

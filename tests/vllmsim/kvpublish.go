@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"rolter.dev/pkg/kvevents"
 )
 
@@ -322,7 +324,8 @@ func (p *KVPublisher) publish(buf []byte, ops []KVEvent) []byte {
 
 // toWireEvent converts a cache event to vLLM's event, with the fields vLLM
 // sets for a GPU prefix-cache block of a full-attention model: medium "GPU",
-// one None extra key per block, KV-cache group 0, spec kind
+// one None extra key per block (a salted prompt's first block holds its
+// salt), KV-cache group 0, spec kind
 // "full_attention" (a layout that predates a field does not write it).
 func toWireEvent(ev KVEvent) kvevents.Event {
 	switch ev.Kind {
@@ -338,6 +341,11 @@ func toWireEvent(ev KVEvent) kvevents.Event {
 		}
 		if out.TokenIDs == nil {
 			out.TokenIDs = []uint32{}
+		}
+		if ev.Salt != "" && len(out.ExtraKeys) > 0 {
+			// vLLM's extra keys of a salted prompt's first block: the
+			// tuple (cache_salt,).
+			out.ExtraKeys[0], _ = msgpack.Marshal([]any{ev.Salt})
 		}
 		if ev.HasParent {
 			out.ParentBlockHash = kvevents.Some(kvevents.UintHash(ev.ParentBlockHash))

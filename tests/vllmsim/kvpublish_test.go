@@ -144,6 +144,17 @@ func fromWire(t *testing.T, b *kvevents.Batch) []vllmsim.KVEvent {
 			if e.ParentBlockHash.Valid {
 				ev.ParentBlockHash, ev.HasParent = e.ParentBlockHash.V.Uint64(), true
 			}
+			for i, k := range e.ExtraKeys {
+				v, err := k.Value()
+				salt, ok := v.([]any)
+				switch {
+				case k == nil:
+				case err != nil || i > 0 || ev.HasParent || !ok || len(salt) != 1:
+					t.Errorf("extra key %d of a run (parent %v): %v, %v", i, ev.HasParent, v, err)
+				default:
+					ev.Salt, _ = salt[0].(string)
+				}
+			}
 			out = append(out, ev)
 		case *kvevents.BlockRemoved:
 			out = append(out, vllmsim.KVEvent{Kind: vllmsim.BlockRemoved, BlockHashes: keys(e.BlockHashes)})
@@ -247,7 +258,38 @@ func TestKVPublisherLiveEvents(t *testing.T) {
 
 func sameEvent(a, b vllmsim.KVEvent) bool {
 	return a.Kind == b.Kind && slices.Equal(a.BlockHashes, b.BlockHashes) && a.HasParent == b.HasParent &&
-		a.ParentBlockHash == b.ParentBlockHash && slices.Equal(a.TokenIDs, b.TokenIDs) && a.BlockSize == b.BlockSize
+		a.ParentBlockHash == b.ParentBlockHash && slices.Equal(a.TokenIDs, b.TokenIDs) && a.BlockSize == b.BlockSize && a.Salt == b.Salt
+}
+
+// TestKVPublisherSaltedRun: a salted prompt's blocks are published with
+// the salt as the extra keys of its first block, (cache_salt,) as vLLM
+// writes them, and its later blocks and an unsalted prompt's with none.
+func TestKVPublisherSaltedRun(t *testing.T) {
+	layout, err := vllmsim.ParseKVFormat("array")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newKVPublisher(t, vllmsim.KVPublisherOptions{Topic: kvTopic, Layout: layout})
+	sub := newSub(t, p, p.Endpoint(), "kv@")
+	rec := &recorder{next: p}
+	cache := vllmsim.NewCache(4, 100, rec)
+	_, salted := cache.AdmitSalted(seqTokens(1, 10), "tenant-a")
+	cache.Extend(salted, seqTokens(1, 14))
+	cache.Admit(seqTokens(1, 10))
+	_, batches := recvMsgs(t, sub, rec.count())
+	var got []vllmsim.KVEvent
+	for _, b := range batches {
+		got = append(got, fromWire(t, b)...)
+	}
+	want := []vllmsim.KVEvent{
+		{Kind: vllmsim.BlockStored, BlockHashes: vllmsim.SaltedBlockHashes(seqTokens(1, 10), 4, "tenant-a"), TokenIDs: seqTokens(1, 8), BlockSize: 4, Salt: "tenant-a"},
+		{Kind: vllmsim.BlockStored, BlockHashes: vllmsim.SaltedBlockHashes(seqTokens(1, 14), 4, "tenant-a")[2:], TokenIDs: seqTokens(9, 4), BlockSize: 4,
+			HasParent: true, ParentBlockHash: vllmsim.SaltedBlockHashes(seqTokens(1, 8), 4, "tenant-a")[1]},
+		{Kind: vllmsim.BlockStored, BlockHashes: vllmsim.BlockHashes(seqTokens(1, 10), 4), TokenIDs: seqTokens(1, 8), BlockSize: 4},
+	}
+	if !slices.EqualFunc(got, want, sameEvent) {
+		t.Fatalf("events %+v, want %+v", got, want)
+	}
 }
 
 // TestKVPublisherTopicFilter checks that a SUB whose filter does not match

@@ -148,6 +148,25 @@ func (g *generation) openAIUsage() *openAIUsage {
 	}
 }
 
+// cacheSaltField is vLLM's cache_salt (chat completions, completions,
+// Responses): a non-empty string that salts the request's prefix cache
+// ([SaltedBlockHashes]), so that it reuses only blocks of its own salt.
+type cacheSaltField struct {
+	CacheSalt *string `json:"cache_salt"`
+}
+
+// salt returns the request's salt, "" for none, and vLLM's 400 for an
+// empty one.
+func (f cacheSaltField) salt() (string, *apiError) {
+	if f.CacheSalt == nil {
+		return "", nil
+	}
+	if *f.CacheSalt == "" {
+		return "", errorf(http.StatusBadRequest, "Parameter 'cache_salt' must be a non-empty string if provided.")
+	}
+	return *f.CacheSalt, nil
+}
+
 // chatMessage is a request message of the chat API.
 type chatMessage struct {
 	Role    string          `json:"role"`
@@ -167,6 +186,7 @@ type chatRequest struct {
 	Documents       json.RawMessage `json:"documents"`
 	ReasoningEffort *string         `json:"reasoning_effort"`
 	templateFields
+	cacheSaltField
 }
 
 // templateFields are the chat-template inputs that vLLM's chat completions
@@ -407,7 +427,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if maxTokens == nil {
 		maxTokens = req.MaxTokens
 	}
-	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, maxTokens)
+	salt, aerr := req.salt()
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, maxTokens, salt)
 	if aerr != nil {
 		aerr.writeOpenAI(w)
 		return
@@ -480,6 +505,7 @@ type completionRequest struct {
 	MaxTokens     *int            `json:"max_tokens"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
+	cacheSaltField
 }
 
 type completion struct {
@@ -525,7 +551,12 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		errorf(http.StatusBadRequest, "prompt: must not be empty").writeOpenAI(w)
 		return
 	}
-	p, aerr := s.prepare(r.URL.Path, req.Model, prompts[0], req.MaxTokens)
+	salt, aerr := req.salt()
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	p, aerr := s.prepare(r.URL.Path, req.Model, prompts[0], req.MaxTokens, salt)
 	if aerr != nil {
 		aerr.writeOpenAI(w)
 		return

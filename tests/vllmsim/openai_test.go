@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"slices"
@@ -545,6 +546,58 @@ func TestReasoningEffortValues(t *testing.T) {
 		if !strings.Contains(string(body), "reasoning_effort") {
 			t.Errorf("%s: %s", e, body)
 		}
+	}
+}
+
+// TestCacheSaltKeepsPrefixesApart: a request's cache_salt salts its prefix
+// cache, as vLLM hashes it into the prompt's first block: a repeat with the
+// same salt reads the cached prefix, one with another salt or none reads
+// nothing of it, on chat completions, completions and Responses alike; an
+// empty salt is refused, as vLLM refuses it.
+func TestCacheSaltKeepsPrefixesApart(t *testing.T) {
+	long := strings.Repeat("a shared system prompt for every tenant ", 20)
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"sim-model","max_tokens":1,"messages":[{"role":"user","content":"` + long + `"}]%s}`},
+		{"/v1/completions", `{"model":"sim-model","max_tokens":1,"prompt":"` + long + `"%s}`},
+		{"/v1/responses", `{"model":"sim-model","max_output_tokens":1,"input":"` + long + `"%s}`},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			_, ts := newServer(t, vllmsim.Options{BlockSize: 4})
+			cached := func(salt string) int {
+				var u struct {
+					Usage struct {
+						PromptTokensDetails *struct {
+							CachedTokens int `json:"cached_tokens"`
+						} `json:"prompt_tokens_details"`
+						InputTokensDetails *struct {
+							CachedTokens int `json:"cached_tokens"`
+						} `json:"input_tokens_details"`
+					} `json:"usage"`
+				}
+				if err := json.Unmarshal(post(t, ts, tc.path, fmt.Sprintf(tc.body, salt), http.StatusOK), &u); err != nil {
+					t.Fatal(err)
+				}
+				if d := u.Usage.PromptTokensDetails; d != nil {
+					return d.CachedTokens
+				}
+				if d := u.Usage.InputTokensDetails; d != nil {
+					return d.CachedTokens
+				}
+				return -1
+			}
+			if n := cached(`,"cache_salt":"tenant-a"`); n != 0 {
+				t.Fatalf("first request: %d cached", n)
+			}
+			for _, c := range []struct {
+				salt string
+				hit  bool
+			}{{`,"cache_salt":"tenant-a"`, true}, {`,"cache_salt":"tenant-b"`, false}, {``, false}, {`,"cache_salt":null`, true}} {
+				if n := cached(c.salt); (n > 0) != c.hit {
+					t.Errorf("salt %q: %d tokens cached, want a hit %v", c.salt, n, c.hit)
+				}
+			}
+			post(t, ts, tc.path, fmt.Sprintf(tc.body, `,"cache_salt":""`), http.StatusBadRequest)
+		})
 	}
 }
 

@@ -26,6 +26,7 @@ type responsesRequest struct {
 	Reasoning *struct {
 		Effort *string `json:"effort"`
 	} `json:"reasoning"`
+	cacheSaltField
 }
 
 // inputItem is one element of an array-valued input: a message (with or
@@ -289,7 +290,12 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	}
 	tmpl, _ := f.template()
 	prompt := Tokenize(RenderChatTemplate(conv, tmpl))
-	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, req.MaxOutputTokens)
+	salt, aerr := req.salt()
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, req.MaxOutputTokens, salt)
 	if aerr != nil {
 		aerr.writeOpenAI(w)
 		return
