@@ -45,13 +45,20 @@ type kvFleet struct {
 // provider.
 func (f *kvFleet) storedEvents(t testing.TB, provider string) float64 {
 	t.Helper()
+	return f.watcherCounter(t, "rolter_kvwatcher_events_total", map[string]string{"provider": provider, "kind": "block_stored"})
+}
+
+// watcherCounter sums the watcher's counter name over the series whose
+// labels include want.
+func (f *kvFleet) watcherCounter(t testing.TB, name string, want map[string]string) float64 {
+	t.Helper()
 	mfs, err := f.watcher.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0.0
 	for _, mf := range mfs {
-		if mf.GetName() != "rolter_kvwatcher_events_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
@@ -59,7 +66,11 @@ func (f *kvFleet) storedEvents(t testing.TB, provider string) float64 {
 			for _, l := range m.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			if labels["provider"] == provider && labels["kind"] == "block_stored" {
+			match := true
+			for k, v := range want {
+				match = match && labels[k] == v
+			}
+			if match {
 				n += m.GetCounter().GetValue()
 			}
 		}
@@ -498,24 +509,7 @@ func TestSaltedTenantsKeepTheirPrefixes(t *testing.T) {
 	if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="unsupported"}`); n != 6 {
 		t.Fatalf("%v salted requests counted unsupported, want 6", n)
 	}
-	mfs, err := f.watcher.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	skipped := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != "rolter_kvwatcher_skipped_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == "extra_keys" {
-					skipped += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	if skipped == 0 {
+	if f.watcherCounter(t, "rolter_kvwatcher_skipped_total", map[string]string{"reason": "extra_keys"}) == 0 {
 		t.Fatal("the watcher indexed the salted blocks")
 	}
 }
