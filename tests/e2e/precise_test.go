@@ -285,8 +285,14 @@ func TestPreciseRoutingForSDKClients(t *testing.T) {
 				t.Fatalf("the replicas' /tokenize answered %v times", n)
 			}
 			// Every answer reported its prompt, as long as the ids.
-			match, mismatch := metric(t, f.base, `rolter_tokenize_checked_total{model="m",result="match"}`),
-				metric(t, f.base, `rolter_tokenize_checked_total{model="m",result="mismatch"}`)
+			path := map[string]string{"responses": "/v1/responses", "messages": "/v1/messages"}[tc.api]
+			if path == "" {
+				path = "/v1/chat/completions"
+			}
+			checked := func(result string) float64 {
+				return metric(t, f.base, fmt.Sprintf(`rolter_tokenize_checked_total{endpoint=%q,model="m",result=%q}`, path, result))
+			}
+			match, mismatch := checked("match"), checked("mismatch")
 			if match < 1 || mismatch > 0 {
 				t.Fatalf("ids checked against the prompt: %v match, %v mismatch", match, mismatch)
 			}

@@ -28,7 +28,7 @@ type Metrics struct {
 	CacheLookup       *prometheus.HistogramVec // result
 	Tokenize          *prometheus.CounterVec   // model, outcome
 	TokenIDsIgnored   *prometheus.CounterVec   // model
-	TokenizeChecked   *prometheus.CounterVec   // model, result
+	TokenizeChecked   *prometheus.CounterVec   // model, endpoint, result
 	TokenizeSeconds   *prometheus.HistogramVec // model
 	TurnWait          *prometheus.HistogramVec // model
 	ConfigVersion     prometheus.Gauge
@@ -64,7 +64,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		EngineLoadFails:  cv("engine_load_scrape_failures_total", "Failed scrapes of a replica's engine load (request, status, body, parse, missing metric).", "provider"),
 		StateSaves:       cv("routing_state_saves_total", "Writes of the --routing-state file (what the balancers learned, read back at the next start), by outcome: ok, error.", "outcome"),
 		TokenIDsIgnored:  cv("token_ids_header_ignored_total", "Requests whose x-rolter-vllm-token-ids header was not a comma-separated list of unsigned 32-bit token ids: ignored whole, the request routed as one without it.", "model"),
-		TokenizeChecked:  cv("tokenize_checked_total", "Requests routed on token ids from an engine's /tokenize whose answer reported its prompt's length, by result: match (as many tokens as the ids), mismatch (the engine rendered the prompt otherwise than the proxy's conversion: the ids matched the wrong blocks).", "model", "result"),
+		TokenizeChecked:  cv("tokenize_checked_total", "Requests routed on token ids from an engine's /tokenize whose answer reported its prompt's length, by result: match (as many tokens as the ids), mismatch (the engine rendered the prompt otherwise than the proxy's conversion: the ids matched the wrong blocks), by the endpoint whose conversion it checks.", "model", "endpoint", "result"),
 		Tokenize:         cv("tokenize_total", "Requests of precise routes without a token-ids header, by how their token ids were obtained: cached, engine (the replica's /tokenize), or why not: timeout, error, rejected (a client error from the engine), unsupported (a body /tokenize cannot reproduce), none (no replica to ask), shutting_down (the proxy halted during the call).", "model", "outcome"),
 		EngineLoad: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rolter_engine_load_requests", Help: "Requests running plus waiting on the replica, as last scraped from its metrics ([providers.engine_load]).",

@@ -146,7 +146,7 @@ func (p *Proxy) checkTokenized(x *exchange) {
 			slog.String("request_id", x.id), slog.String("endpoint", x.ep.path),
 			slog.Int("ids", len(x.rctx.TokenIDs)), slog.Int64("prompt_tokens", x.usage.PromptTokens))
 	}
-	p.metrics.TokenizeChecked.WithLabelValues(x.route.cfg.Model, result).Inc()
+	p.metrics.TokenizeChecked.WithLabelValues(x.route.cfg.Model, x.ep.path, result).Inc()
 }
 
 // engineState is what the route's replicas report about themselves, for

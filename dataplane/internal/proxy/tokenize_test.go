@@ -258,7 +258,7 @@ func TestTokenizedIDsCheckedAgainstThePrompt(t *testing.T) {
 		}
 	}
 	for result, want := range map[string]float64{"match": 2, "mismatch": 1} {
-		if n := testutil.ToFloat64(p.metrics.TokenizeChecked.WithLabelValues("m", result)); n != want {
+		if n := testutil.ToFloat64(p.metrics.TokenizeChecked.WithLabelValues("m", "/v1/chat/completions", result)); n != want {
 			t.Errorf("rolter_tokenize_checked_total{result=%q} = %v, want %v", result, n, want)
 		}
 	}
