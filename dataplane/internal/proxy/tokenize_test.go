@@ -196,19 +196,12 @@ func TestTokenizeSkipsAReplicaThatTimedOut(t *testing.T) {
 // requests sharing a long system prompt go where its first went; through
 // the body as sent, each would look like a new prompt.
 func TestPredictedTTFTReadsMessagesWithoutTheBillingHeader(t *testing.T) {
-	a, b := newUpstream(t, "a"), newUpstream(t, "b")
-	_, srv := newTestProxy(t, openAuth+providers(a, b)+"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\n"+
-		"targets = [{ provider = \"p0\" }, { provider = \"p1\" }]\n")
+	send := predictedTTFTPair(t)
 	system := strings.Repeat("You are a careful coding agent with many tools. ", 300)
 	served := map[string]int{}
 	for i := range 6 {
-		body := fmt.Sprintf(`{"model":"m","max_tokens":8,"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1; cch=%08x;"},`+
-			`{"type":"text","text":%q}],"messages":[{"role":"user","content":"question %d"}]}`, i*7919, system, i)
-		resp, out := post(t, srv.URL+"/v1/messages", "", body)
-		if resp.StatusCode != 200 {
-			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, out)
-		}
-		served[resp.Header.Get("X-Rolter-Provider")]++
+		served[send("/v1/messages", fmt.Sprintf(`{"model":"m","max_tokens":8,"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1; cch=%08x;"},`+
+			`{"type":"text","text":%q}],"messages":[{"role":"user","content":"question %d"}]}`, i*7919, system, i))]++
 	}
 	if len(served) != 1 {
 		t.Fatalf("requests sharing a system prompt spread over %v", served)
@@ -276,19 +269,12 @@ func TestTokenizedIDsCheckedAgainstThePrompt(t *testing.T) {
 // first's), and a salted request is not tokenized, nor routed on token
 // ids it sends, which cannot say which blocks the salt keys.
 func TestPredictedTTFTKeepsSaltsApart(t *testing.T) {
-	a, b := newUpstream(t, "a"), newUpstream(t, "b")
-	_, srv := newTestProxy(t, openAuth+providers(a, b)+"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\n"+
-		"targets = [{ provider = \"p0\" }, { provider = \"p1\" }]\n")
+	send := predictedTTFTPair(t)
 	system := strings.Repeat("You are a careful assistant for a tenant. ", 300)
 	served := map[string]map[string]int{"tenant-a": {}, "tenant-b": {}}
 	for i := range 6 {
 		salt := []string{"tenant-a", "tenant-b"}[i%2]
-		body := fmt.Sprintf(`{"model":"m","cache_salt":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, salt, system, i)
-		resp, out := post(t, srv.URL+"/v1/chat/completions", "", body)
-		if resp.StatusCode != 200 {
-			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, out)
-		}
-		served[salt][resp.Header.Get("X-Rolter-Provider")]++
+		served[salt][send("/v1/chat/completions", fmt.Sprintf(`{"model":"m","cache_salt":%q,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d"}]}`, salt, system, i))]++
 	}
 	if len(served["tenant-a"]) != 1 || len(served["tenant-b"]) != 1 || fmt.Sprint(served["tenant-a"]) == fmt.Sprint(served["tenant-b"]) {
 		t.Fatalf("two salts' requests served %v", served)
@@ -307,5 +293,23 @@ func TestPredictedTTFTKeepsSaltsApart(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(p.metrics.TokenIDsIgnored.WithLabelValues("m")); n != 0 {
 		t.Fatalf("a well-formed header counted as ignored: %v", n)
+	}
+}
+
+// predictedTTFTPair serves a predicted_ttft route m over two replicas
+// without KV events and returns a sender: it posts body to path, fails the
+// test unless the answer is a 200, and returns the provider that served it.
+func predictedTTFTPair(t *testing.T) func(path, body string) string {
+	t.Helper()
+	a, b := newUpstream(t, "a"), newUpstream(t, "b")
+	_, srv := newTestProxy(t, openAuth+providers(a, b)+"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\n"+
+		"targets = [{ provider = \"p0\" }, { provider = \"p1\" }]\n")
+	return func(path, body string) string {
+		t.Helper()
+		resp, out := post(t, srv.URL+path, "", body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d: %s", resp.StatusCode, out)
+		}
+		return resp.Header.Get("X-Rolter-Provider")
 	}
 }
