@@ -10,6 +10,11 @@
 //
 //   - POST /v1/chat/completions, /v1/completions, /v1/messages,
 //     /v1/responses (each streaming or not) and /v1/embeddings;
+//   - GET /v1/responses/{response_id} and POST
+//     /v1/responses/{response_id}/cancel, with responses stored as vLLM
+//     stores them under VLLM_ENABLE_RESPONSES_API_STORE=1: in the replica's
+//     memory (the last 4096), unless the request says "store": false, under
+//     the request's request_id if it sets one;
 //   - GET /v1/models, /health, /ping, /version and /metrics (vLLM's metric
 //     names, e.g. vllm:num_requests_running and vllm:prefix_cache_hits_total);
 //   - POST /tokenize, as vLLM does;

@@ -10,6 +10,10 @@ import (
 type apiError struct {
 	status int
 	msg    string
+	// typ and param are the OpenAI error's type and param where vLLM names
+	// them itself; an empty typ follows the status ([openAIErrorType]) and
+	// an empty param is null.
+	typ, param string
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -17,6 +21,20 @@ func (e *apiError) Error() string { return e.msg }
 // errorf builds an apiError with a formatted message.
 func errorf(status int, format string, args ...any) *apiError {
 	return &apiError{status: status, msg: fmt.Sprintf(format, args...)}
+}
+
+// invalidRequest builds the error vLLM's handlers make with
+// create_error_response(err_type="invalid_request_error", param=param).
+func invalidRequest(status int, param, format string, args ...any) *apiError {
+	return &apiError{status: status, msg: fmt.Sprintf(format, args...), typ: "invalid_request_error", param: param}
+}
+
+// badParam builds a 400 that names the parameter at fault, as vLLM's
+// request validation errors do (param is pydantic's location, e.g.
+// "body.request_id" or "query.stream": vllm/frontend/entrypoints/serve/
+// exception_handling/handlers/validation.py at 055e47c28003).
+func badParam(param, format string, args ...any) *apiError {
+	return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...), param: param}
 }
 
 // errInjected is the answer to a request the fail rate rejects.
@@ -60,7 +78,15 @@ func writeOpenAIError(w http.ResponseWriter, status int, typ, msg string) {
 
 // writeOpenAI writes e in the OpenAI dialect.
 func (e *apiError) writeOpenAI(w http.ResponseWriter) {
-	writeOpenAIError(w, e.status, openAIErrorType(e.status), e.msg)
+	typ := e.typ
+	if typ == "" {
+		typ = openAIErrorType(e.status)
+	}
+	d := openAIErrorDetail{Message: e.msg, Type: typ, Code: e.status}
+	if e.param != "" {
+		d.Param = &e.param
+	}
+	writeJSON(w, e.status, openAIErrorBody{Error: d})
 }
 
 // anthropicErrorType is the Anthropic API's error type for a status.

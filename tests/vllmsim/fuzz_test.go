@@ -15,6 +15,7 @@ import (
 var fuzzPaths = []string{
 	"/v1/chat/completions", "/v1/completions", "/v1/messages",
 	"/v1/responses", "/v1/embeddings", "/tokenize",
+	"/v1/responses/resp_x/cancel",
 }
 
 // checkFuzzResponse checks what any request body may get: a 200 with a JSON
@@ -86,6 +87,9 @@ func FuzzRequestBody(f *testing.F) {
 		`{"messages":[{"role":"system","content":"s"},{"role":"assistant","content":[{"type":"tool_use","id":"u","input":{}},{"type":"tool_result","content":[1]}]},{"role":"user","content":[]}],"tools":[{"name":"f","input_schema":{}}]}`,
 		`{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false}`,
 		`{"previous_response_id":"resp_x","input":"y"}`,
+		`{"input":"y","request_id":"resp_x","store":true}`,
+		`{"input":"y","request_id":7,"store":null,"stream":true}`,
+		`{"input":"y","background":true,"store":false}`,
 	}
 	for i := range fuzzPaths {
 		for _, s := range seeds {
@@ -98,5 +102,56 @@ func FuzzRequestBody(f *testing.F) {
 		rec := httptest.NewRecorder()
 		sim.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), http.MethodPost, path, bytes.NewReader(body)))
 		checkFuzzResponse(t, rec)
+	})
+}
+
+// FuzzResponsePaths feeds arbitrary ids, suffixes and query strings to GET
+// and POST under /v1/responses/: they must never panic, and must answer
+// the one stored response, or an error in the OpenAI shape.
+func FuzzResponsePaths(f *testing.F) {
+	for _, seed := range []struct {
+		post        bool
+		rest, query string
+	}{
+		{false, "resp_seed", ""},
+		{false, "resp_seed", "stream=true&starting_after=2"},
+		{false, "resp_seed", "stream=OFF&stream=maybe"},
+		{true, "resp_seed/cancel", ""},
+		{false, "resp_seed/cancel", ""},
+		{true, "resp_seed", ""},
+		{false, "", ""},
+		{false, "{response_id}", "starting_after=%zz"},
+		{true, "a//cancel", ""},
+	} {
+		f.Add(seed.post, seed.rest, seed.query)
+	}
+	sim := newFuzzServer(f)
+	rec := httptest.NewRecorder()
+	sim.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/responses", strings.NewReader(`{"input":"hi","request_id":"resp_seed"}`)))
+	if rec.Code != http.StatusOK {
+		f.Fatalf("storing the seed response: %d %s", rec.Code, rec.Body)
+	}
+	f.Fuzz(func(t *testing.T, post bool, rest, query string) {
+		method := http.MethodGet
+		if post {
+			method = http.MethodPost
+		}
+		req := httptest.NewRequestWithContext(t.Context(), method, "/", nil)
+		req.URL.Path, req.URL.RawQuery = "/v1/responses/"+rest, query
+		rec := httptest.NewRecorder()
+		sim.ServeHTTP(rec, req)
+		body := rec.Body.Bytes()
+		switch rec.Code {
+		case http.StatusOK:
+			if method != http.MethodGet || rest != "resp_seed" {
+				t.Fatalf("%s %s: 200 %s", method, req.URL.Path, body)
+			}
+		case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed:
+		default:
+			t.Fatalf("%s %s: status %d: %s", method, req.URL.Path, rec.Code, body)
+		}
+		if !json.Valid(body) {
+			t.Fatalf("status %d with invalid JSON body %q", rec.Code, body)
+		}
 	})
 }

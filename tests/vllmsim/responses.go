@@ -4,13 +4,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
-// This file holds the OpenAI Responses API endpoint.
+// This file holds the OpenAI Responses API endpoints: create, retrieve and
+// cancel. vllmsim stores responses as vLLM does when started with
+// VLLM_ENABLE_RESPONSES_API_STORE=1 (vllm/frontend/entrypoints/openai/
+// responses/serving.py at 055e47c28003): in the replica's memory, so that
+// only the replica that produced a response can continue, retrieve or
+// cancel it, and any other answers 404.
 
-// maxStoredResponses bounds the conversations kept for
-// previous_response_id; the oldest is dropped first.
+// maxStoredResponses bounds the responses kept for previous_response_id
+// and retrieval; the oldest is dropped first. (vLLM keeps them all.)
 const maxStoredResponses = 4096
 
 // responsesRequest is the part of a Responses API request the simulator
@@ -22,11 +30,34 @@ type responsesRequest struct {
 	MaxOutputTokens    *int            `json:"max_output_tokens"`
 	PreviousResponseID *string         `json:"previous_response_id"`
 	Stream             bool            `json:"stream"`
+	// RequestID is vLLM's extra parameter request_id, which becomes the
+	// response's id; raw, because null is an error too ([responsesRequest.id]).
+	RequestID json.RawMessage `json:"request_id"`
+	// Store is nil for null, which vLLM takes as false (its `store: bool |
+	// None = True`); decoding starts it at true, the default.
+	Store      *bool `json:"store"`
+	Background bool  `json:"background"`
 	// Reasoning's effort reaches the template as reasoning_effort.
 	Reasoning *struct {
 		Effort *string `json:"effort"`
 	} `json:"reasoning"`
 	cacheSaltField
+}
+
+// id returns the response's id: request_id, as vLLM's
+// ResponsesResponse.from_request sets id=request.request_id, or a fresh id
+// (ResponsesRequest.request_id's default_factory; protocol.py at
+// 055e47c28003). request_id is a str there, so null or any other non-string
+// is pydantic's 400.
+func (r *responsesRequest) id() (string, *apiError) {
+	if r.RequestID == nil {
+		return newID("resp_"), nil
+	}
+	var id string
+	if firstByte(r.RequestID) != '"' || json.Unmarshal(r.RequestID, &id) != nil {
+		return "", badParam("body.request_id", "request_id: Input should be a valid string")
+	}
+	return id, nil
 }
 
 // inputItem is one element of an array-valued input: a message (with or
@@ -176,6 +207,7 @@ type responseBuilder struct {
 	itemID string
 	at     int64
 	seq    int
+	store  bool // the response is stored
 }
 
 // object returns the response in a state: "in_progress" (no output, no
@@ -186,7 +218,7 @@ func (b *responseBuilder) object(g *generation, final bool) *responseObject {
 		Instructions: b.req.Instructions, MaxOutputTokens: b.req.MaxOutputTokens,
 		Metadata: map[string]string{}, Model: b.model, Output: []responseItem{},
 		ParallelToolCalls: true, PreviousResponseID: b.req.PreviousResponseID,
-		ServiceTier: "auto", Store: true, Temperature: 1, ToolChoice: "auto",
+		ServiceTier: "auto", Store: b.store, Temperature: 1, ToolChoice: "auto",
 		Tools: []any{}, TopP: 1, Truncation: "disabled",
 	}
 	o.Text.Format.Type = "text"
@@ -224,14 +256,25 @@ func (b *responseBuilder) event(typ string) responseEvent {
 	return e
 }
 
-// rememberResponse keeps a finished conversation for previous_response_id.
-func (s *Server) rememberResponse(id string, conv []Message) {
+// storedResponse is a finished response as the server keeps it.
+type storedResponse struct {
+	conv []Message       // the conversation previous_response_id continues
+	obj  *responseObject // the response GET /v1/responses/{id} serves; not changed once stored
+}
+
+// rememberResponse stores a finished response. A client's request_id may
+// repeat an id: the later response replaces the earlier, as in vLLM's
+// response_store, and becomes the newest.
+func (s *Server) rememberResponse(id string, r storedResponse) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.responses == nil {
-		s.responses = make(map[string][]Message)
+		s.responses = make(map[string]storedResponse)
 	}
-	s.responses[id] = conv
+	if _, ok := s.responses[id]; ok {
+		s.responseOrder = slices.DeleteFunc(s.responseOrder, func(o string) bool { return o == id })
+	}
+	s.responses[id] = r
 	s.responseOrder = append(s.responseOrder, id)
 	if len(s.responseOrder) > maxStoredResponses {
 		delete(s.responses, s.responseOrder[0])
@@ -239,26 +282,53 @@ func (s *Server) rememberResponse(id string, conv []Message) {
 	}
 }
 
-func (s *Server) storedResponse(id string) ([]Message, bool) {
+func (s *Server) storedResponse(id string) (storedResponse, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	conv, ok := s.responses[id]
-	return conv, ok
+	r, ok := s.responses[id]
+	return r, ok
 }
 
-// handleResponses serves POST /v1/responses. A response's conversation is
-// kept in memory (the last 4096), so previous_response_id works on the
-// replica that produced the response and gets 404 on any other, as with a
-// real vLLM whose response store is local.
+// responseNotFound is vLLM's _make_not_found_error (serving.py at
+// 055e47c28003), the answer to an unknown previous_response_id and to
+// retrieving or cancelling an unknown response.
+func responseNotFound(id string) *apiError {
+	return invalidRequest(http.StatusNotFound, "response_id", "Response with id '%s' not found.", id)
+}
+
+// handleResponses serves POST /v1/responses. Unless the request says
+// "store": false, the finished response and its conversation are kept in
+// memory (the last 4096), so previous_response_id, GET and cancel work on
+// the replica that produced the response and get 404 on any other, as with
+// a real vLLM whose response store is local.
 func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	body, aerr := s.readBody(w, r)
 	if aerr != nil {
 		aerr.writeOpenAI(w)
 		return
 	}
-	var req responsesRequest
+	req := responsesRequest{Store: new(true)}
 	if aerr := decodeJSON(body, &req); aerr != nil {
 		aerr.writeOpenAI(w)
+		return
+	}
+	id, aerr := req.id()
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	store := req.Store != nil && *req.Store
+	if req.Background {
+		// vLLM's validate_background (protocol.py at 055e47c28003) refuses
+		// background without store when it parses the request. With store,
+		// vLLM would answer "queued" at once and generate in a task; vllmsim
+		// runs every request on its handler goroutine, so it says so rather
+		// than answer a synchronous response as if it were queued.
+		if !store {
+			badParam("background", "background can only be used when `store` is true").writeOpenAI(w)
+		} else {
+			badParam("background", "vllmsim does not run requests in the background: background must be false").writeOpenAI(w)
+		}
 		return
 	}
 	turns, aerr := inputMessages(req.Input)
@@ -272,10 +342,10 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	if req.PreviousResponseID != nil {
 		prev, ok := s.storedResponse(*req.PreviousResponseID)
 		if !ok {
-			errorf(http.StatusNotFound, "Response with id '%s' not found.", *req.PreviousResponseID).writeOpenAI(w)
+			responseNotFound(*req.PreviousResponseID).writeOpenAI(w)
 			return
 		}
-		history = append(history, prev...)
+		history = append(history, prev.conv...)
 	}
 	history = append(history, turns...)
 	conv := history
@@ -300,10 +370,13 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		aerr.writeOpenAI(w)
 		return
 	}
-	b := &responseBuilder{req: &req, model: p.model, id: newID("resp_"), itemID: newID("msg_"), at: time.Now().Unix()}
+	b := &responseBuilder{req: &req, model: p.model, id: id, itemID: newID("msg_"), at: time.Now().Unix(), store: store}
 	ctx := r.Context()
-	remember := func(g *generation) {
-		s.rememberResponse(b.id, append(append([]Message(nil), history...), Message{Role: "assistant", Content: g.text()}))
+	remember := func(g *generation, final *responseObject) {
+		if store {
+			conv := append(append([]Message(nil), history...), Message{Role: "assistant", Content: g.text()})
+			s.rememberResponse(b.id, storedResponse{conv: conv, obj: final})
+		}
 	}
 	if !req.Stream {
 		g, err := s.start(ctx, p)
@@ -315,8 +388,9 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return
 		}
-		remember(g)
-		writeJSON(w, http.StatusOK, b.object(g, true))
+		final := b.object(g, true)
+		remember(g, final)
+		writeJSON(w, http.StatusOK, final)
 		return
 	}
 
@@ -363,11 +437,89 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	e = b.event("response.output_item.done")
 	e.OutputIndex, e.Item = &zero, &final.Output[0]
 	send(e)
+	// vLLM stores the final response before it sends it
+	// (responses_stream_generator, serving.py at 055e47c28003): a client
+	// that has read it can retrieve or continue it at once.
+	if err == nil {
+		remember(g, final)
+	}
 	e = b.event("response." + final.Status) // response.completed or response.incomplete
 	e.Response = final
 	send(e)
 	g.close(err)
-	if err == nil {
-		remember(g)
+}
+
+// handleRetrieveResponse serves GET /v1/responses/{response_id} as vLLM's
+// retrieve_responses (api_router.py and serving.py at 055e47c28003): the
+// stored response, or 404. Its query parameters are checked first, as
+// FastAPI does: starting_after an integer, stream a boolean.
+//
+// stream=true is a 400 here. vLLM replays only the events of a background
+// streaming response (its event_store); for any other stored response its
+// generator raises after the 200 event-stream header is sent, so the client
+// gets a broken stream. vllmsim runs no background requests, so it has no
+// stream to replay, and says so.
+func (s *Server) handleRetrieveResponse(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if v, ok := lastQueryValue(q, "starting_after"); ok {
+		if _, err := strconv.Atoi(strings.TrimSpace(v)); err != nil {
+			badParam("query.starting_after", "starting_after: Input should be a valid integer, unable to parse string as an integer").writeOpenAI(w)
+			return
+		}
 	}
+	stream := false
+	if v, ok := lastQueryValue(q, "stream"); ok {
+		var valid bool
+		if stream, valid = laxBool(v); !valid {
+			badParam("query.stream", "stream: Input should be a valid boolean, unable to interpret input").writeOpenAI(w)
+			return
+		}
+	}
+	id := r.PathValue("response_id")
+	stored, ok := s.storedResponse(id)
+	if !ok {
+		responseNotFound(id).writeOpenAI(w)
+		return
+	}
+	if stream {
+		errorf(http.StatusBadRequest, "vllmsim does not replay streams: retrieve response '%s' without stream=true", id).writeOpenAI(w)
+		return
+	}
+	writeJSON(w, http.StatusOK, stored.obj)
+}
+
+// handleCancelResponse serves POST /v1/responses/{response_id}/cancel as
+// vLLM's cancel_responses (serving.py at 055e47c28003): an unknown id is a
+// 404, and a stored response that is neither queued nor in progress a 400.
+// vllmsim stores only finished synchronous responses (no background mode),
+// so every stored one is of the latter kind.
+func (s *Server) handleCancelResponse(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("response_id")
+	if _, ok := s.storedResponse(id); !ok {
+		responseNotFound(id).writeOpenAI(w)
+		return
+	}
+	invalidRequest(http.StatusBadRequest, "response_id", "Cannot cancel a synchronous response.").writeOpenAI(w)
+}
+
+// lastQueryValue returns a query parameter's last value, the one Starlette
+// gives FastAPI.
+func lastQueryValue(q map[string][]string, name string) (string, bool) {
+	vs := q[name]
+	if len(vs) == 0 {
+		return "", false
+	}
+	return vs[len(vs)-1], true
+}
+
+// laxBool parses a string as pydantic's lax bool does: one of its
+// spellings, in any case, without trimming.
+func laxBool(v string) (value, ok bool) {
+	switch strings.ToLower(v) {
+	case "1", "on", "t", "true", "y", "yes":
+		return true, true
+	case "0", "off", "f", "false", "n", "no":
+		return false, true
+	}
+	return false, false
 }

@@ -151,11 +151,14 @@ type Server struct {
 	mu            sync.Mutex // guards the fields below
 	rng           *rand.Rand
 	stats         counters
-	responses     map[string][]Message // conversations by response id
-	responseOrder []string             // response ids, oldest first
+	responses     map[string]storedResponse // by response id
+	responseOrder []string                  // response ids, oldest first
 }
 
-// route is one endpoint: its method and handler.
+// route is one endpoint: its method and handler. A path of the routes
+// table may hold {name} segments, FastAPI's path parameters: each matches
+// one non-empty segment, which the handler reads as r.PathValue(name).
+// Such patterns must not overlap.
 type route struct {
 	method  string
 	handler http.HandlerFunc
@@ -203,6 +206,9 @@ func New(opts Options) (*Server, error) {
 		"/metrics":             {http.MethodGet, s.handleMetrics},
 		"/sim/stats":           {http.MethodGet, s.handleStats},
 		"/sim/reset":           {http.MethodPost, s.handleReset},
+
+		"/v1/responses/{response_id}":        {http.MethodGet, s.handleRetrieveResponse},
+		"/v1/responses/{response_id}/cancel": {http.MethodPost, s.handleCancelResponse},
 	}
 	return s, nil
 }
@@ -224,7 +230,7 @@ func (s *Server) Cache() *Cache { return s.cache }
 // ServeHTTP routes a request to its endpoint. Unknown paths get 404 and
 // wrong methods 405, as OpenAI-style JSON errors.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rt, ok := s.routes[r.URL.Path]
+	rt, ok := s.lookup(r)
 	switch {
 	case !ok:
 		writeOpenAIError(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("no route for %s", r.URL.Path))
@@ -234,6 +240,47 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		rt.handler(w, r)
 	}
+}
+
+// lookup returns the route of r's path: its entry in the routes table, or
+// the pattern that matches it, whose parameters it sets as r's path values.
+func (s *Server) lookup(r *http.Request) (route, bool) {
+	path := r.URL.Path
+	// A pattern's own text is a path like any other: "{response_id}" is an id.
+	if rt, ok := s.routes[path]; ok && !strings.Contains(path, "{") {
+		return rt, true
+	}
+	segs := strings.Split(path, "/")
+	for pattern, rt := range s.routes {
+		if !strings.Contains(pattern, "{") {
+			continue
+		}
+		if params, ok := matchPattern(strings.Split(pattern, "/"), segs); ok {
+			for i := 0; i < len(params); i += 2 {
+				r.SetPathValue(params[i], params[i+1])
+			}
+			return rt, true
+		}
+	}
+	return route{}, false
+}
+
+// matchPattern matches a path's segments against a pattern's, and returns
+// the parameters as name, value pairs.
+func matchPattern(pattern, segs []string) (params []string, ok bool) {
+	if len(pattern) != len(segs) {
+		return nil, false
+	}
+	for i, p := range pattern {
+		name, isParam := strings.CutPrefix(p, "{")
+		switch {
+		case isParam && segs[i] != "":
+			params = append(params, strings.TrimSuffix(name, "}"), segs[i])
+		case isParam || p != segs[i]:
+			return nil, false
+		}
+	}
+	return params, true
 }
 
 // Stats is a snapshot of a [Server]'s counters and gauges, as served by

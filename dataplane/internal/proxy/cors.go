@@ -151,6 +151,9 @@ func pathMethods(path string) string {
 	if id, ok := strings.CutPrefix(path, "/v1/models/"); ok && id != "" {
 		return allowRead
 	}
+	if _, sub, ok := storedResponsePath(path); ok {
+		return storedResponseMethods(sub)
+	}
 	return ""
 }
 

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"rolter.dev/dataplane/internal/responseid"
 	"rolter.dev/dataplane/internal/tokenize"
 	"rolter.dev/pkg/affinity"
 	"rolter.dev/pkg/backoff"
@@ -80,6 +81,9 @@ type exchange struct {
 	// tokenized: rctx.TokenIDs are an engine's /tokenize answer (fresh or
 	// cached), checked against the prompt length the answer reports.
 	tokenized bool
+	// namesResponse: a Responses request whose response id the proxy
+	// chooses per attempt, naming the target (package responseid).
+	namesResponse bool
 }
 
 // poolState is one pool's share of an exchange.
@@ -237,6 +241,22 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 			return
 		}
 		raw = fwd
+	}
+	if ep.path == tokenize.PathResponses {
+		// The proxy names the response after its target, unless the
+		// client named it; one that continues a response it named goes
+		// where that response is stored (storedresponse.go).
+		f := responseid.Read(raw)
+		x.namesResponse = !f.OwnID
+		if tag, ok := responseid.TagOf(f.Previous); ok {
+			if e, msg := pinStored(x, f.Previous, tag); e != nil {
+				if e.code == errProviderDenied.code {
+					p.metrics.AuthFailures.WithLabelValues("provider_not_allowed").Inc()
+				}
+				fail(*e, msg)
+				return
+			}
+		}
 	}
 	for k, vs := range x.extraHeader {
 		w.Header()[k] = vs
@@ -867,6 +887,9 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 		cancelCause(nil)
 	})
 	payload := x.body.WithModel(t.cfg.Model)
+	if x.namesResponse && namesResponses(t) {
+		payload = responseid.WithID(payload, responseid.New(responseid.Tag(prov.Name)))
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, upstreamURL(prov.APIBase, x.ep.path), bytes.NewReader(payload))
 	if err != nil {
 		timer.Stop()

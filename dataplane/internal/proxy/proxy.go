@@ -460,6 +460,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("X-Request-Id", requestID(r))
+	if id, sub, ok := storedResponsePath(r.URL.Path); ok {
+		p.serveStoredResponse(w, r, id, sub)
+		return
+	}
 	ep, ok := endpoints[r.URL.Path]
 	if !ok {
 		writeError(w, notFoundDialect(r), errNotFound, "no such endpoint: "+r.URL.Path)

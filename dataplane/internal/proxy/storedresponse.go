@@ -1,0 +1,285 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"rolter.dev/dataplane/internal/responseid"
+	"rolter.dev/pkg/config"
+)
+
+// This file keeps the requests on a stored Responses API answer on the
+// replica that stores it (see package responseid): a request that
+// continues one (previous_response_id) is routed to it alone, and the
+// requests on one by id are forwarded to it.
+
+// storedResponsesPrefix is the path of the requests on one stored response.
+const storedResponsesPrefix = "/v1/responses/"
+
+// namesResponses reports whether the proxy chooses the response id of a
+// Responses request sent to t: an engine's (vLLM, SGLang) takes it as
+// request_id; a hosted API keeps its own store and refuses the parameter.
+func namesResponses(t *target) bool { return t.cfg.Provider.Kind == config.KindOpenAICompatible }
+
+// storesFor reports whether t is the target an id with tag names.
+func storesFor(t *target, tag string) bool {
+	return namesResponses(t) && responseid.Tag(t.cfg.Provider.Name) == tag
+}
+
+// pinStored keeps in x's pools only the targets that store the response
+// prev (an id the gateway issued, with tag), so that no attempt goes where
+// the engine would answer 404; there is no other target to fail over to.
+// A target that is down is still tried (only it can answer). The error when
+// the route has no such target the key may use.
+func pinStored(x *exchange, prev, tag string) (*apiError, string) {
+	found, denied := false, false
+	for k := range x.pools {
+		ps := &x.pools[k]
+		for i := range ps.pool.targets {
+			t := &ps.pool.targets[i]
+			if !storesFor(t, tag) {
+				ps.allowed.Remove(i)
+				continue
+			}
+			denied = denied || !ps.allowed.Has(i)
+			found = found || ps.allowed.Has(i)
+		}
+	}
+	switch {
+	case found:
+		return nil, ""
+	case denied:
+		return &errProviderDenied, fmt.Sprintf("this key may not use the replica that stores response %q (previous_response_id)", echoedName(prev))
+	}
+	return &errNotFound, fmt.Sprintf("previous_response_id %q names a response stored by a replica that model %q's route does not have (any longer)", echoedName(prev), echoedName(x.route.cfg.Model))
+}
+
+// storedResponsePath splits a path under /v1/responses/ into the response
+// id and what follows it: "" (GET, DELETE), "/cancel" (POST) or
+// "/input_items" (GET), the requests OpenAI's API and vLLM serve on a
+// stored response; false for any other path.
+func storedResponsePath(path string) (id, sub string, ok bool) {
+	rest, ok := strings.CutPrefix(path, storedResponsesPrefix)
+	if !ok {
+		return "", "", false
+	}
+	id, sub, _ = strings.Cut(rest, "/")
+	if sub != "" {
+		sub = "/" + sub
+	}
+	if id == "" || sub != "" && sub != "/cancel" && sub != "/input_items" {
+		return "", "", false
+	}
+	return id, sub, true
+}
+
+// storedResponseMethods is the Allow header of a stored-response path.
+func storedResponseMethods(sub string) string {
+	switch sub {
+	case "/cancel":
+		return http.MethodPost
+	case "/input_items":
+		return http.MethodGet
+	}
+	return http.MethodGet + ", " + http.MethodDelete
+}
+
+// serveStoredResponse forwards a request on one stored response to the
+// replica its id names and relays the answer as it comes (a retrieval
+// with stream=true is an event stream). An id the gateway did not issue
+// names no replica: 404, said so.
+func (p *Proxy) serveStoredResponse(w http.ResponseWriter, r *http.Request, id, sub string) {
+	start := time.Now()
+	status, provider := 0, ""
+	endpoint := storedResponsesPrefix + "{id}" + sub
+	defer func() {
+		p.metrics.Requests.WithLabelValues(endpoint, "", strconv.Itoa(status), "").Inc()
+		p.log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", w.Header().Get("X-Request-Id")),
+			slog.String("endpoint", endpoint), slog.String("provider", provider), slog.Int("status", status),
+			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+	}()
+	rt := p.rt.Load()
+	var snap *config.Snapshot
+	if rt != nil {
+		snap = rt.snap
+	}
+	cb := watchBody(r, snap, start)
+	fail := func(e apiError, msg string) {
+		status = e.status
+		refuse(w, r, cb, dialectOpenAI, e, msg)
+	}
+	if allow := storedResponseMethods(sub); !slices.Contains(strings.Split(allow, ", "), r.Method) {
+		w.Header().Set("Allow", allow)
+		fail(errMethodNotAllowed, "use "+allow+" "+storedResponsesPrefix+"{id}"+sub)
+		return
+	}
+	if p.halted.Err() != nil {
+		fail(errShuttingDown, msgShuttingDown)
+		return
+	}
+	if rt == nil {
+		fail(errNoTarget, "no configuration loaded yet")
+		return
+	}
+	key, aerr, msg := p.authenticate(rt, r)
+	if aerr != nil {
+		fail(*aerr, msg)
+		return
+	}
+	raw, berr, msg := readBody(w, r, cb, rt.snap.Server.MaxBodyBytes)
+	if berr != nil {
+		fail(*berr, msg)
+		return
+	}
+	tag, ok := responseid.TagOf(id)
+	if !ok {
+		fail(errNotFound, fmt.Sprintf("response %q was not created through this gateway, which finds a stored response by the replica its id names", echoedName(id)))
+		return
+	}
+	t, denied := storingTarget(rt, key, tag)
+	if t == nil {
+		if denied {
+			p.metrics.AuthFailures.WithLabelValues("provider_not_allowed").Inc()
+			fail(errProviderDenied, fmt.Sprintf("this key may not use the replica that stores response %q", echoedName(id)))
+			return
+		}
+		fail(errNotFound, fmt.Sprintf("response %q is stored by a replica this gateway does not have (any longer)", echoedName(id)))
+		return
+	}
+	provider = t.cfg.Provider.Name
+	resp, cancel, err := p.sendStored(r, w.Header().Get("X-Request-Id"), t, raw, rt)
+	if err != nil {
+		switch {
+		case errors.Is(err, errHalted):
+			fail(errShuttingDown, msgShuttingDown)
+		case errors.Is(err, errHeaderTimeout):
+			fail(errUpstreamTimeout, "the replica that stores the response did not answer in time")
+		default:
+			fail(errUpstream, "the replica that stores the response could not be reached")
+		}
+		p.log.Debug("stored response request failed", "provider", provider, "error", err)
+		return
+	}
+	defer cancel()
+	defer resp.Body.Close()
+	status = resp.StatusCode
+	h := w.Header()
+	named := connectionHeaders(resp.Header)
+	for k, vs := range resp.Header {
+		if !hopHeaders[k] && !named[k] {
+			h[k] = vs
+		}
+	}
+	h.Set("X-Rolter-Provider", provider)
+	w.WriteHeader(resp.StatusCode)
+	flush := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return // the client left
+			}
+			if flush {
+				_ = rc.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			return
+		}
+		if rerr != nil {
+			// Broken off: the client must see a cut answer, not an
+			// ended one (see serveAPI), counted 502 as any.
+			status = http.StatusBadGateway
+			p.log.Warn("stored response answer broke off", "provider", provider, "error", rerr)
+			panic(http.ErrAbortHandler)
+		}
+	}
+}
+
+// storingTarget is a target the key may use that an id with tag names;
+// denied when one exists that the key may not use.
+func storingTarget(rt *runtime, key *config.Key, tag string) (t *target, denied bool) {
+	for model, rte := range rt.routes {
+		for _, pl := range rte.pools {
+			for i := range pl.targets {
+				c := &pl.targets[i]
+				if !storesFor(c, tag) {
+					continue
+				}
+				if key != nil && (!key.AllowsModel(model) || !key.AllowsProvider(c.cfg.Provider.Name)) {
+					denied = true
+					continue
+				}
+				return c, false
+			}
+		}
+	}
+	return nil, denied
+}
+
+// sendStored sends a request on a stored response to t: the client's
+// method, path, query and body, with the provider's key. Its headers are
+// bounded by timeouts.request_secs, its body by timeouts.idle_secs, as an
+// inference attempt's (send).
+func (p *Proxy) sendStored(r *http.Request, id string, t *target, body []byte, rt *runtime) (*http.Response, func(), error) {
+	prov := t.cfg.Provider
+	ctx, cancelCause := p.untilHalt(r.Context())
+	cancel := func() { cancelCause(nil) }
+	timer := time.AfterFunc(time.Duration(rt.snap.Timeouts.RequestSecs)*time.Second, func() { cancelCause(errHeaderTimeout) })
+	url := upstreamURL(prov.APIBase, r.URL.Path)
+	if r.URL.RawQuery != "" {
+		url += "?" + r.URL.RawQuery
+	}
+	var rd io.Reader
+	if len(body) > 0 {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, r.Method, url, rd)
+	if err != nil {
+		timer.Stop()
+		cancel()
+		return nil, nil, fmt.Errorf("proxy: build upstream request: %w", err)
+	}
+	if len(body) > 0 {
+		req.Header.Set("Content-Type", r.Header.Get("Content-Type"))
+	}
+	if a := r.Header.Get("Accept"); a != "" {
+		req.Header.Set("Accept", a)
+	}
+	req.Header.Set("X-Request-Id", id)
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		req.Header.Set("X-Forwarded-For", ip)
+	}
+	if prov.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+prov.APIKey)
+	}
+	resp, err := p.client.Do(req)
+	timer.Stop()
+	if err != nil {
+		cause := context.Cause(ctx)
+		cancel()
+		switch {
+		case errors.Is(cause, errHalted):
+			return nil, nil, fmt.Errorf("%w: %s", errHalted, prov.Name)
+		case errors.Is(cause, errHeaderTimeout):
+			return nil, nil, fmt.Errorf("%w: %s", errHeaderTimeout, prov.Name)
+		}
+		return nil, nil, fmt.Errorf("proxy: upstream %s: %w", prov.Name, err)
+	}
+	if idle := time.Duration(rt.snap.Timeouts.IdleSecs) * time.Second; idle > 0 {
+		resp.Body = newIdleBody(resp.Body, idle, cancel)
+	}
+	return resp, cancel, nil
+}
