@@ -8,7 +8,9 @@
 // succeeds on that replica only, and any other answers 404. Both engines
 // take the response's id from the request (the extra parameter request_id,
 // which becomes ResponsesResponse.id: vllm/frontend/entrypoints/openai/
-// responses/protocol.py, from_request, at 055e47c28003), so the gateway
+// responses/protocol.py, from_request, at 055e47c28003; SGLang's
+// ResponsesRequest.request_id in python/sglang/srt/entrypoints/openai/
+// protocol.py at 004c82e07d87), so the gateway
 // chooses an id that names the target it sent the request to, and reads
 // the target back from the id. Nothing is remembered: every proxy reads
 // the same id the same way, across restarts.
