@@ -16,6 +16,7 @@ import (
 
 	"rolter.dev/dataplane/internal/responseid"
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/respcache"
 )
 
 // This file keeps the requests on a stored Responses API answer on the
@@ -182,29 +183,70 @@ func (p *Proxy) serveStoredResponse(w http.ResponseWriter, r *http.Request, id, 
 	}
 	h.Set("X-Rolter-Provider", provider)
 	w.WriteHeader(resp.StatusCode)
-	flush := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if end := p.relayStored(w, resp); end != nil {
+		// Broken off: the client must see a cut answer, not an ended one
+		// (see serveAPI), counted 502 as any.
+		status = http.StatusBadGateway
+		p.log.Warn("stored response answer broke off", "provider", provider, "error", end)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// relayStored copies a stored response's answer to the client as it comes,
+// an event stream flushed per read. It returns the error that cut the
+// answer: a read error, or the end of a 200 stream before its terminal
+// event (vLLM ends a retrieval stream it cannot replay that way), after
+// which an error event has been written; nil when the answer ended whole
+// or the client left.
+func (p *Proxy) relayStored(w http.ResponseWriter, resp *http.Response) error {
+	ctype := resp.Header.Get("Content-Type")
+	stream := respcache.IsEventStream(ctype)
+	tap := newUsageTap(ctype)
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
+	bufp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bufp)
+	buf := *bufp
+	var last [2]byte // the last two bytes sent, to find an SSE event boundary
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
+			tap.write(buf[:n])
+			if n >= 2 {
+				last = [2]byte{buf[n-2], buf[n-1]}
+			} else {
+				last = [2]byte{last[1], buf[0]}
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return // the client left
+				return nil // the client left
 			}
-			if flush {
-				_ = rc.Flush()
+			if stream && rc.Flush() != nil {
+				return nil
 			}
 		}
-		if rerr == io.EOF {
-			return
+		switch {
+		case rerr == nil:
+			continue
+		case tap.done() || tap.errorStatus() != 0:
+			return nil // whole, or failed and said so
+		case errors.Is(rerr, io.EOF) && !(stream && resp.StatusCode == http.StatusOK):
+			return nil
+		case errors.Is(rerr, io.EOF):
+			rerr = errUnterminated
 		}
-		if rerr != nil {
-			// Broken off: the client must see a cut answer, not an
-			// ended one (see serveAPI), counted 502 as any.
-			status = http.StatusBadGateway
-			p.log.Warn("stored response answer broke off", "provider", provider, "error", rerr)
-			panic(http.ErrAbortHandler)
+		if stream {
+			var ev []byte
+			if last != [2]byte{'\n', '\n'} {
+				ev = append(ev, "\n\n"...) // end the open event
+			}
+			e, msg := errUpstream, "the upstream broke off the response after it had started; the response is incomplete"
+			if errors.Is(rerr, errHalted) {
+				e, msg = errShuttingDown, "the proxy shut down before the response finished; the response is incomplete"
+			}
+			ev = append(ev, errorEvent(dialectOpenAI, e, msg)...)
+			_, _ = w.Write(ev)
+			_ = rc.Flush()
 		}
+		return rerr
 	}
 }
 
@@ -281,5 +323,6 @@ func (p *Proxy) sendStored(r *http.Request, id string, t *target, body []byte, r
 	if idle := time.Duration(rt.snap.Timeouts.IdleSecs) * time.Second; idle > 0 {
 		resp.Body = newIdleBody(resp.Body, idle, cancel)
 	}
+	resp.Body = &haltBody{ReadCloser: resp.Body, ctx: ctx}
 	return resp, cancel, nil
 }

@@ -257,37 +257,43 @@ func TestStoredResponseReplicaDownIsNotFailedOver(t *testing.T) {
 }
 
 func TestStoredResponseAnswerThatBreaksOffIsCut(t *testing.T) {
-	u := newUpstream(t, "a")
-	u.handler = func(w http.ResponseWriter, r *http.Request) bool {
-		if r.Method != http.MethodGet {
-			return false
-		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "event: response.created\ndata: {}\n\n")
-		w.(http.Flusher).Flush()
-		conn, _, err := http.NewResponseController(w).Hijack()
-		if err == nil {
-			_ = conn.Close()
-		}
-		return true
-	}
-	p, srv := newTestProxy(t, openAuth+providers(u)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
-	id := responseid.New(responseid.Tag("p0"))
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+"/v1/responses/"+id+"?stream=true", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err == nil {
-		t.Fatalf("a stream the replica broke off read as whole: %q", b)
-	}
-	if !strings.Contains(string(b), "response.created") {
-		t.Fatalf("the events before the cut were not relayed: %q", b)
-	}
-	if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/responses/{id}", "", "502", "")); n != 1 {
-		t.Fatalf("requests counted: %v", n)
+	// The replica's connection dies mid-stream, or its stream ends
+	// cleanly before the terminal event (as vLLM's does when it cannot
+	// replay a response): either way the client must see a cut answer.
+	for _, hangUp := range []bool{true, false} {
+		t.Run(fmt.Sprintf("hang up %v", hangUp), func(t *testing.T) {
+			u := newUpstream(t, "a")
+			u.handler = func(w http.ResponseWriter, r *http.Request) bool {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\"}\n\n")
+				w.(http.Flusher).Flush()
+				if conn, _, err := http.NewResponseController(w).Hijack(); hangUp && err == nil {
+					_ = conn.Close()
+				} else if err == nil {
+					_, _ = conn.Write([]byte("0\r\n\r\n")) // the chunked body's clean end
+					_ = conn.Close()
+				}
+				return true
+			}
+			p, srv := newTestProxy(t, openAuth+providers(u)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+			id := responseid.New(responseid.Tag("p0"))
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+"/v1/responses/"+id+"?stream=true", nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err == nil {
+				t.Fatalf("a stream the replica broke off read as whole: %q", b)
+			}
+			if !strings.Contains(string(b), "response.created") || !strings.Contains(string(b), `"code":"upstream_error"`) {
+				t.Fatalf("the events before the cut and an error event were not relayed: %q", b)
+			}
+			if n := testutil.ToFloat64(p.metrics.Requests.WithLabelValues("/v1/responses/{id}", "", "502", "")); n != 1 {
+				t.Fatalf("requests counted 502: %v", n)
+			}
+		})
 	}
 }
 
