@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -142,33 +143,50 @@ func (p *Proxy) serveStoredResponse(w http.ResponseWriter, r *http.Request, id, 
 		fail(*berr, msg)
 		return
 	}
-	tag, ok := responseid.TagOf(id)
-	if !ok {
-		fail(errNotFound, fmt.Sprintf("response %q was not created through this gateway, which finds a stored response by the replica its id names", echoedName(id)))
-		return
-	}
-	t, denied := storingTarget(rt, key, tag)
-	if t == nil {
-		if denied {
+	ts, denied := storingTargets(rt, key, id)
+	if len(ts) == 0 {
+		switch _, ours := responseid.TagOf(id); {
+		case denied:
 			p.metrics.AuthFailures.WithLabelValues("provider_not_allowed").Inc()
 			fail(errProviderDenied, fmt.Sprintf("this key may not use the replica that stores response %q", echoedName(id)))
-			return
+		case ours:
+			fail(errNotFound, fmt.Sprintf("response %q is stored by a replica this gateway does not have (any longer)", echoedName(id)))
+		default:
+			fail(errNotFound, fmt.Sprintf("response %q was not created through this gateway, which finds a stored response by the replica its id names (or on a hosted openai provider)", echoedName(id)))
 		}
-		fail(errNotFound, fmt.Sprintf("response %q is stored by a replica this gateway does not have (any longer)", echoedName(id)))
 		return
 	}
-	provider = t.cfg.Provider.Name
-	resp, cancel, err := p.sendStored(r, w.Header().Get("X-Request-Id"), t, raw, rt)
-	if err != nil {
+	var resp *http.Response
+	var cancel func()
+	var err error
+	for i, t := range ts {
+		provider = t.cfg.Provider.Name
+		resp, cancel, err = p.sendStored(r, w.Header().Get("X-Request-Id"), t, raw, rt)
+		if err != nil {
+			p.log.Debug("stored response request failed", "provider", provider, "error", err)
+			if errors.Is(err, errHalted) {
+				break
+			}
+			continue
+		}
+		if resp.StatusCode == http.StatusNotFound && i < len(ts)-1 {
+			// Another hosted account may hold it; a 404 changed nothing.
+			resp.Body.Close()
+			cancel()
+			resp = nil
+			continue
+		}
+		break
+	}
+	if resp == nil {
 		switch {
 		case errors.Is(err, errHalted):
 			fail(errShuttingDown, msgShuttingDown)
 		case errors.Is(err, errHeaderTimeout):
-			fail(errUpstreamTimeout, "the replica that stores the response did not answer in time")
+			fail(errUpstreamTimeout, "the provider that stores the response did not answer in time")
 		default:
-			fail(errUpstream, "the replica that stores the response could not be reached")
+			fail(errUpstream, "the provider that stores the response could not be reached")
 		}
-		p.log.Debug("stored response request failed", "provider", provider, "error", err)
 		return
 	}
 	defer cancel()
@@ -250,25 +268,34 @@ func (p *Proxy) relayStored(w http.ResponseWriter, resp *http.Response) error {
 	}
 }
 
-// storingTarget is a target the key may use that an id with tag names;
-// denied when one exists that the key may not use.
-func storingTarget(rt *runtime, key *config.Key, tag string) (t *target, denied bool) {
+// storingTargets are the targets the key may use that can hold the stored
+// response id: the one its tag names (the gateway issued it), else every
+// hosted openai provider, whose API keeps its own store, one target each in
+// the order of their names (asked in turn until one knows the id).
+// denied when a target the id names exists that the key may not use.
+func storingTargets(rt *runtime, key *config.Key, id string) (ts []*target, denied bool) {
+	tag, ours := responseid.TagOf(id)
+	byProvider := map[string]*target{}
 	for model, rte := range rt.routes {
 		for _, pl := range rte.pools {
 			for i := range pl.targets {
 				c := &pl.targets[i]
-				if !storesFor(c, tag) {
+				name := c.cfg.Provider.Name
+				if ours && !storesFor(c, tag) || !ours && c.cfg.Provider.Kind != config.KindOpenAI || byProvider[name] != nil {
 					continue
 				}
-				if key != nil && (!key.AllowsModel(model) || !key.AllowsProvider(c.cfg.Provider.Name)) {
-					denied = true
+				if key != nil && (!key.AllowsModel(model) || !key.AllowsProvider(name)) {
+					denied = denied || ours
 					continue
 				}
-				return c, false
+				byProvider[name] = c
 			}
 		}
 	}
-	return nil, denied
+	for _, name := range slices.Sorted(maps.Keys(byProvider)) {
+		ts = append(ts, byProvider[name])
+	}
+	return ts, denied && len(ts) == 0
 }
 
 // sendStored sends a request on a stored response to t: the client's

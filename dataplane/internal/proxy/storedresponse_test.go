@@ -298,19 +298,67 @@ func TestStoredResponseAnswerThatBreaksOffIsCut(t *testing.T) {
 }
 
 func TestHostedResponsesKeepTheirOwnIDs(t *testing.T) {
-	u := newUpstream(t, "hosted")
-	_, srv := newTestProxy(t, openAuth+fmt.Sprintf("[[providers]]\nname = \"openai\"\nkind = \"openai\"\napi_base = %q\napi_key = \"k\"\n", u.URL)+
-		"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"openai\" }]\n")
-	for _, body := range []string{`{"model":"m","input":"x"}`, `{"model":"m","previous_response_id":"resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b","input":"x"}`} {
-		if resp, out := post(t, srv.URL+"/v1/responses", "", body); resp.StatusCode != 200 {
+	// Two hosted accounts, each storing the responses made on it under its
+	// own ids, as OpenAI's API does.
+	var ups []*upstream
+	var ids [2]func() []string
+	doc := openAuth
+	for i := range 2 {
+		u := newUpstream(t, fmt.Sprint(i))
+		ids[i] = storingUpstream(u)
+		ups = append(ups, u)
+		doc += fmt.Sprintf("[[providers]]\nname = \"openai-%d\"\nkind = \"openai\"\napi_base = %q\napi_key = \"k%d\"\n", i, u.URL, i)
+	}
+	doc += "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"openai-0\" }]\n[[routes]]\nmodel = \"m2\"\ntargets = [{ provider = \"openai-1\" }]\n"
+	doc += `[[virtual_keys]]
+name = "all"
+key = "sk-rolter-all-0000000000"
+
+[[virtual_keys]]
+name = "only-m"
+key = "sk-rolter-m-000000000000"
+models = ["m"]
+`
+	_, srv := newTestProxy(t, doc)
+	var made [2]string
+	for i, model := range []string{"m", "m2"} {
+		resp, out := post(t, srv.URL+"/v1/responses", "sk-rolter-all-0000000000", fmt.Sprintf(`{"model":%q,"input":"x"}`, model))
+		if resp.StatusCode != 200 {
 			t.Fatalf("status %d: %s", resp.StatusCode, out)
 		}
-		if b, _ := u.last(); b["request_id"] != nil {
+		var r struct{ ID string }
+		_ = json.Unmarshal(out, &r)
+		made[i] = r.ID
+		if b, _ := ups[i].last(); b["request_id"] != nil {
 			t.Fatalf("the hosted API was sent a request_id: %v", b)
 		}
 	}
-	// Its ids name no replica: the hosted API keeps them.
-	if resp, _ := send(t, http.MethodGet, srv.URL+"/v1/responses/resp_67ccd2bed1ec8190b14f964abc0542670bb6a6b452d3795b", ""); resp.StatusCode != http.StatusNotFound {
-		t.Fatalf("GET of a hosted id: %d", resp.StatusCode)
+	if ids[0]()[0] != "" || ids[1]()[0] != "" {
+		t.Fatal("hosted creates carried a request_id")
+	}
+	// Their ids are the hosts' own (the fake's fixed one here is alike on
+	// both): found by asking each account the key may use in turn.
+	for i, c := range []struct{ key, id, provider string }{
+		{"sk-rolter-all-0000000000", made[0], "openai-0"},
+		{"sk-rolter-m-000000000000", made[0], "openai-0"},
+	} {
+		resp, out := send(t, http.MethodGet, srv.URL+"/v1/responses/"+c.id, "", "Authorization", "Bearer "+c.key)
+		if resp.StatusCode != 200 || resp.Header.Get("X-Rolter-Provider") != c.provider {
+			t.Fatalf("case %d: GET %s: %d from %q: %s", i, c.id, resp.StatusCode, resp.Header.Get("X-Rolter-Provider"), out)
+		}
+	}
+	// An id only the second account holds: its first 404 is not the answer.
+	ups[0].mu.Lock()
+	ups[0].handler = nil
+	ups[0].mu.Unlock()
+	ups[0].status.Store(http.StatusNotFound)
+	resp, out := send(t, http.MethodGet, srv.URL+"/v1/responses/"+made[1], "", "Authorization", "Bearer sk-rolter-all-0000000000")
+	if resp.StatusCode != 200 || resp.Header.Get("X-Rolter-Provider") != "openai-1" {
+		t.Fatalf("GET on the second account: %d from %q: %s", resp.StatusCode, resp.Header.Get("X-Rolter-Provider"), out)
+	}
+	// A key that may use only the first account gets its 404.
+	resp, out = send(t, http.MethodGet, srv.URL+"/v1/responses/"+made[1], "", "Authorization", "Bearer sk-rolter-m-000000000000")
+	if resp.StatusCode != http.StatusNotFound || resp.Header.Get("X-Rolter-Provider") != "openai-0" {
+		t.Fatalf("GET with a key of the first account: %d from %q: %s", resp.StatusCode, resp.Header.Get("X-Rolter-Provider"), out)
 	}
 }
