@@ -75,11 +75,12 @@ func storedResponsePath(path string) (id, sub string, ok bool) {
 	if !ok {
 		return "", "", false
 	}
-	id, sub, _ = strings.Cut(rest, "/")
-	if sub != "" {
+	id, sub, found := strings.Cut(rest, "/")
+	if found {
 		sub = "/" + sub
 	}
-	if id == "" || sub != "" && sub != "/cancel" && sub != "/input_items" {
+	// compact and input_tokens are OpenAI's own POST endpoints, not ids.
+	if id == "" || id == "compact" || id == "input_tokens" || sub != "" && sub != "/cancel" && sub != "/input_items" {
 		return "", "", false
 	}
 	return id, sub, true

@@ -180,6 +180,8 @@ func TestStoredResponseIDsTheGatewayDidNotIssue(t *testing.T) {
 		{http.MethodPut, "/v1/responses/" + forged, "method_not_allowed"},
 		{http.MethodGet, "/v1/responses/" + forged + "/cancel", "method_not_allowed"},
 		{http.MethodGet, "/v1/responses/" + forged + "/other", "not_found"},
+		{http.MethodPost, "/v1/responses/compact", "not_found"},
+		{http.MethodPost, "/v1/responses/input_tokens", "not_found"},
 	} {
 		resp, out := send(t, c.method, url+c.path, "")
 		if resp.Header.Get("X-Rolter-Error") != c.code {
@@ -361,4 +363,23 @@ models = ["m"]
 	if resp.StatusCode != http.StatusNotFound || resp.Header.Get("X-Rolter-Provider") != "openai-0" {
 		t.Fatalf("GET with a key of the first account: %d from %q: %s", resp.StatusCode, resp.Header.Get("X-Rolter-Provider"), out)
 	}
+}
+
+// FuzzStoredResponsePath holds storedResponsePath to its contract for any
+// path: what it accepts is the prefix, one id segment and a known suffix.
+func FuzzStoredResponsePath(f *testing.F) {
+	for _, s := range []string{"/v1/responses/resp_1", "/v1/responses/resp_1/cancel", "/v1/responses/", "/v1/responses//cancel",
+		"/v1/responses/a/b/c", "/v1/responses/compact", "/v1/responses/x/input_items"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, path string) {
+		id, sub, ok := storedResponsePath(path)
+		if !ok {
+			return
+		}
+		if id == "" || strings.Contains(id, "/") || storedResponsesPrefix+id+sub != path ||
+			sub != "" && sub != "/cancel" && sub != "/input_items" || id == "compact" || id == "input_tokens" {
+			t.Fatalf("storedResponsePath(%q) = %q, %q", path, id, sub)
+		}
+	})
 }
