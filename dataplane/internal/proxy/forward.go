@@ -84,6 +84,10 @@ type exchange struct {
 	// namesResponse: a Responses request whose response id the proxy
 	// chooses per attempt, naming the target (package responseid).
 	namesResponse bool
+	// background: a Responses request the engine answers at once (queued)
+	// and generates later; its answer's timing is no time to first token,
+	// so the balancer learns nothing from it (the attempt is abandoned).
+	background bool
 }
 
 // poolState is one pool's share of an exchange.
@@ -247,7 +251,7 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		// client named it; one that continues a response it named goes
 		// where that response is stored (storedresponse.go).
 		f := responseid.Read(raw)
-		x.namesResponse = !f.OwnID
+		x.namesResponse, x.background = !f.OwnID, f.Background
 		if tag, ok := responseid.TagOf(f.Previous); ok {
 			if e, msg := pinStored(x, f.Previous, tag); e != nil {
 				if e.code == errProviderDenied.code {
@@ -459,7 +463,7 @@ func (p *Proxy) candidates(x *exchange, loads []int, now time.Time) (routing.Set
 // first token (from dispatch), once; an error answer's first byte is no
 // first token (attemptEnded abandons it).
 func (p *Proxy) firstToken(x *exchange, status int) {
-	if x.observed < 0 || x.firstSeen || x.route == nil || status >= 300 {
+	if x.observed < 0 || x.firstSeen || x.route == nil || status >= 300 || x.background {
 		return
 	}
 	if o, ok := x.pool().balancer.(routing.TTFTObserver); ok && !x.rctx.Buffered {
@@ -694,11 +698,12 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 				p.checkTokenized(x)
 			}
 		}
-		if o, ok := pl.balancer.(routing.TTFTObserver); ok && x.rctx.Buffered && end == relayDone && resp.StatusCode < 300 && x.eventErr == 0 {
+		learn := end == relayDone && resp.StatusCode < 300 && x.eventErr == 0 && !x.background
+		if o, ok := pl.balancer.(routing.TTFTObserver); ok && x.rctx.Buffered && learn {
 			// Without usage the balancer counts the request's token ids.
 			o.WholeAnswer(idx, &x.rctx, time.Since(sent), int(x.usage.PromptTokens), int(x.usage.CompletionTokens))
 		}
-		if l, ok := pl.balancer.(routing.Learner); ok && end == relayDone && resp.StatusCode < 300 && x.eventErr == 0 {
+		if l, ok := pl.balancer.(routing.Learner); ok && learn {
 			l.Learn(idx, &x.rctx, queueDepth, time.Since(sent))
 			x.learned()
 		}

@@ -383,3 +383,39 @@ func FuzzStoredResponsePath(f *testing.F) {
 		}
 	})
 }
+
+// TestBackgroundResponsesTeachRoutingNothing: an engine answers a
+// background Responses request at once with the queued response and
+// generates it later, so that answer's timing is no time to first token:
+// predicted_ttft hears neither a first token nor a whole answer nor a
+// completion of it, only that the attempt ended. The same request in the
+// foreground teaches it as usual.
+func TestBackgroundResponsesTeachRoutingNothing(t *testing.T) {
+	for _, c := range []struct {
+		body                  string
+		first, whole, learned int
+	}{
+		{`{"model":"m","input":"x","background":true}`, 0, 0, 0},
+		{`{"model":"m","input":"x","background":true,"stream":true}`, 0, 0, 0},
+		{`{"model":"m","input":"x"}`, 0, 1, 1},
+	} {
+		t.Run(c.body, func(t *testing.T) {
+			up := newUpstream(t, "u")
+			up.handler = func(w http.ResponseWriter, _ *http.Request) bool {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprint(w, `{"id":"resp_1","object":"response","status":"queued","output":[],"usage":null}`)
+				return true
+			}
+			_, rec, url, _ := recordedTTFTProxy(t, up)
+			if resp, out := post(t, url+"/v1/responses", "", c.body); resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, out)
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if rec.observed != 1 || rec.first != c.first || len(rec.whole) != c.whole || rec.learned != c.learned || len(rec.ends) != 1 {
+				t.Fatalf("observed %d, first tokens %d, whole answers %d, learned %d, ended %d attempts; want 1, %d, %d, %d, 1",
+					rec.observed, rec.first, len(rec.whole), rec.learned, len(rec.ends), c.first, c.whole, c.learned)
+			}
+		})
+	}
+}

@@ -24,6 +24,7 @@ type recordingBalancer struct {
 	observed int
 	first    int
 	whole    []int                    // output tokens of each WholeAnswer
+	learned  int                      // Learn calls
 	ends     map[*routing.Context]int // Learn or Abandon calls per attempt
 }
 
@@ -55,7 +56,23 @@ func (b *recordingBalancer) Abandon(target int, ctx *routing.Context) {
 
 func (b *recordingBalancer) Learn(target int, ctx *routing.Context, queueDepth int, latency time.Duration) {
 	b.end(ctx)
+	b.mu.Lock()
+	b.learned++
+	b.mu.Unlock()
 	b.Balancer.(routing.Learner).Learn(target, ctx, queueDepth, latency)
+}
+
+// recordedTTFTProxy serves route m, predicted_ttft over up, with its
+// balancer recorded.
+func recordedTTFTProxy(t *testing.T, up *upstream) (*Proxy, *recordingBalancer, string, *http.Client) {
+	t.Helper()
+	p := New(Options{Logger: slog.New(slog.DiscardHandler)})
+	applyDoc(t, p, openAuth+providers(up)+"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"p0\" }]\n")
+	pl := p.rt.Load().routes["m"].pools[0]
+	rec := &recordingBalancer{Balancer: pl.balancer, ends: map[*routing.Context]int{}}
+	pl.balancer = rec
+	url, client := serveProxy(t, p, false)
+	return p, rec, url, client
 }
 
 func (b *recordingBalancer) end(ctx *routing.Context) {
@@ -118,12 +135,7 @@ func TestEveryObservedAttemptEnds(t *testing.T) {
 			die := make(chan struct{})
 			up := newUpstream(t, "u")
 			up.handler = tc.handler(die)
-			p := New(Options{Logger: slog.New(slog.DiscardHandler)})
-			applyDoc(t, p, openAuth+providers(up)+"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"p0\" }]\n")
-			pl := p.rt.Load().routes["m"].pools[0]
-			rec := &recordingBalancer{Balancer: pl.balancer, ends: map[*routing.Context]int{}}
-			pl.balancer = rec
-			url, client := serveProxy(t, p, false)
+			p, rec, url, client := recordedTTFTProxy(t, up)
 
 			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+d.path, strings.NewReader(d.body(!tc.buffered)))
 			resp, err := client.Do(req)

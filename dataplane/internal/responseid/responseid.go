@@ -72,6 +72,9 @@ type Fields struct {
 	// OwnID: the client set request_id, which the gateway then leaves as
 	// it is (and cannot find the response's target from later).
 	OwnID bool
+	// Background: background is true; the engine answers at once with the
+	// queued response and generates it later.
+	Background bool
 }
 
 // Read returns the fields of a request body that is a valid JSON object.
@@ -79,9 +82,8 @@ type Fields struct {
 // json reads them); a key written with escapes is not found (the request
 // is then routed as any other, and the engine answers it).
 func Read(body []byte) Fields {
-	hasPrev := bytes.Contains(body, []byte(`"previous_response_id"`))
-	hasID := bytes.Contains(body, []byte(`"request_id"`))
-	if !hasPrev && !hasID {
+	if !bytes.Contains(body, []byte(`"previous_response_id"`)) && !bytes.Contains(body, []byte(`"request_id"`)) &&
+		!bytes.Contains(body, []byte(`"background"`)) {
 		return Fields{}
 	}
 	var top map[string]json.RawMessage
@@ -93,6 +95,7 @@ func Read(body []byte) Fields {
 		_ = json.Unmarshal(raw, &f.Previous) // not a string: ""
 	}
 	_, f.OwnID = top["request_id"]
+	f.Background = string(top["background"]) == "true"
 	return f
 }
 

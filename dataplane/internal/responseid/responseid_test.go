@@ -46,6 +46,10 @@ func TestRead(t *testing.T) {
 		{`{"request_id":null,"previous_response_id":"p"}`, Fields{Previous: "p", OwnID: true}},
 		{`{"metadata":{"request_id":"x"}}`, Fields{}},
 		{`{"Previous_Response_ID":"case"}`, Fields{}},
+		{`{"background":true,"store":true}`, Fields{Background: true}},
+		{`{"background":false}`, Fields{}},
+		{`{"background":"true"}`, Fields{}},
+		{`{"metadata":{"background":true}}`, Fields{}},
 	} {
 		if got := Read([]byte(c.body)); got != c.want {
 			t.Errorf("Read(%s) = %+v, want %+v", c.body, got, c.want)
@@ -97,9 +101,10 @@ func FuzzRead(f *testing.F) {
 			_ = json.Unmarshal(raw, &want.Previous)
 		}
 		_, want.OwnID = top["request_id"]
+		want.Background = string(top["background"]) == "true"
 		if escapedKeys(body) {
 			// A key written with escapes is not looked for (documented).
-			if got.Previous != "" && got.Previous != want.Previous || got.OwnID && !want.OwnID {
+			if got.Previous != "" && got.Previous != want.Previous || got.OwnID && !want.OwnID || got.Background && !want.Background {
 				t.Fatalf("Read(%q) = %+v, beyond %+v", body, got, want)
 			}
 		} else if got != want {
