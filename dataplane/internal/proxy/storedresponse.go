@@ -17,6 +17,7 @@ import (
 
 	"rolter.dev/dataplane/internal/responseid"
 	"rolter.dev/pkg/config"
+	"rolter.dev/pkg/delivery"
 	"rolter.dev/pkg/respcache"
 )
 
@@ -104,11 +105,11 @@ func storedResponseMethods(sub string) string {
 func (p *Proxy) serveStoredResponse(w http.ResponseWriter, r *http.Request, id, sub string) {
 	start := time.Now()
 	status, provider := 0, ""
-	endpoint := storedResponsesPrefix + "{id}" + sub
+	label := storedResponsesPrefix + "{id}" + sub // the endpoint in metrics and logs
 	defer func() {
-		p.metrics.Requests.WithLabelValues(endpoint, "", strconv.Itoa(status), "").Inc()
+		p.metrics.Requests.WithLabelValues(label, "", strconv.Itoa(status), "").Inc()
 		p.log.LogAttrs(r.Context(), slog.LevelInfo, "request", slog.String("request_id", w.Header().Get("X-Request-Id")),
-			slog.String("endpoint", endpoint), slog.String("provider", provider), slog.Int("status", status),
+			slog.String("endpoint", label), slog.String("provider", provider), slog.Int("status", status),
 			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
 	}()
 	rt := p.rt.Load()
@@ -157,12 +158,31 @@ func (p *Proxy) serveStoredResponse(w http.ResponseWriter, r *http.Request, id, 
 		}
 		return
 	}
+	// The delivery policy governs these answers as it does the create's:
+	// a retrieval returns the same output (whose create may have been
+	// answered queued, before any output existed, or in the background).
+	reqID := w.Header().Get("X-Request-Id")
+	dreq := func(model string) delivery.Request {
+		d := delivery.Request{RequestID: reqID, Model: model, Route: model, Stream: streamQuery(r),
+			PIIRestoreOptIn: delivery.RestoreOptIn(r.Header)}
+		if key != nil {
+			d.KeyID = key.ID
+		}
+		return d
+	}
+	if d := dreq(ts[0].model); d.Stream {
+		if ok, ref := rt.policy.StreamDecision(d); !ok {
+			fail(refusal(ref), ref.Message)
+			return
+		}
+	}
 	var resp *http.Response
 	var cancel func()
 	var err error
+	var answered storing
 	for i, t := range ts {
 		provider = t.cfg.Provider.Name
-		resp, cancel, err = p.sendStored(r, w.Header().Get("X-Request-Id"), t, raw, rt)
+		resp, cancel, err = p.sendStored(r, reqID, t.target, raw, rt)
 		if err != nil {
 			p.log.Debug("stored response request failed", "provider", provider, "error", err)
 			if errors.Is(err, errHalted) {
@@ -177,6 +197,7 @@ func (p *Proxy) serveStoredResponse(w http.ResponseWriter, r *http.Request, id, 
 			resp = nil
 			continue
 		}
+		answered = t
 		break
 	}
 	if resp == nil {
@@ -192,16 +213,48 @@ func (p *Proxy) serveStoredResponse(w http.ResponseWriter, r *http.Request, id, 
 	}
 	defer cancel()
 	defer resp.Body.Close()
-	status = resp.StatusCode
+	ctype := resp.Header.Get("Content-Type")
+	var held []byte // a JSON answer read whole for the delivery policy
+	x := &exchange{rt: rt, dreq: dreq(answered.model), ep: &endpoint{path: label, dialect: dialectOpenAI}, id: reqID}
+	if resp.StatusCode < 400 && !respcache.IsEventStream(ctype) && rt.policy.Active(x.dreq) {
+		var buf bytes.Buffer
+		_, rerr := buf.ReadFrom(io.LimitReader(resp.Body, maxBufferedBody+1))
+		if rerr == nil && buf.Len() <= maxBufferedBody && truncatedJSON(resp, buf.Bytes()) {
+			rerr = errTruncatedJSON
+		}
+		if rerr != nil {
+			// Nothing has reached the client: the part is not sent (it
+			// would pass as a success, around the policy).
+			p.log.Warn("stored response answer broke off", "provider", provider, "error", rerr)
+			fail(errUpstream, "the provider that stores the response broke off its answer")
+			return
+		}
+		held = buf.Bytes()
+	}
 	h := w.Header()
 	named := connectionHeaders(resp.Header)
 	for k, vs := range resp.Header {
-		if !hopHeaders[k] && !named[k] {
+		if !hopHeaders[k] && !named[k] && !(held != nil && k == "Content-Length") {
 			h[k] = vs
 		}
 	}
 	h.Set("X-Rolter-Provider", provider)
+	if held != nil && len(held) <= maxBufferedBody {
+		if err := p.deliver(w, r, x, resp.StatusCode, ctype, held); err != nil {
+			fail(errShuttingDown, msgShuttingDown)
+			return
+		}
+		status = x.status
+		return
+	}
+	status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
+	if held != nil {
+		// Too large to hold (as an inference answer's): sent unexamined.
+		if _, err := w.Write(held); err != nil {
+			return
+		}
+	}
 	if end := p.relayStored(w, resp); end != nil {
 		// Broken off: the client must see a cut answer, not an ended one
 		// (see serveAPI), counted 502 as any.
@@ -209,6 +262,21 @@ func (p *Proxy) serveStoredResponse(w http.ResponseWriter, r *http.Request, id, 
 		p.log.Warn("stored response answer broke off", "provider", provider, "error", end)
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// streamQuery reports whether a retrieval asks for its events (stream in
+// its query). Any value but a spelling of false counts, as the stricter
+// reading for the delivery policy's stream decision.
+func streamQuery(r *http.Request) bool {
+	v, ok := r.URL.Query()["stream"]
+	if !ok || len(v) == 0 {
+		return false
+	}
+	switch strings.ToLower(v[len(v)-1]) {
+	case "", "0", "f", "false", "n", "no", "off":
+		return false
+	}
+	return true
 }
 
 // relayStored copies a stored response's answer to the client as it comes,
@@ -269,27 +337,34 @@ func (p *Proxy) relayStored(w http.ResponseWriter, resp *http.Response) error {
 	}
 }
 
+// storing is a target that may hold a stored response, with the model
+// through which the key reaches it.
+type storing struct {
+	*target
+	model string
+}
+
 // storingTargets are the targets the key may use that can hold the stored
 // response id: the one its tag names (the gateway issued it), else every
 // hosted openai provider, whose API keeps its own store, one target each in
 // the order of their names (asked in turn until one knows the id).
 // denied when a target the id names exists that the key may not use.
-func storingTargets(rt *runtime, key *config.Key, id string) (ts []*target, denied bool) {
+func storingTargets(rt *runtime, key *config.Key, id string) (ts []storing, denied bool) {
 	tag, ours := responseid.TagOf(id)
-	byProvider := map[string]*target{}
+	byProvider := map[string]storing{}
 	for model, rte := range rt.routes {
 		for _, pl := range rte.pools {
 			for i := range pl.targets {
 				c := &pl.targets[i]
 				name := c.cfg.Provider.Name
-				if ours && !storesFor(c, tag) || !ours && c.cfg.Provider.Kind != config.KindOpenAI || byProvider[name] != nil {
+				if _, seen := byProvider[name]; seen || ours && !storesFor(c, tag) || !ours && c.cfg.Provider.Kind != config.KindOpenAI {
 					continue
 				}
 				if key != nil && (!key.AllowsModel(model) || !key.AllowsProvider(name)) {
 					denied = denied || ours
 					continue
 				}
-				byProvider[name] = c
+				byProvider[name] = storing{c, model}
 			}
 		}
 	}

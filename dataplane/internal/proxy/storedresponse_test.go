@@ -419,3 +419,36 @@ func TestBackgroundResponsesTeachRoutingNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestStoredResponsesPassTheDeliveryPolicy: a retrieval returns the output
+// its create returned (or, answered queued in the background, never
+// showed): it passes the output guardrails as the create's answer does,
+// and a stream the policy cannot examine is refused up front.
+func TestStoredResponsesPassTheDeliveryPolicy(t *testing.T) {
+	u := newUpstream(t, "a")
+	u.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPost {
+			fmt.Fprint(w, `{"id":"resp_1","object":"response","status":"queued","output":[]}`)
+			return true
+		}
+		fmt.Fprint(w, `{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"write to alice@example.com"}]}]}`)
+		return true
+	}
+	guard := "[guardrails]\nstreaming_post_call = \"reject\"\n[[guardrails.rules]]\nname = \"email\"\nbuiltin = \"email\"\nstage = \"post_call\"\naction = \"block\"\n"
+	_, srv := newTestProxy(t, openAuth+guard+providers(u)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\" }]\n")
+	resp, out := post(t, srv.URL+"/v1/responses", "", `{"model":"m","input":"x","background":true}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("the queued create: %d %s", resp.StatusCode, out)
+	}
+	id := responseid.New(responseid.Tag("p0"))
+	resp, out = send(t, http.MethodGet, srv.URL+"/v1/responses/"+id, "")
+	if resp.StatusCode != http.StatusForbidden || resp.Header.Get("X-Rolter-Error") != "guardrail_blocked" || strings.Contains(string(out), "alice") {
+		t.Fatalf("a retrieval around the output guardrail: %d %s", resp.StatusCode, out)
+	}
+	hits := u.hits.Load()
+	resp, out = send(t, http.MethodGet, srv.URL+"/v1/responses/"+id+"?stream=true", "")
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("X-Rolter-Error") != "guardrail_streaming_unsupported" || u.hits.Load() != hits {
+		t.Fatalf("a streamed retrieval the guardrail cannot examine: %d %s", resp.StatusCode, out)
+	}
+}
