@@ -31,7 +31,8 @@ const storedResponsesPrefix = "/v1/responses/"
 
 // namesResponses reports whether the proxy chooses the response id of a
 // Responses request sent to t: an engine's (vLLM, SGLang) takes it as
-// request_id; a hosted API keeps its own store and refuses the parameter.
+// request_id; a hosted API keeps its own store (and may refuse a
+// parameter it does not know).
 func namesResponses(t *target) bool { return t.cfg.Provider.Kind == config.KindOpenAICompatible }
 
 // storesFor reports whether t is the target an id with tag names.
@@ -99,9 +100,11 @@ func storedResponseMethods(sub string) string {
 }
 
 // serveStoredResponse forwards a request on one stored response to the
-// replica its id names and relays the answer as it comes (a retrieval
-// with stream=true is an event stream). An id the gateway did not issue
-// names no replica: 404, said so.
+// replica its id names, or for an id the gateway did not issue to the
+// hosted openai providers in turn (storingTargets; none: 404, said so), and
+// answers through the delivery policy: a JSON answer held whole when the
+// policy may change it, anything else relayed as it comes (a retrieval
+// with stream=true is an event stream).
 func (p *Proxy) serveStoredResponse(w http.ResponseWriter, r *http.Request, id, sub string) {
 	start := time.Now()
 	status, provider := 0, ""
