@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -23,16 +24,7 @@ import (
 func TestStoredResponsesThroughProxies(t *testing.T) {
 	for _, strategy := range []string{"round_robin", "predicted_ttft"} {
 		t.Run(strategy, func(t *testing.T) {
-			var rs []*replica
-			for range 3 {
-				rs = append(rs, startReplica(t, vllmsim.Options{Models: []string{"sim"}}))
-			}
-			cfg := fleetConfig("", strategy, rs...)
-			var clients []openai.Client
-			for range 2 {
-				a, _ := startProxy(t, cfg)
-				clients = append(clients, openai.NewClient(option.WithBaseURL(a.URL()+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0)))
-			}
+			clients := twoProxies(t, strategy, vllmsim.Options{Models: []string{"sim"}})
 			ctx := t.Context()
 			for conv := range 3 {
 				var prev *responses.Response
@@ -71,4 +63,73 @@ func TestStoredResponsesThroughProxies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBackgroundResponsesThroughProxies: a background response created
+// through one proxy is polled, and another cancelled, through the other,
+// with the official OpenAI SDK, over replicas that store their own.
+func TestBackgroundResponsesThroughProxies(t *testing.T) {
+	clients := twoProxies(t, "predicted_ttft", vllmsim.Options{Models: []string{"sim"}, ITL: 20 * time.Millisecond})
+	ctx := t.Context()
+	create := func(tokens int64) *responses.Response {
+		t.Helper()
+		resp, err := clients[0].Responses.New(ctx, responses.ResponseNewParams{
+			Model:           "m",
+			Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("a background question")},
+			MaxOutputTokens: openai.Int(tokens),
+			Background:      openai.Bool(true),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Status != responses.ResponseStatusQueued && resp.Status != responses.ResponseStatusInProgress {
+			t.Fatalf("a background create answered %q", resp.Status)
+		}
+		return resp
+	}
+
+	done := create(5)
+	var got *responses.Response
+	waitFor(t, "the background response to complete", func() bool {
+		var err error
+		got, err = clients[1].Responses.Get(ctx, done.ID, responses.ResponseGetParams{})
+		if err != nil {
+			t.Fatalf("poll %s: %v", done.ID, err)
+		}
+		return got.Status != responses.ResponseStatusQueued && got.Status != responses.ResponseStatusInProgress
+	})
+	if got.OutputText() == "" || got.Usage.OutputTokens != 5 {
+		t.Fatalf("finished as %q with %q, usage %+v", got.Status, got.OutputText(), got.Usage)
+	}
+
+	long := create(2000)
+	cancelled, err := clients[1].Responses.Cancel(ctx, long.ID)
+	if err != nil {
+		t.Fatalf("cancel %s: %v", long.ID, err)
+	}
+	if cancelled.Status != responses.ResponseStatusCancelled {
+		t.Fatalf("cancel answered %q", cancelled.Status)
+	}
+	got, err = clients[0].Responses.Get(ctx, long.ID, responses.ResponseGetParams{})
+	if err != nil || got.Status != responses.ResponseStatusCancelled {
+		t.Fatalf("after cancel: %v %v", got, err)
+	}
+}
+
+// twoProxies starts three replicas with opts, each storing its own
+// responses, and two proxies routing model m over them with strategy, and
+// returns an OpenAI SDK client of each proxy.
+func twoProxies(t *testing.T, strategy string, opts vllmsim.Options) []openai.Client {
+	t.Helper()
+	var rs []*replica
+	for range 3 {
+		rs = append(rs, startReplica(t, opts))
+	}
+	cfg := fleetConfig("", strategy, rs...)
+	var clients []openai.Client
+	for range 2 {
+		a, _ := startProxy(t, cfg)
+		clients = append(clients, openai.NewClient(option.WithBaseURL(a.URL()+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0)))
+	}
+	return clients
 }

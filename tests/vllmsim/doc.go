@@ -14,7 +14,9 @@
 //     /v1/responses/{response_id}/cancel, with responses stored as vLLM
 //     stores them under VLLM_ENABLE_RESPONSES_API_STORE=1: in the replica's
 //     memory (the last 4096), unless the request says "store": false, under
-//     the request's request_id if it sets one;
+//     the request's request_id if it sets one; "background": true (without
+//     streaming) answers the response queued at once and generates it on
+//     the engine like any request, as vLLM does;
 //   - GET /v1/models, /health, /ping, /version and /metrics (vLLM's metric
 //     names, e.g. vllm:num_requests_running and vllm:prefix_cache_hits_total);
 //   - POST /tokenize, as vLLM does;
@@ -50,16 +52,19 @@
 // # Concurrency
 //
 // [Server] and [Cache] are safe for concurrent use. Each request runs on its
-// handler goroutine; the server starts no goroutine of its own. A
+// handler goroutine, except a background response, which runs on a
+// goroutine of its own until it ends, is cancelled or [Server.Reset] stops
+// it; the server starts no other goroutine. A
 // [Listener] is called synchronously under the cache's lock, so it must not
 // block.
 //
 // # Lifecycle
 //
 // A Server needs no closing. Requests beyond Options.MaxNumSeqs wait in line
-// (the waiting gauge) until a running one ends or their client goes away.
-// [Server.Reset] clears the counters, the cache and the stored responses
-// while requests may still be running.
+// (the waiting gauge) until a running one ends or their client goes away
+// (or, for a background response, it is cancelled). [Server.Reset] stops
+// the background responses, then clears the counters, the cache and the
+// stored responses while other requests may still be running.
 //
 // Prompts and outputs are never logged.
 package vllmsim

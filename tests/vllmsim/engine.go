@@ -55,7 +55,8 @@ func (s *Server) prepare(endpoint, model string, prompt []uint32, maxTokens *int
 }
 
 // generation is one request between admission and its end. It is used by
-// one goroutine, the request's handler.
+// one goroutine: the request's handler, or a background response's own
+// goroutine (runBackground).
 type generation struct {
 	s       *Server
 	p       plan

@@ -90,6 +90,8 @@ func FuzzRequestBody(f *testing.F) {
 		`{"input":"y","request_id":"resp_x","store":true}`,
 		`{"input":"y","request_id":7,"store":null,"stream":true}`,
 		`{"input":"y","background":true,"store":false}`,
+		`{"input":"y","background":true,"max_output_tokens":2,"request_id":"resp_x"}`,
+		`{"input":"y","background":true,"stream":true}`,
 	}
 	for i := range fuzzPaths {
 		for _, s := range seeds {

@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// This file holds the OpenAI Responses API endpoints: create, retrieve and
-// cancel. vllmsim stores responses as vLLM does when started with
+// This file holds the OpenAI Responses API endpoints: create and retrieve
+// (cancel and background mode are in responses_background.go). vllmsim
+// stores responses as vLLM does when started with
 // VLLM_ENABLE_RESPONSES_API_STORE=1 (vllm/frontend/entrypoints/openai/
 // responses/serving.py at 055e47c28003): in the replica's memory, so that
 // only the replica that produced a response can continue, retrieve or
@@ -211,10 +212,10 @@ type responseBuilder struct {
 }
 
 // object returns the response in a state: "in_progress" (no output, no
-// usage), or the final state of generation g.
+// usage; g may be nil), or the final state of generation g.
 func (b *responseBuilder) object(g *generation, final bool) *responseObject {
 	o := &responseObject{
-		ID: b.id, Object: "response", CreatedAt: b.at, Status: "in_progress",
+		ID: b.id, Object: "response", CreatedAt: b.at, Status: "in_progress", Background: b.req.Background,
 		Instructions: b.req.Instructions, MaxOutputTokens: b.req.MaxOutputTokens,
 		Metadata: map[string]string{}, Model: b.model, Output: []responseItem{},
 		ParallelToolCalls: true, PreviousResponseID: b.req.PreviousResponseID,
@@ -256,18 +257,24 @@ func (b *responseBuilder) event(typ string) responseEvent {
 	return e
 }
 
-// storedResponse is a finished response as the server keeps it.
+// storedResponse is a response as the server keeps it: a finished one, or
+// a background one in any state.
 type storedResponse struct {
 	conv []Message       // the conversation previous_response_id continues
-	obj  *responseObject // the response GET /v1/responses/{id} serves; not changed once stored
+	obj  *responseObject // the response GET /v1/responses/{id} serves; replaced, never changed, once stored
 }
 
-// rememberResponse stores a finished response. A client's request_id may
-// repeat an id: the later response replaces the earlier, as in vLLM's
+// rememberResponse stores a response. A client's request_id may repeat an
+// id: the later response replaces the earlier, as in vLLM's
 // response_store, and becomes the newest.
 func (s *Server) rememberResponse(id string, r storedResponse) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.rememberLocked(id, r)
+}
+
+// rememberLocked is rememberResponse with s.mu held.
+func (s *Server) rememberLocked(id string, r storedResponse) {
 	if s.responses == nil {
 		s.responses = make(map[string]storedResponse)
 	}
@@ -300,7 +307,9 @@ func responseNotFound(id string) *apiError {
 // "store": false, the finished response and its conversation are kept in
 // memory (the last 4096), so previous_response_id, GET and cancel work on
 // the replica that produced the response and get 404 on any other, as with
-// a real vLLM whose response store is local.
+// a real vLLM whose response store is local. A background request is
+// stored at once, queued, and generated on a goroutine of its own
+// (startBackground).
 func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	body, aerr := s.readBody(w, r)
 	if aerr != nil {
@@ -320,16 +329,19 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	store := req.Store != nil && *req.Store
 	if req.Background {
 		// vLLM's validate_background (protocol.py at 055e47c28003) refuses
-		// background without store when it parses the request. With store,
-		// vLLM would answer "queued" at once and generate in a task; vllmsim
-		// runs every request on its handler goroutine, so it says so rather
-		// than answer a synchronous response as if it were queued.
+		// background without store when it parses the request.
 		if !store {
 			badParam("background", "background can only be used when `store` is true").writeOpenAI(w)
-		} else {
-			badParam("background", "vllmsim does not run requests in the background: background must be false").writeOpenAI(w)
+			return
 		}
-		return
+		// vLLM streams a background response from an event store that GET
+		// ?stream=true replays (_run_background_request_stream); vllmsim
+		// runs background requests without streaming only, and says so
+		// before admitting the request.
+		if req.Stream {
+			badParam("stream", "vllmsim does not stream background responses: stream must be false when background is true").writeOpenAI(w)
+			return
+		}
 	}
 	turns, aerr := inputMessages(req.Input)
 	if aerr != nil {
@@ -337,7 +349,9 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// history is the conversation a later previous_response_id continues;
-	// instructions lead this request's prompt only, as in OpenAI's API.
+	// instructions lead this request's prompt only, as in OpenAI's API. An
+	// unfinished background response's conversation has no assistant turn
+	// yet (responses_background.go).
 	var history []Message
 	if req.PreviousResponseID != nil {
 		prev, ok := s.storedResponse(*req.PreviousResponseID)
@@ -371,6 +385,12 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b := &responseBuilder{req: &req, model: p.model, id: id, itemID: newID("msg_"), at: time.Now().Unix(), store: store}
+	if req.Background {
+		// _create_responses (serving.py at 055e47c28003): the queued
+		// response, stored, is the answer; the task generates.
+		writeJSON(w, http.StatusOK, s.startBackground(r.Context(), b, p, history))
+		return
+	}
 	ctx := r.Context()
 	remember := func(g *generation, final *responseObject) {
 		if store {
@@ -457,8 +477,8 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 // stream=true is a 400 here. vLLM replays only the events of a background
 // streaming response (its event_store); for any other stored response its
 // generator raises after the 200 event-stream header is sent, so the client
-// gets a broken stream. vllmsim runs no background requests, so it has no
-// stream to replay, and says so.
+// gets a broken stream. vllmsim runs background requests without
+// streaming only, so it has no stream to replay, and says so.
 func (s *Server) handleRetrieveResponse(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if v, ok := lastQueryValue(q, "starting_after"); ok {
@@ -486,20 +506,6 @@ func (s *Server) handleRetrieveResponse(w http.ResponseWriter, r *http.Request) 
 		return
 	}
 	writeJSON(w, http.StatusOK, stored.obj)
-}
-
-// handleCancelResponse serves POST /v1/responses/{response_id}/cancel as
-// vLLM's cancel_responses (serving.py at 055e47c28003): an unknown id is a
-// 404, and a stored response that is neither queued nor in progress a 400.
-// vllmsim stores only finished synchronous responses (no background mode),
-// so every stored one is of the latter kind.
-func (s *Server) handleCancelResponse(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("response_id")
-	if _, ok := s.storedResponse(id); !ok {
-		responseNotFound(id).writeOpenAI(w)
-		return
-	}
-	invalidRequest(http.StatusBadRequest, "response_id", "Cannot cancel a synchronous response.").writeOpenAI(w)
 }
 
 // lastQueryValue returns a query parameter's last value, the one Starlette

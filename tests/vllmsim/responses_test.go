@@ -23,6 +23,7 @@ type responseObject struct {
 	CreatedAt         int64  `json:"created_at"`
 	Status            string `json:"status"`
 	Model             string `json:"model"`
+	Background        bool   `json:"background"`
 	IncompleteDetails *struct {
 		Reason string `json:"reason"`
 	} `json:"incomplete_details"`
@@ -451,34 +452,35 @@ func TestResponsesCancel(t *testing.T) {
 	}
 }
 
-func TestResponsesBackground(t *testing.T) {
+func TestResponsesBackgroundRefused(t *testing.T) {
 	tests := []struct {
-		name    string
-		fields  string
-		wantMsg string // a 400's message; "" for 200
+		name      string
+		fields    string
+		wantMsg   string // a 400's message; "" for 200
+		wantParam string
 	}{
 		{name: "background false", fields: `"background":false`},
 		{name: "background null", fields: `"background":null`},
 		// vLLM's own 400 (validate_background).
-		{name: "background without store", fields: `"background":true,"store":false`, wantMsg: "background can only be used when `store` is true"},
-		{name: "background with store null", fields: `"background":true,"store":null`, wantMsg: "background can only be used when `store` is true"},
-		// vllmsim's: it runs no request in the background.
-		{name: "background", fields: `"background":true`, wantMsg: "vllmsim does not run requests in the background"},
-		{name: "background with store", fields: `"background":true,"store":true,"stream":true`, wantMsg: "vllmsim does not run requests in the background"},
+		{name: "background without store", fields: `"background":true,"store":false`, wantMsg: "background can only be used when `store` is true", wantParam: "background"},
+		{name: "background with store null", fields: `"background":true,"store":null`, wantMsg: "background can only be used when `store` is true", wantParam: "background"},
+		{name: "background without store, streamed", fields: `"background":true,"store":false,"stream":true`, wantMsg: "background can only be used when `store` is true", wantParam: "background"},
+		// vllmsim's: it does not stream background responses.
+		{name: "background streamed", fields: `"background":true,"store":true,"stream":true`, wantMsg: "vllmsim does not stream background responses", wantParam: "stream"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			sim, ts := newServer(t, vllmsim.Options{})
 			status, b := do(t, ts, http.MethodPost, "/v1/responses", `{"input":"later","request_id":"resp_bg",`+tc.fields+`}`)
 			if tc.wantMsg == "" {
-				if status != http.StatusOK {
-					t.Errorf("status = %d, want 200; body %s", status, b)
+				if r := decode[responseObject](t, b); status != http.StatusOK || r.Status != "completed" || r.Background {
+					t.Errorf("%d %s, want a synchronous 200", status, b)
 				}
 				return
 			}
 			e := decode[errorBody](t, b)
-			if status != http.StatusBadRequest || !strings.Contains(e.Error.Message, tc.wantMsg) || e.Error.Param == nil || *e.Error.Param != "background" {
-				t.Errorf("%d %s, want a 400 on background saying %q", status, b, tc.wantMsg)
+			if status != http.StatusBadRequest || !strings.Contains(e.Error.Message, tc.wantMsg) || e.Error.Param == nil || *e.Error.Param != tc.wantParam {
+				t.Errorf("%d %s, want a 400 on %s saying %q", status, b, tc.wantParam, tc.wantMsg)
 			}
 			if status, _ := do(t, ts, http.MethodGet, "/v1/responses/resp_bg", ""); status != http.StatusNotFound {
 				t.Errorf("a refused request was stored: GET %d", status)

@@ -153,6 +153,8 @@ type Server struct {
 	stats         counters
 	responses     map[string]storedResponse // by response id
 	responseOrder []string                  // response ids, oldest first
+	tasks         map[*bgTask]struct{}      // running background generations
+	taskByID      map[string]*bgTask        // the newest task of each response id
 }
 
 // route is one endpoint: its method and handler. A path of the routes
@@ -295,7 +297,8 @@ type Stats struct {
 	Failures uint64 `json:"failures"`
 	// Completed counts generations that ran to their end.
 	Completed uint64 `json:"completed"`
-	// Cancelled counts generations stopped by the client going away.
+	// Cancelled counts generations stopped before their end: by the client
+	// going away, or, for a background response, by its cancel or by Reset.
 	Cancelled uint64 `json:"cancelled"`
 	// PromptTokens counts the prompt tokens of admitted requests.
 	PromptTokens uint64 `json:"prompt_tokens"`
@@ -347,7 +350,13 @@ func (s *Server) Stats() Stats {
 // Reset zeroes the counters, restarts the fail-rate draws from the seed,
 // forgets stored responses and clears the prefix cache (reporting AllBlocksCleared to the listener). The
 // running and waiting gauges describe live requests and are kept.
+//
+// The generations of background responses are stopped first, and Reset
+// waits for them to end: their responses are forgotten, so nothing could
+// retrieve or cancel them any more, and a generation that ran on would
+// store its response again.
 func (s *Server) Reset() {
+	s.stopBackground()
 	s.mu.Lock()
 	s.stats.reset()
 	s.rng = newRand(s.opts.Seed)
