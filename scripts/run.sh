@@ -114,6 +114,15 @@ Either proxy routes a conversation where the other sent its prefix; each one's
 rolter_fleet_peers shows the other:
   curl -s http://$PROXY2_ADDR/metrics | grep -E '^rolter_fleet_(peers|received_total)'
 
+A Responses conversation the replicas store continues through either proxy (the response's id
+names the replica that stores it):
+  ID=\$(curl -s http://$PROXY_ADDR/v1/responses -H 'content-type: application/json' \\
+        -d '{"model":"llama-3.1-8b","input":"Hello!","max_output_tokens":8}' \\
+        | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+  curl -s http://$PROXY2_ADDR/v1/responses -H 'content-type: application/json' \\
+    -d "{\\"model\\":\\"llama-3.1-8b\\",\\"previous_response_id\\":\\"\$ID\\",\\"input\\":\\"And then?\\"}"
+  curl -s http://$PROXY2_ADDR/v1/responses/\$ID
+
 Metrics: http://$PROXY_ADDR/metrics        Press Ctrl-C to stop.
 MSG
 wait -n "${pids[@]}" || true
