@@ -10,6 +10,15 @@
 //
 //   - POST /v1/chat/completions, /v1/completions, /v1/messages,
 //     /v1/responses (each streaming or not) and /v1/embeddings;
+//   - POST /rerank, /v1/rerank and /v2/rerank (vLLM's Jina/Cohere-style
+//     RerankRequest) and /score and /v1/score (ScoreRequest: queries and
+//     documents, queries and items, data_1 and data_2, or text_1 and
+//     text_2), as a text-only cross-encoder would answer them: a pair's
+//     prompt is the query's tokens then the document's, its score is
+//     [PairScore] (higher for a document holding more of the query's
+//     words), and rerank results come most relevant first, cut at top_n
+//     (like embeddings, they skip the prefix cache, the latency model and
+//     the MaxNumSeqs queue);
 //   - GET /v1/responses/{response_id} and POST
 //     /v1/responses/{response_id}/cancel, with responses stored as vLLM
 //     stores them under VLLM_ENABLE_RESPONSES_API_STORE=1: in the replica's
@@ -24,7 +33,8 @@
 //
 // Prompts are tokenized by [Tokenize], a pure function of the text, after
 // chat turns are rendered by [ChatPrompt]; clients can reproduce the ids and
-// the block hashes ([BlockHashes]) a replica computes. The output text is
+// the block hashes ([BlockHashes]) a replica computes, and the scores of
+// /rerank and /score ([RelevanceScore]). The output text is
 // made of words chosen deterministically from the prompt tokens, one token
 // per word; its length is the request's max_tokens (finish reason "length")
 // or Options.MaxTokensDefault (finish reason "stop").

@@ -16,6 +16,7 @@ var fuzzPaths = []string{
 	"/v1/chat/completions", "/v1/completions", "/v1/messages",
 	"/v1/responses", "/v1/embeddings", "/tokenize",
 	"/v1/responses/resp_x/cancel",
+	"/rerank", "/v1/rerank", "/v2/rerank", "/score", "/v1/score",
 }
 
 // checkFuzzResponse checks what any request body may get: a 200 with a JSON
@@ -92,6 +93,13 @@ func FuzzRequestBody(f *testing.F) {
 		`{"input":"y","background":true,"store":false}`,
 		`{"input":"y","background":true,"max_output_tokens":2,"request_id":"resp_x"}`,
 		`{"input":"y","background":true,"stream":true}`,
+		`{"query":"a b","documents":["b c","a",""],"top_n":2}`,
+		`{"query":{"content":[]},"documents":"x","top_n":-1,"use_activation":false}`,
+		`{"query":"q","documents":["d e f g"],"truncate_prompt_tokens":2,"truncation_side":"left","padding":"max_length","max_tokens_per_doc":1}`,
+		`{"queries":["a","b"],"documents":["c","d"],"top_n":"1.0","truncate_prompt_tokens":-1}`,
+		`{"queries":"a","items":[],"max_tokens_per_query":300}`,
+		`{"text_1":["x"],"text_2":["y",{"content":[{"type":"text","text":"z"}]}],"cache_salt":""}`,
+		`{"data_1":"p","data_2":["q"],"priority":1e300,"use_activation":"yes"}`,
 	}
 	for i := range fuzzPaths {
 		for _, s := range seeds {

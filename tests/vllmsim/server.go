@@ -200,6 +200,11 @@ func New(opts Options) (*Server, error) {
 		"/v1/messages":         {http.MethodPost, s.handleMessages},
 		"/v1/responses":        {http.MethodPost, s.handleResponses},
 		"/v1/embeddings":       {http.MethodPost, s.handleEmbeddings},
+		"/rerank":              {http.MethodPost, s.handleRerank},
+		"/v1/rerank":           {http.MethodPost, s.handleRerank},
+		"/v2/rerank":           {http.MethodPost, s.handleRerank},
+		"/score":               {http.MethodPost, s.handleScore},
+		"/v1/score":            {http.MethodPost, s.handleScore},
 		"/tokenize":            {http.MethodPost, s.handleTokenize},
 		"/v1/models":           {http.MethodGet, s.handleModels},
 		"/health":              {http.MethodGet, s.handleHealth},
@@ -289,7 +294,8 @@ func matchPattern(pattern, segs []string) (params []string, ok bool) {
 // GET /sim/stats.
 type Stats struct {
 	// Requests counts inference requests that passed validation (chat,
-	// completions, messages, responses, embeddings), failures included.
+	// completions, messages, responses, embeddings, rerank, score),
+	// failures included.
 	Requests uint64 `json:"requests"`
 	// ByEndpoint splits Requests by path.
 	ByEndpoint map[string]uint64 `json:"by_endpoint"`

@@ -57,9 +57,10 @@ func newCORSPolicy(c config.CORS) *corsPolicy {
 }
 
 // corsFor returns the policy of a request on path, or nil: CORS is off, no
-// config is loaded yet, or the path is not an API path.
+// config is loaded yet, or the path is not an API path (under /v1/, or an
+// endpoint elsewhere: /rerank, /v2/rerank, /score).
 func (rt *runtime) corsFor(path string) *corsPolicy {
-	if rt == nil || rt.cors == nil || !strings.HasPrefix(path, "/v1/") || path == rt.snap.Server.MetricsPath {
+	if rt == nil || rt.cors == nil || !strings.HasPrefix(path, "/v1/") && endpoints[path] == nil || path == rt.snap.Server.MetricsPath {
 		return nil
 	}
 	return rt.cors

@@ -354,11 +354,22 @@ var endpoints = map[string]*endpoint{
 	"/v1/completions":      {path: "/v1/completions", serves: notAnthropic},
 	"/v1/responses":        {path: "/v1/responses", serves: notAnthropic},
 	"/v1/embeddings":       {path: "/v1/embeddings", serves: notAnthropic},
+	// vLLM's scoring endpoints (pooling/scoring/api_router.py at
+	// 055e47c28003): rerank (Jina's and Cohere's v1 and v2 shapes) and
+	// score, each at the path vLLM names canonical and the /v1 ones it
+	// keeps. Only an engine serves them.
+	"/rerank":    {path: "/rerank", serves: engineOnly},
+	"/v1/rerank": {path: "/v1/rerank", serves: engineOnly},
+	"/v2/rerank": {path: "/v2/rerank", serves: engineOnly},
+	"/score":     {path: "/score", serves: engineOnly},
+	"/v1/score":  {path: "/v1/score", serves: engineOnly},
 	// vLLM serves the Messages API too; the OpenAI API does not.
 	"/v1/messages": {path: "/v1/messages", dialect: dialectAnthropic, serves: func(k string) bool { return k != config.KindOpenAI }},
 }
 
 func notAnthropic(kind string) bool { return kind != config.KindAnthropic }
+
+func engineOnly(kind string) bool { return kind == config.KindOpenAICompatible }
 
 // notFoundDialect is the dialect of the 404 for a path no route serves,
 // the API the client speaks: a request with an anthropic-version header
