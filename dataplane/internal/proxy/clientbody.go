@@ -47,6 +47,30 @@ func watchBody(r *http.Request, snap *config.Snapshot, now time.Time) *clientBod
 	return b
 }
 
+// watchRequest loads the runtime a request is served with (nil before the
+// first config) and watches its body with that runtime's limits.
+func (p *Proxy) watchRequest(r *http.Request, start time.Time) (*runtime, *clientBody) {
+	rt := p.rt.Load()
+	var snap *config.Snapshot
+	if rt != nil {
+		snap = rt.snap
+	}
+	return rt, watchBody(r, snap, start)
+}
+
+// unavailable is the refusal of every API request while the proxy cannot
+// serve one: after Halt (few arrive: the listener closed before it) or
+// before its first config; nil otherwise.
+func (p *Proxy) unavailable(rt *runtime) (*apiError, string) {
+	switch {
+	case p.halted.Err() != nil:
+		return &errShuttingDown, msgShuttingDown
+	case rt == nil:
+		return &errNoTarget, "no configuration loaded yet"
+	}
+	return nil, ""
+}
+
 // readBody reads the whole body within its deadline and limit. The deadline
 // is on the connection, so a client that stops sending is cut off even
 // mid-read; it is cleared once the body is in, because the server keeps

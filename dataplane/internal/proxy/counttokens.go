@@ -33,22 +33,13 @@ func (p *Proxy) serveCountTokens(w http.ResponseWriter, r *http.Request) {
 			slog.String("endpoint", countTokensPath), slog.String("model", model), slog.Int("status", status),
 			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
 	}()
-	rt := p.rt.Load()
-	var snap *config.Snapshot
-	if rt != nil {
-		snap = rt.snap
-	}
-	cb := watchBody(r, snap, start)
+	rt, cb := p.watchRequest(r, start)
 	fail := func(e apiError, msg string) {
 		status = e.status
 		refuse(w, r, cb, dialectAnthropic, e, msg)
 	}
-	if p.halted.Err() != nil {
-		fail(errShuttingDown, msgShuttingDown)
-		return
-	}
-	if rt == nil {
-		fail(errNoTarget, "no configuration loaded yet")
+	if e, msg := p.unavailable(rt); e != nil {
+		fail(*e, msg)
 		return
 	}
 	key, aerr, msg := p.authenticate(rt, r)

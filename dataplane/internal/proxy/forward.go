@@ -135,25 +135,14 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 			slog.Float64("duration_ms", float64(time.Since(x.start).Microseconds())/1000),
 			slog.Float64("ttft_ms", float64(x.ttft.Microseconds())/1000))
 	}()
-	rt := p.rt.Load()
-	var snap *config.Snapshot
-	if rt != nil {
-		snap = rt.snap
-	}
-	cb := watchBody(r, snap, x.start)
+	rt, cb := p.watchRequest(r, x.start)
 	fail := func(e apiError, msg string) {
 		x.status = e.status
 		x.errCode = e.code
 		refuse(w, r, cb, ep.dialect, e, msg)
 	}
-
-	if p.halted.Err() != nil {
-		// Few arrive after Halt: the listener closed before it.
-		fail(errShuttingDown, msgShuttingDown)
-		return
-	}
-	if rt == nil {
-		fail(errNoTarget, "no configuration loaded yet")
+	if e, msg := p.unavailable(rt); e != nil {
+		fail(*e, msg)
 		return
 	}
 	x.rt = rt
