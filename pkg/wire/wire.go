@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 )
 
 // ErrCorrupt is wrapped by every error a Reader returns.
@@ -70,7 +71,9 @@ func (r *Reader) Uvarint(what string) uint64 {
 		return 0
 	}
 	v, k := binary.Uvarint(r.b)
-	if k <= 0 {
+	if k <= 0 || k != varintLen(v) {
+		// Not minimal either: no writer of ours makes one, and a record
+		// must read back as the bytes it was read from.
 		r.Fail("%s: bad varint", what)
 		return 0
 	}
@@ -78,13 +81,16 @@ func (r *Reader) Uvarint(what string) uint64 {
 	return v
 }
 
+// varintLen is the length of the minimal varint encoding of x.
+func varintLen(x uint64) int { return max(1, (bits.Len64(x)+6)/7) }
+
 // Varint reads a signed varint.
 func (r *Reader) Varint(what string) int64 {
 	if r.err != nil {
 		return 0
 	}
 	v, k := binary.Varint(r.b)
-	if k <= 0 {
+	if k <= 0 || k != varintLen(uint64(v)<<1^uint64(v>>63)) { // zigzag, as binary.PutVarint
 		r.Fail("%s: bad varint", what)
 		return 0
 	}

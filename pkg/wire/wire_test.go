@@ -73,6 +73,12 @@ func TestFailures(t *testing.T) {
 		"items room":    {append(many, 0), func(r *wire.Reader) { r.Items("", 1, 5000) }},
 		"bytes room":    {append(many, 0), func(r *wire.Reader) { r.Bytes("", 5000) }},
 		"bytes too big": {append(binary.AppendUvarint(nil, 3), "abc"...), func(r *wire.Reader) { r.Bytes("", 2) }},
+		// Non-minimal varints (Go's decoder takes them): a record must read
+		// back as the bytes it was read from.
+		"uvarint 0 in two bytes":   {[]byte{0x80, 0x00}, func(r *wire.Reader) { r.Uvarint("") }},
+		"uvarint 1 in three bytes": {[]byte{0x81, 0x80, 0x00}, func(r *wire.Reader) { r.Uvarint("") }},
+		"varint -1 in two bytes":   {[]byte{0x81, 0x00}, func(r *wire.Reader) { r.Varint("") }},
+		"count 0 in two bytes":     {[]byte{0x80, 0x00}, func(r *wire.Reader) { r.Count("", 5) }},
 	} {
 		r := wire.NewReader(in.b)
 		in.read(r)
@@ -81,6 +87,23 @@ func TestFailures(t *testing.T) {
 		}
 		if r.Uvarint("after") != 0 || r.Len() != 0 {
 			t.Errorf("%s: a read after the error returned data", name)
+		}
+	}
+}
+
+// TestMinimalVarints: every value's own encoding reads back, at the
+// edges of each length.
+func TestMinimalVarints(t *testing.T) {
+	for _, v := range []uint64{0, 1, 127, 128, 16383, 16384, 1<<63 - 1, 1 << 63, math.MaxUint64} {
+		r := wire.NewReader(binary.AppendUvarint(nil, v))
+		if got := r.Uvarint(""); got != v || r.Done() != nil {
+			t.Errorf("uvarint %d read as %d: %v", v, got, r.Err())
+		}
+	}
+	for _, v := range []int64{0, -1, 1, -64, 63, -65, 64, math.MinInt64, math.MaxInt64} {
+		r := wire.NewReader(binary.AppendVarint(nil, v))
+		if got := r.Varint(""); got != v || r.Done() != nil {
+			t.Errorf("varint %d read as %d: %v", v, got, r.Err())
 		}
 	}
 }
