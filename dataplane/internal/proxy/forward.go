@@ -84,6 +84,9 @@ type exchange struct {
 	// namesResponse: a Responses request whose response id the proxy
 	// chooses per attempt, naming the target (package responseid).
 	namesResponse bool
+	// hostedPrevious: a Responses request continuing a response the
+	// gateway did not name (a hosted account's; see otherAccount).
+	hostedPrevious bool
 	// background: a Responses request the engine answers at once (queued)
 	// and generates later; its answer's timing is no time to first token,
 	// so the balancer learns nothing from it (the attempt is abandoned).
@@ -241,7 +244,9 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		// where that response is stored (storedresponse.go).
 		f := responseid.Read(raw)
 		x.namesResponse, x.background = !f.OwnID, f.Background
-		if tag, ok := responseid.TagOf(f.Previous); ok {
+		tag, ours := responseid.TagOf(f.Previous)
+		x.hostedPrevious = f.Previous != "" && !ours
+		if ours {
 			if e, msg := pinStored(x, f.Previous, tag); e != nil {
 				if e.code == errProviderDenied.code {
 					p.metrics.AuthFailures.WithLabelValues("provider_not_allowed").Inc()
@@ -590,6 +595,23 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			lastErr = err
 			p.log.LogAttrs(r.Context(), slog.LevelWarn, "upstream attempt failed",
 				slog.String("request_id", x.id), slog.String("provider", t.cfg.Provider.Name), slog.String("err", err.Error()))
+			continue
+		}
+		if resp.StatusCode == http.StatusNotFound && attempt+1 < maxAttempts && otherAccount(x, t) {
+			// A continuation of a response another hosted account stores:
+			// this one's 404 is no failure of it (generation never
+			// started), and the next account may hold it.
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			cancel()
+			upSpan.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+			upSpan.End()
+			release()
+			if t.state.BreakerSuccess(x.rt.breaker) {
+				p.metrics.BreakerClosed.WithLabelValues(t.cfg.Provider.Name).Inc()
+			}
+			p.metrics.TargetRequests.WithLabelValues(x.route.cfg.Model, t.cfg.Provider.Name, "error").Inc()
+			lastErr, bodyFailed = fmt.Errorf("upstream status %d", resp.StatusCode), false
 			continue
 		}
 		failed := retryable(resp.StatusCode) // counted as the target's failure here

@@ -68,6 +68,28 @@ func pinStored(x *exchange, prev, tag string) (*apiError, string) {
 	return &errNotFound, fmt.Sprintf("previous_response_id %q names a response stored by a replica that model %q's route does not have (any longer)", echoedName(prev), echoedName(x.route.cfg.Model))
 }
 
+// otherAccount reports whether a 404 from t to x may be another hosted
+// account's to answer: x continues a response the gateway did not name, t
+// is a hosted openai provider (OpenAI keeps each account's responses
+// apart), and an untried openai target remains. It then keeps only such
+// targets for the next attempts: no engine holds an id it did not make.
+func otherAccount(x *exchange, t *target) bool {
+	if !x.hostedPrevious || t.cfg.Provider.Kind != config.KindOpenAI {
+		return false
+	}
+	left := false
+	for k := range x.pools {
+		ps := &x.pools[k]
+		for i := range ps.pool.targets {
+			if ps.pool.targets[i].cfg.Provider.Kind != config.KindOpenAI {
+				ps.allowed.Remove(i)
+			}
+			left = left || ps.allowed.Has(i) && !ps.tried.Has(i)
+		}
+	}
+	return left
+}
+
 // storedResponsePath splits a path under /v1/responses/ into the response
 // id and what follows it: "" (GET, DELETE), "/cancel" (POST) or
 // "/input_items" (GET), the requests OpenAI's API and vLLM serve on a

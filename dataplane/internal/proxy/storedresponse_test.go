@@ -452,3 +452,43 @@ func TestStoredResponsesPassTheDeliveryPolicy(t *testing.T) {
 		t.Fatalf("a streamed retrieval the guardrail cannot examine: %d %s", resp.StatusCode, out)
 	}
 }
+
+// TestContinuationsFindTheirHostedAccount: a route over two hosted
+// accounts continues a response only the second one stores; the first
+// one's 404 sends the request on to the next account, and is no failure of
+// the first (it is not parked, no upstream error is counted).
+func TestContinuationsFindTheirHostedAccount(t *testing.T) {
+	var ups []*upstream
+	doc := openAuth
+	for i := range 2 {
+		u := newUpstream(t, fmt.Sprint(i))
+		storingUpstream(u)
+		ups = append(ups, u)
+		doc += fmt.Sprintf("[[providers]]\nname = \"openai-%d\"\nkind = \"openai\"\napi_base = %q\napi_key = \"k%d\"\n", i, u.URL, i)
+	}
+	doc += "[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"openai-0\" }, { provider = \"openai-1\" }]\n" +
+		"[[routes]]\nmodel = \"only-1\"\ntargets = [{ provider = \"openai-1\" }]\n"
+	p, srv := newTestProxy(t, doc)
+	resp, out := post(t, srv.URL+"/v1/responses", "", `{"model":"only-1","input":"x"}`)
+	var r struct{ ID string }
+	if resp.StatusCode != 200 || json.Unmarshal(out, &r) != nil {
+		t.Fatalf("create: %d %s", resp.StatusCode, out)
+	}
+	for i := range 4 {
+		resp, out := post(t, srv.URL+"/v1/responses", "", fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"more"}`, r.ID))
+		if resp.StatusCode != 200 || resp.Header.Get("X-Rolter-Provider") != "openai-1" {
+			t.Fatalf("continuation %d: %d from %q: %s", i, resp.StatusCode, resp.Header.Get("X-Rolter-Provider"), out)
+		}
+	}
+	if ups[0].hits.Load() == 0 {
+		t.Fatal("the first account was never asked: the test shows nothing")
+	}
+	if n := testutil.ToFloat64(p.metrics.UpstreamErrors.WithLabelValues("openai-0", "status_404")); n != 0 {
+		t.Fatalf("the first account's 404s counted as its failures: %v", n)
+	}
+	// A response neither account stores: the last 404 is the answer.
+	resp, out = post(t, srv.URL+"/v1/responses", "", `{"model":"m","previous_response_id":"resp_nowhere","input":"more"}`)
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("a continuation nobody stores: %d %s", resp.StatusCode, out)
+	}
+}
