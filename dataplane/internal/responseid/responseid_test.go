@@ -2,6 +2,7 @@ package responseid
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -128,3 +129,22 @@ func FuzzRead(f *testing.F) {
 // escapedKeys reports whether a body spells some key with an escape, so
 // that a byte search can miss it.
 func escapedKeys(body []byte) bool { return strings.Contains(string(body), `\`) }
+
+// BenchmarkNameResponse is what a Responses request pays the proxy for
+// naming its response: Read's byte searches of the body (none of the keys
+// in it, the common case), then one copy of it with the id, per attempt.
+func BenchmarkNameResponse(b *testing.B) {
+	for _, size := range []int{1 << 10, 64 << 10, 1 << 20} {
+		body := []byte(`{"model":"m","input":"` + strings.Repeat("a long conversation ", size/20) + `"}`)
+		tag := Tag("vllm-0")
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if f := Read(body); !f.OwnID {
+					_ = WithID(body, New(tag))
+				}
+			}
+		})
+	}
+}
