@@ -1165,11 +1165,7 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 				rec.write(buf[:n])
 			}
 			tap.write(buf[:n])
-			if n >= 2 {
-				last = [2]byte{buf[n-2], buf[n-1]}
-			} else {
-				last = [2]byte{last[1], buf[0]}
-			}
+			last = lastTwo(last, buf[:n])
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				p.clientGone(x, werr)
 				end(werr)
@@ -1209,21 +1205,35 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 			return relayUnsent, rerr
 		}
 		if stream {
-			var ev []byte
-			if last != [2]byte{'\n', '\n'} {
-				// End the event the upstream left open, so the error
-				// event stands alone (a blank line too many is ignored).
-				ev = append(ev, "\n\n"...)
-			}
-			e, msg := errUpstream, "the upstream broke off the response after it had started; the response is incomplete"
-			if errors.Is(rerr, errHalted) {
-				e, msg = errShuttingDown, "the proxy shut down before the response finished; the response is incomplete"
-			}
-			ev = append(ev, errorEvent(x.ep.dialect, e, msg)...)
-			_, _ = w.Write(ev)
+			_, _ = w.Write(cutEvent(last, x.ep.dialect, rerr))
 		}
 		// What did arrive goes out before the connection is aborted.
 		_ = rc.Flush()
 		return relayCut, rerr
 	}
+}
+
+// lastTwo is the last two bytes sent once b follows a stream whose last two
+// were last: where an SSE event boundary is.
+func lastTwo(last [2]byte, b []byte) [2]byte {
+	if len(b) >= 2 {
+		return [2]byte{b[len(b)-2], b[len(b)-1]}
+	}
+	return [2]byte{last[1], b[0]}
+}
+
+// cutEvent is what ends a stream the upstream broke off (rerr) after it had
+// started, whose last two bytes sent were last: the end of the event the
+// upstream left open, if it did, so that the error event stands alone (a
+// blank line too many is ignored), then the error event in dialect d.
+func cutEvent(last [2]byte, d dialect, rerr error) []byte {
+	var ev []byte
+	if last != [2]byte{'\n', '\n'} {
+		ev = append(ev, "\n\n"...)
+	}
+	e, msg := errUpstream, "the upstream broke off the response after it had started; the response is incomplete"
+	if errors.Is(rerr, errHalted) {
+		e, msg = errShuttingDown, "the proxy shut down before the response finished; the response is incomplete"
+	}
+	return append(ev, errorEvent(d, e, msg)...)
 }

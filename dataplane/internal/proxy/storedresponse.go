@@ -314,11 +314,7 @@ func (p *Proxy) relayStored(w http.ResponseWriter, resp *http.Response) error {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
 			tap.write(buf[:n])
-			if n >= 2 {
-				last = [2]byte{buf[n-2], buf[n-1]}
-			} else {
-				last = [2]byte{last[1], buf[0]}
-			}
+			last = lastTwo(last, buf[:n])
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return nil // the client left
 			}
@@ -337,16 +333,7 @@ func (p *Proxy) relayStored(w http.ResponseWriter, resp *http.Response) error {
 			rerr = errUnterminated
 		}
 		if stream {
-			var ev []byte
-			if last != [2]byte{'\n', '\n'} {
-				ev = append(ev, "\n\n"...) // end the open event
-			}
-			e, msg := errUpstream, "the upstream broke off the response after it had started; the response is incomplete"
-			if errors.Is(rerr, errHalted) {
-				e, msg = errShuttingDown, "the proxy shut down before the response finished; the response is incomplete"
-			}
-			ev = append(ev, errorEvent(dialectOpenAI, e, msg)...)
-			_, _ = w.Write(ev)
+			_, _ = w.Write(cutEvent(last, dialectOpenAI, rerr))
 			_ = rc.Flush()
 		}
 		return rerr
