@@ -78,9 +78,10 @@ type exchange struct {
 	observed  int
 	sent      time.Time
 	firstSeen bool
-	// tokenized: rctx.TokenIDs are an engine's /tokenize answer (fresh or
-	// cached), checked against the prompt length the answer reports.
-	tokenized bool
+	// tokenizedFor: rctx.TokenIDs are an engine's /tokenize answer (fresh
+	// or cached) for this upstream model, checked against the prompt length
+	// the answer reports; "" when they are not.
+	tokenizedFor string
 	// namesResponse: a Responses request whose response id the proxy
 	// chooses per attempt, naming the target (package responseid).
 	namesResponse bool

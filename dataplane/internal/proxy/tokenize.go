@@ -83,9 +83,13 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 		x.rctx.TokenIDs = ids
 		count("cached")
 		return
+	case p.tok.Distrusted(t.cfg.Model, x.ep.path, now):
+		// This endpoint's ids were lately proven wrong (checkTokenized).
+		count("distrusted")
+		return
 	}
 	if ids, ok := p.tok.Cached(tok); ok {
-		x.rctx.TokenIDs, x.tokenized = ids, true
+		x.rctx.TokenIDs, x.tokenizedFor = ids, t.cfg.Model
 		count("cached")
 		return
 	}
@@ -104,7 +108,7 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 	outcome := "engine"
 	switch {
 	case err == nil:
-		x.rctx.TokenIDs, x.tokenized = ids, true
+		x.rctx.TokenIDs, x.tokenizedFor = ids, t.cfg.Model
 	case halted(ctx):
 		outcome = "shutting_down"
 	case errors.Is(err, context.DeadlineExceeded) || cctx.Err() != nil && ctx.Err() == nil:
@@ -134,19 +138,28 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 // differ from the source the conversion follows. Only for the assigned
 // pool (a fall-over variant may serve another model), and only when the
 // answer reported its prompt (a stream without usage does not). Equal
-// lengths do not prove equal ids; unequal ones prove the ids wrong.
+// lengths do not prove equal ids; unequal ones prove the ids wrong, and an
+// endpoint whose ids are proven wrong more often than not is distrusted
+// for a while (tokenize.Client.Check): its requests then route on the
+// approximate state.
 func (p *Proxy) checkTokenized(x *exchange) {
-	if !x.tokenized || x.cur != 0 || !x.usage.Known || x.usage.PromptTokens <= 0 {
+	if x.tokenizedFor == "" || x.cur != 0 || !x.usage.Known || x.usage.PromptTokens <= 0 {
 		return
 	}
+	match := x.usage.PromptTokens == int64(len(x.rctx.TokenIDs))
 	result := "match"
-	if x.usage.PromptTokens != int64(len(x.rctx.TokenIDs)) {
+	if !match {
 		result = "mismatch"
 		p.log.LogAttrs(x.ctx, slog.LevelDebug, "token ids unlike the engine's prompt",
 			slog.String("request_id", x.id), slog.String("endpoint", x.ep.path),
 			slog.Int("ids", len(x.rctx.TokenIDs)), slog.Int64("prompt_tokens", x.usage.PromptTokens))
 	}
 	p.metrics.TokenizeChecked.WithLabelValues(x.route.cfg.Model, x.ep.path, result).Inc()
+	if d := p.tok.Check(x.tokenizedFor, x.ep.path, match, time.Now()); d > 0 {
+		p.log.LogAttrs(x.ctx, slog.LevelWarn, "token ids from /tokenize disagree with the engine's prompts: routing this endpoint on the approximate state for a while",
+			slog.String("model", x.tokenizedFor), slog.String("endpoint", x.ep.path), slog.Duration("for", d),
+			slog.Int("ids", len(x.rctx.TokenIDs)), slog.Int64("prompt_tokens", x.usage.PromptTokens))
+	}
 }
 
 // engineState is what the route's replicas report about themselves, for

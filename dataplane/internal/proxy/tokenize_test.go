@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"rolter.dev/dataplane/internal/tokenize"
 	"rolter.dev/pkg/kvindex"
 	"rolter.dev/pkg/natstest"
 )
@@ -257,6 +258,57 @@ func TestTokenizedIDsCheckedAgainstThePrompt(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(p.metrics.Tokenize.WithLabelValues("m", "cached")); n != 1 {
 		t.Errorf("rolter_tokenize_total{outcome=\"cached\"} = %v, want 1", n)
+	}
+}
+
+// TestWrongTokenIDsDistrusted: an engine that renders a request shape
+// otherwise than the proxy's conversion answers prompts of another length
+// than the ids /tokenize gave; once tokenize.TrustMismatches of them, more
+// than the matches, proved the ids wrong, the endpoint's requests are not
+// tokenized (counted distrusted) and route on the approximate state, still
+// served, while another endpoint's ids keep being asked for and used.
+func TestWrongTokenIDsDistrusted(t *testing.T) {
+	var calls atomic.Int32
+	up := newUpstream(t, "v")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/tokenize":
+			calls.Add(1)
+			_, _ = io.WriteString(w, `{"count":3,"max_model_len":100,"tokens":[7,8,9],"token_strs":null}`)
+		case "/v1/responses": // rendered with two tokens more than the proxy's conversion
+			_, _ = io.WriteString(w, `{"id":"resp_1","object":"response","status":"completed","output":[],"usage":{"input_tokens":5,"output_tokens":1,"total_tokens":6}}`)
+		default:
+			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+		}
+		return true
+	}
+	p, url := kvRouteProxy(t, up, "predicted_ttft")
+	send := func(path, body string) {
+		t.Helper()
+		resp, out := post(t, url+path, "", body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d: %s", path, resp.StatusCode, out)
+		}
+	}
+	for i := range tokenize.TrustMismatches + 3 {
+		send("/v1/responses", fmt.Sprintf(`{"model":"m","input":"question %d"}`, i))
+		send("/v1/chat/completions", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i))
+	}
+	want := map[string]float64{"engine": 2*tokenize.TrustMismatches + 3, "distrusted": 3}
+	for outcome, n := range want {
+		if got := testutil.ToFloat64(p.metrics.Tokenize.WithLabelValues("m", outcome)); got != n {
+			t.Errorf("rolter_tokenize_total{outcome=%q} = %v, want %v", outcome, got, n)
+		}
+	}
+	if n := calls.Load(); n != 2*tokenize.TrustMismatches+3 {
+		t.Errorf("/tokenize asked %d times, want %d", n, 2*tokenize.TrustMismatches+3)
+	}
+	for path, n := range map[string]float64{"/v1/responses": tokenize.TrustMismatches, "/v1/chat/completions": tokenize.TrustMismatches + 3} {
+		result := map[bool]string{true: "mismatch", false: "match"}[path == "/v1/responses"]
+		if got := testutil.ToFloat64(p.metrics.TokenizeChecked.WithLabelValues("m", path, result)); got != n {
+			t.Errorf("rolter_tokenize_checked_total{endpoint=%q,result=%q} = %v, want %v", path, result, got, n)
+		}
 	}
 }
 

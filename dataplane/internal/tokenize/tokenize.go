@@ -353,6 +353,10 @@ type Client struct {
 	parkMu sync.Mutex
 	parked map[string]time.Time
 
+	// trust holds each model and endpoint's checks (trust.go).
+	trustMu sync.Mutex
+	trust   map[trustKey]*verdicts
+
 	mu     sync.Mutex
 	lru    list.List // of *entry, most recent first
 	byKey  map[xxh3.Uint128]*list.Element
@@ -367,7 +371,8 @@ type entry struct {
 
 // New returns a client sending with hc.
 func New(hc *http.Client) *Client {
-	return &Client{http: hc, limit: CacheTokens, byKey: map[xxh3.Uint128]*list.Element{}, parked: map[string]time.Time{}}
+	return &Client{http: hc, limit: CacheTokens, byKey: map[xxh3.Uint128]*list.Element{}, parked: map[string]time.Time{},
+		trust: map[trustKey]*verdicts{}}
 }
 
 // Park marks base's /tokenize as not to be asked until until (see Parked):
