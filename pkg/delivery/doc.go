@@ -13,7 +13,10 @@
 //     check, or a regexp) scan the assistant text of the response (OpenAI
 //     chat choices[].message.content, completions choices[].text,
 //     Anthropic content[].text, Responses output[].content[].text;
-//     embeddings have none), up to max_scan_bytes. A block rule refuses
+//     embeddings have none) and the model's reasoning (chat
+//     reasoning_content and reasoning, Anthropic thinking blocks,
+//     Responses reasoning text and summaries), up to max_scan_bytes;
+//     tool-call arguments pass as they are. A block rule refuses
 //     with 403 guardrail_blocked; redact rules rewrite only those string
 //     values, every other byte of the JSON stays as it was; annotate rules
 //     add the rule names in X-Rolter-Guardrail-Matched.
@@ -24,7 +27,7 @@
 //     malformed [Reply]) is skipped under fail_open and refuses with 502
 //     plugin_unavailable under fail_closed.
 //  3. The PII sanitizer's response leg ([pii_sanitizer]): with direction
-//     response or both the assistant text is sanitized; with restoration
+//     response or both the assistant text (and reasoning) is sanitized; with restoration
 //     enabled and a [Ticket] from this request's leg ([Policy.SanitizeRequest])
 //     the placeholders are restored through restore_url. A sanitize failure
 //     follows failure_mode (fail_closed refuses with 502
@@ -35,7 +38,8 @@
 // bodies pass unchanged.
 //
 // Before routing, the proxy calls [Policy.GuardRequest] (pre_call rules:
-// 400 guardrail_blocked, redaction of the request's texts) and
+// 400 guardrail_blocked, redaction of the request's texts, tool results
+// included) and
 // [Policy.SanitizeRequest] (the PII request leg, which returns the body to
 // forward and the [Ticket] for the response leg; fail_closed failures
 // refuse with 502 pii_sanitizer_unavailable).

@@ -70,6 +70,36 @@ func TestOutputGuardrails(t *testing.T) {
 			wantBody: `{"object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"[REDACTED:CARD]"}]}]}`,
 		},
 		{
+			name:  "redact: the reasoning of a chat answer, under either name",
+			rules: redactEmail,
+			body: `{"choices":[{"message":{"role":"assistant","content":"done","reasoning_content":"the user is a@example.com"}},` +
+				`{"message":{"role":"assistant","content":null,"reasoning":"b@example.com"}}]}`,
+			wantBody: `{"choices":[{"message":{"role":"assistant","content":"done","reasoning_content":"the user is [REDACTED:EMAIL]"}},` +
+				`{"message":{"role":"assistant","content":null,"reasoning":"[REDACTED:EMAIL]"}}]}`,
+		},
+		{
+			name:  "redact: anthropic thinking blocks, not their signature",
+			rules: redactEmail,
+			body: `{"type":"message","content":[{"type":"thinking","thinking":"mail a@example.com","signature":"a@example.com"},` +
+				`{"type":"redacted_thinking","data":"b@example.com"},{"type":"text","text":"ok"}]}`,
+			wantBody: `{"type":"message","content":[{"type":"thinking","thinking":"mail [REDACTED:EMAIL]","signature":"a@example.com"},` +
+				`{"type":"redacted_thinking","data":"b@example.com"},{"type":"text","text":"ok"}]}`,
+		},
+		{
+			name:  "redact: responses reasoning text and summaries, not a function call's arguments",
+			rules: redactEmail,
+			body: `{"object":"response","output":[{"type":"reasoning","summary":[{"type":"summary_text","text":"a@example.com"}],` +
+				`"content":[{"type":"reasoning_text","text":"b@example.com"}]},{"type":"function_call","name":"f","arguments":"{\"to\":\"c@example.com\"}"}]}`,
+			wantBody: `{"object":"response","output":[{"type":"reasoning","summary":[{"type":"summary_text","text":"[REDACTED:EMAIL]"}],` +
+				`"content":[{"type":"reasoning_text","text":"[REDACTED:EMAIL]"}]},{"type":"function_call","name":"f","arguments":"{\"to\":\"c@example.com\"}"}]}`,
+		},
+		{
+			name:       "block: an api token in the reasoning refuses",
+			rules:      []delivery.GuardrailRule{rule("tok", delivery.BuiltinAPIToken, delivery.ActionBlock)},
+			body:       `{"choices":[{"message":{"content":"I cannot share it.","reasoning_content":"the key is AKIAIOSFODNN7EXAMPLE"}}]}`,
+			wantRefuse: delivery.CodeGuardrailBlocked,
+		},
+		{
 			name:  "redact: api token with a custom replacement",
 			rules: []delivery.GuardrailRule{{Name: "tok", Builtin: delivery.BuiltinAPIToken, Stage: delivery.StagePostCall, Action: delivery.ActionRedact, Replacement: "<key>"}},
 			body:  `{"choices":[{"message":{"content":"use sk-proj-abc123DEF456ghi789JKL012mno345"}}]}`,
@@ -276,6 +306,42 @@ func TestGuardRequest(t *testing.T) {
 			rules:    []delivery.GuardrailRule{pre("e", delivery.BuiltinEmail, delivery.ActionRedact, false)},
 			body:     `{"instructions":"ops@example.com","input":[{"role":"user","content":[{"type":"input_text","text":"a@example.com"}]}]}`,
 			wantBody: `{"instructions":"ops@example.com","input":[{"role":"user","content":[{"type":"input_text","text":"[REDACTED:EMAIL]"}]}]}`,
+		},
+		{
+			name:  "anthropic: tool results (a string or text blocks), not the tool_use input nor other blocks' content",
+			rules: []delivery.GuardrailRule{pre("e", delivery.BuiltinEmail, delivery.ActionRedact, false)},
+			body: `{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"read","input":{"path":"a@example.com"}}]},` +
+				`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"owner: a@example.com"},` +
+				`{"content":[{"type":"text","text":"b@example.com"},{"type":"image","text":"c@example.com"}],"type":"tool_result","tool_use_id":"t2"},` +
+				`{"type":"other","content":"d@example.com"}]}]}`,
+			wantBody: `{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"read","input":{"path":"a@example.com"}}]},` +
+				`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"owner: [REDACTED:EMAIL]"},` +
+				`{"content":[{"type":"text","text":"[REDACTED:EMAIL]"},{"type":"image","text":"c@example.com"}],"type":"tool_result","tool_use_id":"t2"},` +
+				`{"type":"other","content":"d@example.com"}]}]}`,
+		},
+		{
+			name:  "chat: tool messages, not the tool call's arguments",
+			rules: []delivery.GuardrailRule{pre("e", delivery.BuiltinEmail, delivery.ActionRedact, false)},
+			body: `{"messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"q\":\"a@example.com\"}"}}]},` +
+				`{"role":"tool","tool_call_id":"c","content":"b@example.com"}]}`,
+			wantBody: `{"messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"q\":\"a@example.com\"}"}}]},` +
+				`{"role":"tool","tool_call_id":"c","content":"[REDACTED:EMAIL]"}]}`,
+		},
+		{
+			name:  "responses: function call outputs (a string or input_text parts), not the call's arguments",
+			rules: []delivery.GuardrailRule{pre("e", delivery.BuiltinEmail, delivery.ActionRedact, false)},
+			body: `{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{\"q\":\"a@example.com\"}"},` +
+				`{"type":"function_call_output","call_id":"c","output":"b@example.com"},` +
+				`{"output":[{"type":"input_text","text":"c@example.com"}],"type":"function_call_output","call_id":"d"},{"type":"x","output":"d@example.com"}]}`,
+			wantBody: `{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{\"q\":\"a@example.com\"}"},` +
+				`{"type":"function_call_output","call_id":"c","output":"[REDACTED:EMAIL]"},` +
+				`{"output":[{"type":"input_text","text":"[REDACTED:EMAIL]"}],"type":"function_call_output","call_id":"d"},{"type":"x","output":"d@example.com"}]}`,
+		},
+		{
+			name:       "block: a tool result refuses",
+			rules:      []delivery.GuardrailRule{pre("tok", delivery.BuiltinAPIToken, delivery.ActionBlock, false)},
+			body:       `{"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"AKIAIOSFODNN7EXAMPLE"}]}]}]}`,
+			wantRefuse: true,
 		},
 		{
 			name:     "embeddings: input string",

@@ -62,8 +62,8 @@ type SanitizePayload struct {
 	// the replacement later.
 	Reversible bool `json:"reversible"`
 	// Content holds the texts, in document order: every text of the
-	// request (request leg) or the assistant text of the response
-	// (response leg).
+	// request, tool results included (request leg), or the assistant text
+	// and reasoning of the response (response leg).
 	Content []string `json:"content"`
 }
 

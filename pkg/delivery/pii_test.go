@@ -159,6 +159,25 @@ func TestPIIRequestLeg(t *testing.T) {
 	}
 }
 
+// TestPIIRequestLegSanitizesToolResults: the records an agent read reach
+// the model as tool results; the request leg sanitizes them as it does the
+// conversation, and leaves the tool call's input as it is.
+func TestPIIRequestLegSanitizesToolResults(t *testing.T) {
+	s := newSanitizer(t)
+	p := newPolicy(t, piiConfig(s, delivery.DirectionRequest, delivery.RestorationNever))
+	in := `{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"lookup","input":{"q":"Alice"}}]},` +
+		`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"row: Alice, 42"}]}]}]}`
+	leg, refuse := p.SanitizeRequest(t.Context(), req, []byte(in))
+	if refuse != nil {
+		t.Fatalf("refused: %+v", refuse)
+	}
+	want := `{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"lookup","input":{"q":"Alice"}}]},` +
+		`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"row: <PERSON_1>, 42"}]}]}]}`
+	if string(leg.Body) != want || !leg.Changed {
+		t.Errorf("body = %s (changed %v), want %s", leg.Body, leg.Changed, want)
+	}
+}
+
 func TestPIIResponseLegAndRestoration(t *testing.T) {
 	// ticketFor runs the request leg for r and returns the ticket.
 	ticketFor := func(t *testing.T, p *delivery.Policy, r delivery.Request) *delivery.Ticket {

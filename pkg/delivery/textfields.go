@@ -15,8 +15,9 @@ import (
 // body is kept as it is.
 
 // maxTextDepth bounds the paths recorded per string; every text field of
-// interest is at most six levels deep.
-const maxTextDepth = 6
+// interest is at most seven levels deep (an Anthropic tool result's text
+// block: messages.#.content.#.content.#.text).
+const maxTextDepth = 7
 
 // seg is one step of a path: an object key, or an array index when key is
 // empty and idx >= 0.
@@ -348,8 +349,14 @@ func (d *textDoc) owner(l *leaf, k int) props { return d.conts[l.owners[k]] }
 // responseTexts returns the indexes of the assistant text of a response,
 // in document order: OpenAI chat choices[].message.content (a string or
 // text parts), completions choices[].text, Anthropic content[].text of text
-// blocks, Responses output[].content[].text of output_text parts.
-// Embeddings and every other shape have none.
+// blocks, Responses output[].content[].text of output_text parts; and the
+// model's reasoning, which clients show as they show its answer: chat
+// choices[].message.reasoning_content and .reasoning (vLLM's reasoning
+// parsers; the older and the newer name), Anthropic content[].thinking of
+// thinking blocks, Responses reasoning items' reasoning_text content and
+// summary_text summaries. Tool-call arguments are not text: they are the
+// call's input, passed on byte for byte. Embeddings and every other shape
+// have none.
 func (d *textDoc) responseTexts() []int {
 	var out []int
 	for i := range d.leaves {
@@ -358,8 +365,13 @@ func (d *textDoc) responseTexts() []int {
 		case l.is("choices", "#", "message", "content"),
 			l.is("choices", "#", "text"),
 			l.is("choices", "#", "message", "content", "#", "text") && d.owner(l, 5).typ == "text",
+			l.is("choices", "#", "message", "reasoning_content"),
+			l.is("choices", "#", "message", "reasoning"),
 			l.is("content", "#", "text") && d.owner(l, 2).typ == "text",
-			l.is("output", "#", "content", "#", "text") && d.owner(l, 4).typ == "output_text":
+			l.is("content", "#", "thinking") && d.owner(l, 2).typ == "thinking",
+			l.is("output", "#", "content", "#", "text") && d.owner(l, 4).typ == "output_text",
+			l.is("output", "#", "content", "#", "text") && d.owner(l, 4).typ == "reasoning_text",
+			l.is("output", "#", "summary", "#", "text") && d.owner(l, 4).typ == "summary_text":
 			out = append(out, i)
 		}
 	}
@@ -379,7 +391,11 @@ func isTextPart(typ string) bool {
 // order, and for each whether it is an instruction: chat and Anthropic
 // messages[].content (a string or text parts), completions and embeddings
 // prompt / input (a string or an array of strings), Responses input[]
-// items. System and developer messages, the Anthropic top-level system and
+// items; and the tool results an agent sends, where the files, pages and
+// records it read enter the prompt: chat tool messages (their content, as
+// above), Anthropic tool_result blocks' content (a string or text blocks),
+// Responses function_call_output items' output (a string or input_text
+// parts). System and developer messages, the Anthropic top-level system and
 // the Responses instructions are instructions.
 func (d *textDoc) requestTexts() (idx []int, instruction []bool) {
 	for i := range d.leaves {
@@ -390,6 +406,14 @@ func (d *textDoc) requestTexts() (idx []int, instruction []bool) {
 			ok, instr = true, isInstruction(d.owner(l, 2).role)
 		case l.is("messages", "#", "content", "#", "text"), l.is("input", "#", "content", "#", "text"):
 			ok, instr = isTextPart(d.owner(l, 4).typ), isInstruction(d.owner(l, 2).role)
+		case l.is("messages", "#", "content", "#", "content"):
+			ok = d.owner(l, 4).typ == "tool_result"
+		case l.is("messages", "#", "content", "#", "content", "#", "text"):
+			ok = d.owner(l, 4).typ == "tool_result" && d.owner(l, 6).typ == "text"
+		case l.is("input", "#", "output"):
+			ok = d.owner(l, 2).typ == "function_call_output"
+		case l.is("input", "#", "output", "#", "text"):
+			ok = d.owner(l, 2).typ == "function_call_output" && isTextPart(d.owner(l, 4).typ)
 		case l.is("prompt"), l.is("prompt", "#"), l.is("input"), l.is("input", "#"):
 			ok = true
 		case l.is("system"), l.is("instructions"):

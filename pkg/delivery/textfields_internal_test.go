@@ -21,7 +21,7 @@ func TestParseTextAgreesWithEncodingJSON(t *testing.T) {
 }
 
 func TestParseTextLeaves(t *testing.T) {
-	body := `{"choices":[{"message":{"content":"a\"b","role":"assistant"}},{"text":"t"}],"deep":{"a":{"b":{"c":{"d":{"e":{"f":"too deep"}}}}}}}`
+	body := `{"choices":[{"message":{"content":"a\"b","role":"assistant"}},{"text":"t"}],"deep":{"a":{"b":{"c":{"d":{"e":{"f":{"g":"too deep"}}}}}}}}`
 	d, err := parseText([]byte(body))
 	if err != nil {
 		t.Fatal(err)
