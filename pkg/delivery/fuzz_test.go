@@ -60,6 +60,9 @@ func FuzzRedactKeepsJSONValid(f *testing.F) {
 		`{"choices":[{"message":{"content":[{"type":"text","text":"a@b.io"}]}}]}`,
 		`[1, {"choices":"a@b.io"}]`,
 		` {"choices" : [ { "text" : "a@b.io" } ] } `,
+		`{"choices":[{"message":{"reasoning_content":"a@b.io","reasoning":"e@b.io"}}]}`,
+		`{"content":[{"type":"thinking","thinking":"a@b.io","signature":"s"}]}`,
+		`{"output":[{"type":"reasoning","summary":[{"type":"summary_text","text":"a@b.io"}],"content":[{"type":"reasoning_text","text":"o"}]}]}`,
 	} {
 		f.Add([]byte(s))
 	}
