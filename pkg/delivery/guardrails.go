@@ -80,7 +80,7 @@ type verdict struct {
 	matched   []string // annotate rules that matched
 	redacted  []string // redact rules that changed some text
 	changed   []bool   // per text: rewritten by a redaction
-	truncated bool     // some text lay past max_scan_bytes
+	truncated bool     // some text lay past max_scan_bytes, or past the texts parseText records
 }
 
 // windows splits texts into scanned windows and tails within the budget,
@@ -185,5 +185,6 @@ func (v *verdict) annotate(h http.Header) {
 func (g *guard) rewrite(body []byte, doc *textDoc, idx []int, instruction []bool) (verdict, []byte) {
 	texts := doc.values(idx)
 	v := g.run(texts, instruction)
+	v.truncated = v.truncated || doc.truncated
 	return v, spliceTexts(body, doc, idx, texts)
 }

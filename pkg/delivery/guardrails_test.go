@@ -253,6 +253,26 @@ func TestOutputGuardrailRedactKeepsEscapesValid(t *testing.T) {
 	}
 }
 
+// TestGuardRequestPastTheRecordedTexts: texts past the most parseText
+// records are not scanned, as texts past max_scan_bytes are not, and the
+// scan counts as truncated.
+func TestGuardRequestPastTheRecordedTexts(t *testing.T) {
+	cfg := baseConfig()
+	cfg.Guardrails.Rules = []delivery.GuardrailRule{{Name: "e", Builtin: delivery.BuiltinEmail, Stage: delivery.StagePreCall, Action: delivery.ActionRedact}}
+	p := newPolicy(t, cfg)
+	body := `{"prompt":["a@example.com"` + strings.Repeat(`,""`, 1<<16) + `,"b@example.com"]}`
+	g, refuse := p.GuardRequest(req, []byte(body))
+	if refuse != nil {
+		t.Fatal(refuse)
+	}
+	if s := string(g.Body); !strings.HasPrefix(s, `{"prompt":["[REDACTED:EMAIL]",""`) || !strings.HasSuffix(s, `,"b@example.com"]}`) {
+		t.Errorf("body starts %.40s, ends %s", s, s[len(s)-20:])
+	}
+	if n := p.Stats().GuardrailScanTruncations.Load(); n != 1 {
+		t.Errorf("scan truncations = %d, want 1", n)
+	}
+}
+
 func TestOutputGuardrailsDisabled(t *testing.T) {
 	cfg := baseConfig()
 	cfg.Guardrails.Enabled = false

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -219,6 +220,13 @@ func (p *Policy) SanitizeRequest(ctx context.Context, req Request, body []byte) 
 	if err != nil {
 		return out, nil
 	}
+	if doc.truncated {
+		// Texts past the bound would go out unsanitized.
+		if refuse := p.sanitizeFailed(ctx, &req, DirectionRequest, errTooManyTexts); refuse != nil {
+			p.stats.PIIBlocks.Add(1)
+			return out, refuse
+		}
+	}
 	idx, _ := doc.requestTexts()
 	if len(idx) == 0 {
 		return out, nil
@@ -251,9 +259,13 @@ func (p *Policy) sanitizeFailed(ctx context.Context, req *Request, leg string, e
 	if !p.pii.failClosed {
 		return nil
 	}
+	msg := "the PII sanitizer is unavailable"
+	if errors.Is(err, errTooManyTexts) {
+		msg = fmt.Sprintf("the %s holds more than %d texts, more than the PII sanitizer is given", leg, maxTextLeaves)
+	}
 	return &Refuse{
 		Status: http.StatusBadGateway, Code: CodePIIUnavailable,
-		Message: "the PII sanitizer is unavailable",
+		Message: msg,
 		Reason:  CodePIIUnavailable + ": " + leg + ": " + class,
 	}
 }
@@ -271,6 +283,11 @@ func (p *Policy) piiResponse(ctx context.Context, req *Request, body []byte, doc
 		var err error
 		if doc, err = parseText(body); err != nil {
 			return body, nil
+		}
+	}
+	if doc.truncated && p.pii.sanitizesResponse() {
+		if refuse := p.sanitizeFailed(ctx, req, DirectionResponse, errTooManyTexts); refuse != nil {
+			return nil, refuse
 		}
 	}
 	idx := doc.responseTexts()

@@ -366,6 +366,39 @@ func TestPIIFailures(t *testing.T) {
 	})
 }
 
+// TestPIITooManyTexts: a request holding more texts than the sanitizer is
+// given (65,536 prompts) would send the rest on unsanitized; under
+// fail_closed it is refused and says why, under fail_open the texts given
+// are sanitized and the rest forwarded as they are.
+func TestPIITooManyTexts(t *testing.T) {
+	body := `{"prompt":["Alice"` + strings.Repeat(`,""`, 1<<16) + `,"Alice"]}`
+	for _, mode := range []string{delivery.FailOpen, delivery.FailClosed} {
+		t.Run(mode, func(t *testing.T) {
+			s := newSanitizer(t)
+			cfg := piiConfig(s, delivery.DirectionRequest, delivery.RestorationNever)
+			cfg.PII.FailureMode = mode
+			p := newPolicy(t, cfg)
+			leg, refuse := p.SanitizeRequest(t.Context(), req, []byte(body))
+			if mode == delivery.FailClosed {
+				if refuse == nil || refuse.Code != delivery.CodePIIUnavailable || !strings.Contains(refuse.Message, "more than 65536 texts") ||
+					!strings.HasSuffix(refuse.Reason, "too_many_texts") {
+					t.Fatalf("refuse = %+v", refuse)
+				}
+				return
+			}
+			if refuse != nil {
+				t.Fatalf("refused under fail_open: %+v", refuse)
+			}
+			if !strings.HasPrefix(string(leg.Body), `{"prompt":["<PERSON_1>",""`) || !strings.HasSuffix(string(leg.Body), `,"Alice"]}`) {
+				t.Errorf("body starts %.40s, ends %s", leg.Body, leg.Body[len(leg.Body)-20:])
+			}
+			if p.Stats().PIIErrors.Load() != 1 {
+				t.Errorf("pii errors = %d, want 1", p.Stats().PIIErrors.Load())
+			}
+		})
+	}
+}
+
 func TestRestoreOptIn(t *testing.T) {
 	for v, want := range map[string]bool{"1": true, "true": true, " YES ": true, "True": true, "0": false, "no": false, "": false, "on": false} {
 		h := http.Header{}

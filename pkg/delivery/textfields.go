@@ -14,10 +14,69 @@ import (
 // rewrite exactly those string values in place: every other byte of the
 // body is kept as it is.
 
-// maxTextDepth bounds the paths recorded per string; every text field of
-// interest is at most seven levels deep (an Anthropic tool result's text
-// block: messages.#.content.#.content.#.text).
-const maxTextDepth = 7
+// textShapes are the paths of every string requestTexts or responseTexts
+// may choose ("#" for any array index); the members' props (an object's
+// type and role) decide among them later. parseText records only these
+// strings, and the objects and arrays on their way, so what a body costs
+// beyond its own bytes is bounded by its texts, not by its size: a 32 MiB
+// body of empty strings recorded whole took some 7 GiB.
+var textShapes = newShapeTrie(
+	// responses
+	"choices.#.message.content", "choices.#.text", "choices.#.message.content.#.text",
+	"choices.#.message.reasoning_content", "choices.#.message.reasoning",
+	"content.#.text", "content.#.thinking", "output.#.content.#.text", "output.#.summary.#.text",
+	// requests
+	"messages.#.content", "input.#.content", "messages.#.content.#.text", "input.#.content.#.text",
+	"messages.#.content.#.content", "messages.#.content.#.content.#.text",
+	"input.#.output", "input.#.output.#.text",
+	"prompt", "prompt.#", "input", "input.#", "system", "instructions", "system.#.text",
+)
+
+// The most text strings and containers on their paths parseText records;
+// past either, the rest of the document is validated but not recorded
+// (textDoc.truncated): its texts are neither scanned nor rewritten, as
+// texts past guardrails.max_scan_bytes are not. Real requests have
+// thousands (a long agent session: a few per message).
+const (
+	maxTextLeaves     = 1 << 16
+	maxTextContainers = 1 << 18
+)
+
+// shapeTrie is a node of textShapes: its children by key ("#": an array
+// element) and whether a string here is a text.
+type shapeTrie struct {
+	kids map[string]*shapeTrie
+	text bool
+}
+
+func newShapeTrie(shapes ...string) *shapeTrie {
+	root := &shapeTrie{}
+	for _, sh := range shapes {
+		n := root
+		for _, k := range strings.Split(sh, ".") {
+			if n.kids == nil {
+				n.kids = map[string]*shapeTrie{}
+			}
+			if n.kids[k] == nil {
+				n.kids[k] = &shapeTrie{}
+			}
+			n = n.kids[k]
+		}
+		n.text = true
+	}
+	return root
+}
+
+// child returns the node one step down, or nil when no text lies there.
+func (n *shapeTrie) child(sg seg) *shapeTrie {
+	if n == nil {
+		return nil
+	}
+	if sg.idx >= 0 {
+		return n.kids["#"]
+	}
+	return n.kids[sg.key]
+}
 
 // seg is one step of a path: an object key, or an array index when key is
 // empty and idx >= 0.
@@ -37,10 +96,15 @@ type leaf struct {
 // props are the members of an object that decide whether its text counts.
 type props struct{ typ, role string }
 
-// textDoc is a parsed JSON document reduced to its shallow string leaves.
+// textDoc is a parsed JSON document reduced to the string leaves that may
+// be texts (textShapes).
 type textDoc struct {
 	leaves []leaf
 	conts  []props // by container id; arrays have zero props
+	// truncated: the document held more than maxTextLeaves texts or
+	// maxTextContainers containers on their paths; those past it were not
+	// recorded.
+	truncated bool
 }
 
 // maxNesting bounds the nesting of a document, as encoding/json does.
@@ -49,9 +113,10 @@ const maxNesting = 10000
 var errSyntax = errors.New("delivery: invalid JSON")
 
 // parseText validates body as exactly one JSON value (the grammar
-// encoding/json accepts) and records every string value at most
-// maxTextDepth deep with its path and byte range. It is a single pass that
-// decodes only those strings and the keys on their paths.
+// encoding/json accepts) and records every string value at a path of
+// textShapes with its path and byte range, up to maxTextLeaves. It is a
+// single pass that decodes only those strings, the type and role members
+// of the containers on their paths, and the keys on those paths.
 func parseText(body []byte) (*textDoc, error) {
 	s := &jscan{b: body, d: &textDoc{}}
 	s.ws()
@@ -71,7 +136,16 @@ type jscan struct {
 	i      int
 	d      *textDoc
 	path   []seg
-	owners []int // container ids; -1 past maxTextDepth
+	owners []int        // container ids; -1 off textShapes' paths
+	shapes []*shapeTrie // each container's textShapes node; nil off the paths
+}
+
+// shape returns the textShapes node of the value at depth, or nil.
+func (s *jscan) shape(depth int) *shapeTrie {
+	if depth == 0 {
+		return textShapes
+	}
+	return s.shapes[depth-1].child(s.path[depth-1])
 }
 
 func (s *jscan) ws() {
@@ -95,42 +169,61 @@ func (s *jscan) value(depth int) error {
 		if depth >= maxNesting {
 			return errSyntax
 		}
-		id := -1
-		if depth < maxTextDepth {
-			id = len(s.d.conts)
-			s.d.conts = append(s.d.conts, props{})
+		id, sh := -1, s.shape(depth)
+		if sh != nil && sh.kids == nil {
+			sh = nil // no text below
+		}
+		if sh != nil {
+			if len(s.d.conts) < maxTextContainers {
+				id = len(s.d.conts)
+				s.d.conts = append(s.d.conts, props{})
+			} else {
+				s.d.truncated, sh = true, nil
+			}
 		}
 		s.path = append(s.path, seg{idx: 0})
 		s.owners = append(s.owners, id)
+		s.shapes = append(s.shapes, sh)
 		var err error
 		if c == '{' {
 			err = s.object(depth)
 		} else {
 			err = s.array(depth)
 		}
-		s.path, s.owners = s.path[:depth], s.owners[:depth]
+		s.path, s.owners, s.shapes = s.path[:depth], s.owners[:depth], s.shapes[:depth]
 		return err
 	case c == '"':
 		start := s.i
 		esc, err := s.str()
-		if err != nil || depth == 0 || depth > maxTextDepth {
+		if err != nil || depth == 0 {
 			return err
+		}
+		owner, last := s.owners[depth-1], s.path[depth-1]
+		prop := owner >= 0 && last.idx < 0 && (last.key == "type" || last.key == "role")
+		text := s.shape(depth)
+		if text == nil || !text.text {
+			text = nil
+		} else if len(s.d.leaves) >= maxTextLeaves {
+			s.d.truncated, text = true, nil
+		}
+		if text == nil && !prop {
+			return nil
 		}
 		v, err := s.decode(start, esc)
 		if err != nil {
 			return err
 		}
-		s.d.leaves = append(s.d.leaves, leaf{
-			path: slices.Clone(s.path), owners: slices.Clone(s.owners),
-			start: start, end: s.i, value: v,
-		})
-		if last := s.path[depth-1]; last.idx < 0 {
-			switch last.key {
-			case "type":
-				s.d.conts[s.owners[depth-1]].typ = v
-			case "role":
-				s.d.conts[s.owners[depth-1]].role = v
-			}
+		if text != nil {
+			s.d.leaves = append(s.d.leaves, leaf{
+				path: slices.Clone(s.path), owners: slices.Clone(s.owners),
+				start: start, end: s.i, value: v,
+			})
+		}
+		switch {
+		case prop && last.key == "type":
+			s.d.conts[owner].typ = v
+		case prop:
+			s.d.conts[owner].role = v
 		}
 		return nil
 	case c == 't':
@@ -165,7 +258,7 @@ func (s *jscan) object(depth int) error {
 			return err
 		}
 		key := ""
-		if depth < maxTextDepth {
+		if s.shapes[depth] != nil { // a container on textShapes' paths
 			if key, err = s.decode(start, esc); err != nil {
 				return err
 			}

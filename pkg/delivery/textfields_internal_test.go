@@ -41,7 +41,7 @@ func TestParseTextLeaves(t *testing.T) {
 			t.Errorf("range %d:%d = %q", l.start, l.end, raw)
 		}
 	}
-	want := map[string]string{"choices.#.message.content": `a"b`, "choices.#.message.role": "assistant", "choices.#.text": "t"}
+	want := map[string]string{"choices.#.message.content": `a"b`, "choices.#.text": "t"}
 	if len(got) != len(want) {
 		t.Errorf("leaves = %v", got)
 	}
@@ -52,6 +52,39 @@ func TestParseTextLeaves(t *testing.T) {
 	}
 	if idx := d.responseTexts(); len(idx) != 2 || d.leaves[idx[1]].path[1].idx != 1 {
 		t.Errorf("responseTexts = %v", idx)
+	}
+	if role := d.owner(&d.leaves[0], 3).role; role != "assistant" {
+		t.Errorf("the message's role = %q, want assistant", role)
+	}
+}
+
+// TestParseTextBounded: what parseText records is bounded by the texts of
+// a body, not by its size. A body of a million strings off the texts'
+// paths records nothing; one of more texts than maxTextLeaves, or more
+// containers on their paths than maxTextContainers, records up to the
+// bound, says it truncated, and is still validated whole.
+func TestParseTextBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		leaves     int
+		truncated  bool
+	}{
+		{"strings off the paths", `{"messages":[{"role":"user","content":"hi","name":[` + strings.Repeat(`"",`, 1<<20) + `""]}],"metadata":{"a":[[` + strings.Repeat(`"x",`, 1<<10) + `"y"]]}}`, 1, false},
+		{"more texts than the bound", `{"prompt":[` + strings.Repeat(`"",`, maxTextLeaves) + `"last"]}`, maxTextLeaves, true},
+		{"more containers than the bound", `{"messages":[` + strings.Repeat(`{},`, maxTextContainers) + `{"content":"last"}]}`, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := parseText([]byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(d.leaves) != tc.leaves || d.truncated != tc.truncated || len(d.conts) > maxTextContainers {
+				t.Errorf("%d leaves, %d containers, truncated %v; want %d leaves, truncated %v", len(d.leaves), len(d.conts), d.truncated, tc.leaves, tc.truncated)
+			}
+			if _, err := parseText([]byte(tc.body[:len(tc.body)-1])); err == nil {
+				t.Error("a truncated document parsed")
+			}
+		})
 	}
 }
 
