@@ -17,12 +17,21 @@ import (
 // the same limit as encoding/json.
 const MaxDepth = 10000
 
+// MaxValues is the most values (strings, numbers, literals, arrays and
+// objects) [Doc.Parse] indexes, 24 bytes each with the object keys: a
+// client's 32 MiB body of "0," would otherwise cost some 400 MiB of index,
+// several such requests at once the proxy's memory. Real requests hold far
+// fewer (a 128 K-token prompt given as token ids: 128 K); one with more is
+// not cached (ErrTooMany).
+const MaxValues = 1 << 20
+
 // Errors returned by [Doc.Parse], [Append] and [Write]. A syntax error wraps
 // [ErrSyntax] with the byte offset.
 var (
 	ErrSyntax   = errors.New("canon: invalid JSON")
 	ErrTooDeep  = errors.New("canon: nesting deeper than MaxDepth")
 	ErrTooLarge = errors.New("canon: document of 4 GiB or more")
+	ErrTooMany  = errors.New("canon: more values than MaxValues")
 )
 
 // Kind is the kind of a JSON value.
@@ -73,8 +82,9 @@ type member struct {
 // A Doc refers to the source it parsed, which must not change while the Doc
 // or its Values are used. A Doc is not safe for concurrent use.
 type Doc struct {
-	src   []byte
-	nodes []node
+	src    []byte
+	nodes  []node
+	values int // values indexed, against MaxValues
 
 	members []member // emission stack of object members
 	keys    []byte   // decoded keys that had escapes, for sorting
@@ -104,7 +114,7 @@ func (d *Doc) Parse(src []byte) error {
 // keeps the allocated index for reuse.
 func (d *Doc) Reset() {
 	d.src = nil
-	d.nodes = d.nodes[:0]
+	d.nodes, d.values = d.nodes[:0], 0
 	d.members = d.members[:0]
 	d.keys = d.keys[:0]
 }
@@ -136,6 +146,9 @@ func (d *Doc) value(i, depth int) (int, error) {
 	s := d.src
 	if i >= len(s) {
 		return 0, syntaxAt(i)
+	}
+	if d.values++; d.values > MaxValues {
+		return 0, ErrTooMany
 	}
 	switch c := s[i]; {
 	case c == '"':

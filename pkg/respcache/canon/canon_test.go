@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -114,6 +115,27 @@ func TestMaxDepthAccepted(t *testing.T) {
 	}
 	if _, err := canon.Append(nil, []byte(in)); err != nil {
 		t.Fatalf("Append at MaxDepth: %v", err)
+	}
+}
+
+// TestMaxValues: a document of MaxValues values is indexed; one more is
+// ErrTooMany (a body of tiny values must not cost many times its size),
+// and the Doc parses the next document as usual.
+func TestMaxValues(t *testing.T) {
+	at := "[" + strings.Repeat("0,", canon.MaxValues-2) + "0]" // the array and its elements
+	over := "[" + strings.Repeat("0,", canon.MaxValues-1) + "0]"
+	var d canon.Doc
+	if err := d.Parse([]byte(at)); err != nil {
+		t.Fatalf("MaxValues values: %v", err)
+	}
+	if err := d.Parse([]byte(over)); !errors.Is(err, canon.ErrTooMany) {
+		t.Fatalf("MaxValues+1 values: %v, want ErrTooMany", err)
+	}
+	if err := d.Parse([]byte(`{"a":[1,2]}`)); err != nil || d.Root().Kind() != canon.Object {
+		t.Fatalf("the Doc after ErrTooMany: %v", err)
+	}
+	if err := canon.Write(io.Discard, []byte(over)); !errors.Is(err, canon.ErrTooMany) {
+		t.Fatalf("Write: %v, want ErrTooMany", err)
 	}
 }
 
