@@ -110,6 +110,33 @@ func elements(arr []byte, fn func(v []byte) bool) bool {
 	return false
 }
 
+// maxObjects bounds the objects of a body Build converts: each is read
+// into a map of its members (a few hundred bytes), so a client's megabytes
+// of "{}," would cost many times their size; a real conversation has a few
+// per message (its parts, its tools' schemas), thousands in all.
+const maxObjects = 1 << 16
+
+// objectCount returns how many objects the valid JSON document b holds,
+// counting no further than limit+1: one pass over its bytes, strings
+// skipped, nothing allocated.
+func objectCount(b []byte, limit int) int {
+	n := 0
+	for i := 0; i < len(b) && n <= limit; {
+		j := bytes.IndexAny(b[i:], `{"`)
+		if j < 0 {
+			break
+		}
+		i += j
+		if b[i] == '"' {
+			i = skipString(b, i)
+			continue
+		}
+		n++
+		i++
+	}
+	return n
+}
+
 func skipSpace(b []byte, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
 		i++

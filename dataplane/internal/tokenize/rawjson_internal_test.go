@@ -3,6 +3,7 @@ package tokenize
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -60,4 +61,39 @@ func FuzzObject(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestObjectCount: objects are counted outside strings only (a brace in a
+// text, an escaped quote before it, do not fool it), and no further than
+// the limit asks; Build leaves a body of more than maxObjects objects to
+// the approximate state.
+func TestObjectCount(t *testing.T) {
+	for _, tc := range []struct {
+		doc  string
+		want int
+	}{
+		{`{}`, 1},
+		{`[{},{"a":{"b":[{}]}}]`, 4},
+		{`{"a":"{{{"}`, 1},
+		{`{"a":"x\"{","b":"\\","c":{}}`, 2},
+		{`["{", "}", "\\\"{"]`, 0},
+		{`"{"`, 0},
+	} {
+		if got := objectCount([]byte(tc.doc), 100); got != tc.want {
+			t.Errorf("objectCount(%s) = %d, want %d", tc.doc, got, tc.want)
+		}
+	}
+	if got := objectCount([]byte(`[{},{},{},{},{}]`), 2); got != 3 {
+		t.Errorf("objectCount with limit 2 = %d, want 3", got)
+	}
+	chat := func(parts int) []byte {
+		return []byte(`{"model":"m","messages":[{"role":"user","content":[` + strings.Repeat(`{"type":"text","text":"a"},`, parts-1) + `{"type":"text","text":"b"}]}]}`)
+	}
+	// The body, the message and its parts.
+	if _, _, ok := Build(PathChatCompletions, chat(maxObjects-2), "m"); !ok {
+		t.Error("a body of maxObjects objects not built")
+	}
+	if _, _, ok := Build(PathChatCompletions, chat(maxObjects-1), "m"); ok {
+		t.Error("a body of more than maxObjects objects built")
+	}
 }

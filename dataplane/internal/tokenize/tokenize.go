@@ -114,7 +114,7 @@ var chatFields = []string{"messages", "tools", "chat_template", "chat_template_k
 // token ids, ids holds them and tok is nil. ok is false when the request
 // cannot be tokenized faithfully.
 func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok bool) {
-	if !json.Valid(body) {
+	if !json.Valid(body) || objectCount(body, maxObjects) > maxObjects {
 		return nil, nil, false
 	}
 	fields, ok := object(body) // read in place: see rawjson.go
