@@ -86,3 +86,50 @@ func BenchmarkStreamRelay(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHostileBody sends 8 MiB bodies made of the smallest JSON values
+// through a proxy that reads the most of a body: its route caches answers,
+// redacts e-mail addresses before the call (a pre_call guardrail) and
+// routes on predicted TTFT. B/op is what one such body costs the proxy
+// beyond its bytes (docs/benchmarks.md): the parsers that index a body
+// are bounded (canon.MaxValues, the guardrails' texts, the tokenizer's
+// objects), so it stays a few times the body, not hundreds.
+func BenchmarkHostileBody(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"c","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	}))
+	defer up.Close()
+	const size = 8 << 20
+	fill := func(head, item, tail string) string {
+		return head + strings.Repeat(item, (size-len(head)-len(tail))/len(item)) + tail
+	}
+	p := New(Options{})
+	applyDoc(b, p, fmt.Sprintf(openAuth+"[cache]\nenabled = true\n[accounting]\nsink = \"none\"\n"+
+		"[guardrails]\n[[guardrails.rules]]\nname = \"e\"\nbuiltin = \"email\"\nstage = \"pre_call\"\naction = \"redact\"\n"+
+		"[[providers]]\nname = \"up\"\nkind = \"openai_compatible\"\napi_base = %q\n"+
+		"[[routes]]\nmodel = \"m\"\nstrategy = \"predicted_ttft\"\ntargets = [{ provider = \"up\" }]\n[routes.cache]\nttl_secs = 600\n", up.URL))
+	url, client := serveProxy(b, p, false)
+	for _, tc := range []struct{ name, path, body string }{
+		{"numbers", "/v1/chat/completions", fill(`{"model":"m","messages":[{"role":"user","content":"hi"}],"x":[`, `0,`, `0]}`)},
+		{"messages", "/v1/chat/completions", fill(`{"model":"m","messages":[`, `{"role":"user","content":""},`, `{"role":"user","content":"hi"}]}`)},
+		{"prompts", "/v1/completions", fill(`{"model":"m","prompt":[`, `"",`, `""]}`)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(tc.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := client.Post(url+tc.path, "application/json", strings.NewReader(tc.body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatalf("status %d", resp.StatusCode)
+				}
+			}
+		})
+	}
+}
