@@ -37,7 +37,21 @@
 // /rerank and /score ([RelevanceScore]). The output text is
 // made of words chosen deterministically from the prompt tokens, one token
 // per word; its length is the request's max_tokens (finish reason "length")
-// or Options.MaxTokensDefault (finish reason "stop").
+// or Options.MaxTokensDefault (finish reason "stop"; not before
+// min_tokens; with ignore_eos, vLLM's own limit instead, finish reason
+// "length").
+//
+// Chat completions and completions take vLLM's sampling fields: n choices,
+// each its own output (the first is the n=1 output), sharing the prompt,
+// prefilled once, and decoding in the same engine steps; stop strings (and
+// include_stop_str_in_output), which end a choice at their first
+// occurrence after min_tokens tokens with finish reason "stop" and the
+// string as stop_reason, held back while streaming as vLLM holds them;
+// log probabilities (chat logprobs and top_logprobs, completions logprobs,
+// up to Options.MaxLogprobs), synthetic and deterministic, the generated
+// token always the most likely; and, for completions, echo, the prompt
+// before each choice (a token-id prompt as far as the tokenizer can name
+// its tokens). Their values are refused as vLLM refuses them.
 //
 // The prefix [Cache] holds full blocks of Options.BlockSize tokens, addressed
 // by chained hashes, up to Options.CapacityBlocks blocks with LRU eviction.

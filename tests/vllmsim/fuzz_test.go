@@ -65,6 +65,10 @@ func FuzzChatRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":{"text":"x"}}]}`,
 		`{"messages":[],"max_tokens":-1}`,
 		`{"messages":[{"role":"user","content":"x"}],"max_tokens":1e300}`,
+		`{"messages":[{"role":"user","content":"x"}],"n":3,"max_tokens":4,"logprobs":true,"top_logprobs":2,"stop":["a b","c"],"stream":true}`,
+		`{"messages":[{"role":"user","content":"x"}],"n":0,"top_logprobs":1e40,"stop":[1],"min_tokens":-1}`,
+		`{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":"x","stop":"","ignore_eos":true,"temperature":0,"n":2}`,
+		`{"messages":[{"role":"user","content":"x"}],"ignore_eos":true,"min_tokens":300,"include_stop_str_in_output":true,"stop":"e"}`,
 		`[`, `null`, ``, `"just a string"`,
 	} {
 		f.Add([]byte(seed))
@@ -82,6 +86,10 @@ func FuzzRequestBody(f *testing.F) {
 	seeds := []string{
 		`{"prompt":"hi","max_tokens":2}`,
 		`{"prompt":[[1,2,3],[4]],"stream":true}`,
+		`{"prompt":"hi there","n":2,"echo":true,"logprobs":3,"max_tokens":0,"stop":["e"],"stream":true}`,
+		`{"prompt":[5,6],"echo":true,"logprobs":true,"min_tokens":2,"ignore_eos":true,"stop":"x","include_stop_str_in_output":true}`,
+		`{"prompt":"x","logprobs":-1,"n":-1,"echo":null,"stop":["a","b","c","d","e"]}`,
+		`{"prompt":"x","logprobs":1.5,"top_logprobs":3,"n":16385,"temperature":1e-9}`,
 		`{"input":["a","b"],"encoding_format":"base64"}`,
 		`{"input":[{"type":"function_call_output","output":[{"type":"input_text","text":"ok"}]},{"role":"user","content":"x"}],"instructions":"be"}`,
 		`{"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]}],"stream":true}`,

@@ -41,18 +41,39 @@ func tokensSeed(tokens []uint32) uint64 {
 	return h
 }
 
+// spacedWords are the outputWords with a leading space: every piece of an
+// output but the first is one of them.
+var spacedWords = func() (s [len(outputWords)]string) {
+	for i, w := range outputWords {
+		s[i] = " " + w
+	}
+	return s
+}()
+
 // generate returns the n output pieces for a prompt: piece i is a word from
 // outputWords, preceded by a space when i > 0, so the pieces concatenate to
 // the output text. The choice depends only on the prompt tokens.
 func generate(prompt []uint32, n int) []string {
+	return generateChoice(prompt, 0, n)
+}
+
+// generateChoice returns the n output pieces of choice i of a request (its
+// n parameter): choice 0 is generate's output, every other choice draws its
+// words from a seed of its own, as a sampled sequence would differ.
+func generateChoice(prompt []uint32, choice, n int) []string {
 	state := tokensSeed(prompt)
+	if choice > 0 {
+		c := uint64(choice)
+		state ^= splitmix64(&c)
+	}
 	out := make([]string, n)
 	for i := range out {
-		w := outputWords[splitmix64(&state)%uint64(len(outputWords))]
+		k := splitmix64(&state) % uint64(len(outputWords))
 		if i > 0 {
-			w = " " + w
+			out[i] = spacedWords[k]
+		} else {
+			out[i] = outputWords[k]
 		}
-		out[i] = w
 	}
 	return out
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // This file holds vLLM's OpenAI-compatible endpoints: chat completions,
@@ -185,8 +186,13 @@ type chatRequest struct {
 	// arguments ([templateFields.addKwargs]).
 	Documents       json.RawMessage `json:"documents"`
 	ReasoningEffort *string         `json:"reasoning_effort"`
+	// Logprobs and TopLogprobs ask for the generated tokens' log
+	// probabilities ([chatRequest.chatSampling]).
+	Logprobs    *bool           `json:"logprobs"`
+	TopLogprobs json.RawMessage `json:"top_logprobs"`
 	templateFields
 	cacheSaltField
+	samplingFields
 }
 
 // templateFields are the chat-template inputs that vLLM's chat completions
@@ -358,6 +364,61 @@ func parseChatRequest(body []byte) (*chatRequest, []uint32, *apiError) {
 	return &req, Tokenize(RenderChatTemplate(msgs, tmpl)), nil
 }
 
+// chatSampling returns the request's sampling with its logprobs: the
+// top_logprobs count when logprobs is true. It refuses top_logprobs (other
+// than 0) without logprobs, as ChatCompletionRequest.check_logprobs does
+// (vllm/entrypoints/openai/chat_completion/protocol.py at 002032ee2b18).
+func (r *chatRequest) chatSampling() (sampling, *apiError) {
+	sp, aerr := r.sampling()
+	if aerr != nil {
+		return sampling{}, aerr
+	}
+	top, aerr := logprobsCount(r.TopLogprobs, "top_logprobs")
+	if aerr != nil {
+		return sampling{}, aerr
+	}
+	k := 0
+	if top != nil {
+		k = *top
+	}
+	on := r.Logprobs != nil && *r.Logprobs
+	switch {
+	case k < -1:
+		return sampling{}, badParam("top_logprobs", "`top_logprobs` must be a positive value or -1.")
+	case k != 0 && !on:
+		return sampling{}, badParam("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.")
+	case on:
+		sp.logprobs = &k
+	}
+	return sp, nil
+}
+
+// logprobsCount decodes a logprobs count (chat top_logprobs, completions
+// logprobs): null or absent is nil; a value that is no number (nor a
+// boolean, which Python counts as one) is vLLM's 400 from check_logprobs,
+// which runs before pydantic's own int validation ([intField]). A count
+// beyond int32 is kept as one beyond the vocabulary: vLLM refuses it above
+// max_logprobs.
+func logprobsCount(raw json.RawMessage, field string) (*int, *apiError) {
+	if c := firstByte(raw); c != 0 && c != 'n' && c != 't' && c != 'f' && c != '-' && (c < '0' || c > '9') {
+		return nil, badParam(field, "`%s` must be an integer.", field)
+	}
+	v, set, aerr := intField(raw, field, true)
+	if aerr != nil || !set {
+		return nil, aerr
+	}
+	k := int(max(min(v, vocabSize+1), math.MinInt32))
+	return &k, nil
+}
+
+// stopReason is a choice's stop_reason: its stop string, or null.
+func stopReason(q *sequence) any {
+	if q.stop == nil {
+		return nil
+	}
+	return *q.stop
+}
+
 type chatCompletion struct {
 	ID                string       `json:"id"`
 	Object            string       `json:"object"`
@@ -404,6 +465,9 @@ type chatChunkChoice struct {
 	Delta        chatDelta `json:"delta"`
 	Logprobs     any       `json:"logprobs"`
 	FinishReason *string   `json:"finish_reason"`
+	// StopReason is set on a choice's last chunk only, as vLLM sets it
+	// (and dumps the chunk with exclude_unset).
+	StopReason json.RawMessage `json:"stop_reason,omitempty"`
 }
 
 type chatDelta struct {
@@ -411,7 +475,8 @@ type chatDelta struct {
 	Content *string `json:"content,omitempty"`
 }
 
-// handleChat serves POST /v1/chat/completions.
+// handleChat serves POST /v1/chat/completions: n choices (index 0..n-1),
+// each with its logprobs when asked, cut by the stop strings.
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	body, aerr := s.readBody(w, r)
 	if aerr != nil {
@@ -419,6 +484,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req, prompt, aerr := parseChatRequest(body)
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	sp, aerr := req.chatSampling()
 	if aerr != nil {
 		aerr.writeOpenAI(w)
 		return
@@ -432,12 +502,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		aerr.writeOpenAI(w)
 		return
 	}
-	p, aerr := s.prepare(r.URL.Path, req.Model, prompt, maxTokens, salt)
+	p, aerr := s.prepareSampled(r.URL.Path, req.Model, prompt, maxTokens, salt, sp)
 	if aerr != nil {
 		aerr.writeOpenAI(w)
 		return
 	}
 	id, created := newID("chatcmpl-"), time.Now().Unix()
+	lp := newLogprobs(p)
 	ctx := r.Context()
 	if !req.Stream {
 		g, err := s.start(ctx, p)
@@ -449,13 +520,21 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return
 		}
+		choices := make([]chatChoice, len(g.seqs))
+		for i, q := range g.seqs {
+			choices[i] = chatChoice{
+				Index:        i,
+				Message:      chatRespMessage{Role: "assistant", Content: q.text, ToolCalls: []any{}},
+				FinishReason: q.finish,
+				StopReason:   stopReason(q),
+			}
+			if lp != nil {
+				choices[i].Logprobs = lp.chat(q, 0, len(q.pieces))
+			}
+		}
 		writeJSON(w, http.StatusOK, chatCompletion{
 			ID: id, Object: "chat.completion", Created: created, Model: p.model,
-			Choices: []chatChoice{{
-				Message:      chatRespMessage{Role: "assistant", Content: g.text(), ToolCalls: []any{}},
-				FinishReason: g.finishReason(),
-			}},
-			Usage: g.openAIUsage(),
+			Choices: choices, Usage: g.openAIUsage(),
 		})
 		return
 	}
@@ -465,25 +544,40 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	chunk := func(delta chatDelta, finish *string) chatChunk {
-		return chatChunk{
-			ID: id, Object: "chat.completion.chunk", Created: created, Model: p.model,
-			Choices: []chatChunkChoice{{Delta: delta, FinishReason: finish}},
+	send := func(c chatChunkChoice) {
+		if err == nil {
+			err = sse.write("", chatChunk{
+				ID: id, Object: "chat.completion.chunk", Created: created, Model: p.model,
+				Choices: []chatChunkChoice{c},
+			})
 		}
 	}
+	// chat_completion_stream_generator (chat_completion/serving.py at
+	// 006c49d485f9): each choice's role chunk first, then every step's
+	// tokens choice by choice, a choice's finish right after its last
+	// token.
 	empty := ""
-	err = sse.write("", chunk(chatDelta{Role: "assistant", Content: &empty}, nil))
+	for i := range g.seqs {
+		send(chatChunkChoice{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}})
+	}
 	for err == nil {
-		var piece string
-		var ok bool
-		if piece, ok, err = g.next(ctx); !ok || err != nil {
+		var moved []*sequence
+		if moved, err = g.step(ctx); len(moved) == 0 || err != nil {
 			break
 		}
-		err = sse.write("", chunk(chatDelta{Content: &piece}, nil))
-	}
-	if err == nil {
-		reason := g.finishReason()
-		err = sse.write("", chunk(chatDelta{}, &reason))
+		for _, q := range moved {
+			d := q.delta()
+			c := chatChunkChoice{Index: q.index, Delta: chatDelta{Content: &d}}
+			if lp != nil {
+				c.Logprobs = lp.chat(q, q.emitted-1, q.emitted)
+			}
+			send(c)
+			if q.done() {
+				reason := q.finish
+				stop, _ := json.Marshal(stopReason(q))
+				send(chatChunkChoice{Index: q.index, FinishReason: &reason, StopReason: stop})
+			}
+		}
 	}
 	if err == nil && req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
 		err = sse.write("", chatChunk{
@@ -505,7 +599,116 @@ type completionRequest struct {
 	MaxTokens     *int            `json:"max_tokens"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
+	// Echo puts the prompt before each choice's text (and its tokens
+	// before the logprobs'); Logprobs is the top logprobs count.
+	Echo     bool            `json:"echo"`
+	Logprobs json.RawMessage `json:"logprobs"`
 	cacheSaltField
+	samplingFields
+}
+
+// completionSampling returns the request's sampling with its logprobs,
+// refusing a negative count other than -1 as CompletionRequest.
+// check_logprobs does (vllm/entrypoints/openai/completion/protocol.py at
+// 002032ee2b18).
+func (r *completionRequest) completionSampling() (sampling, *apiError) {
+	sp, aerr := r.sampling()
+	if aerr != nil {
+		return sampling{}, aerr
+	}
+	sp.defaultMax = completionsDefaultMaxTokens
+	if sp.logprobs, aerr = logprobsCount(r.Logprobs, "logprobs"); aerr != nil {
+		return sampling{}, aerr
+	}
+	if k := sp.logprobs; k != nil && *k < -1 {
+		return sampling{}, badParam("logprobs", "`logprobs` must be a positive value or -1.")
+	}
+	return sp, nil
+}
+
+// promptEcho is what a completion with echo puts before each choice: the
+// prompt's text and its tokens' texts.
+type promptEcho struct {
+	text   string
+	tokens []string
+	// only is echo with max_tokens 0: the prompt alone, without the one
+	// token vLLM still generates (and counts) for it.
+	only bool
+}
+
+// newPromptEcho returns the echo of a completion's served prompt: a text
+// prompt's (first) string, with its tokens as tokenTexts cuts them, or a
+// token-id prompt detokenized.
+func newPromptEcho(raw json.RawMessage, ids []uint32) *promptEcho {
+	if text, ok := promptText(raw); ok {
+		return &promptEcho{text: text, tokens: tokenTexts(text)}
+	}
+	tokens := detokenize(ids)
+	return &promptEcho{text: strings.Join(tokens, ""), tokens: tokens}
+}
+
+// promptText returns the first string of a string or string-array prompt.
+func promptText(raw json.RawMessage) (string, bool) {
+	var items []json.RawMessage
+	switch firstByte(raw) {
+	case '"':
+		items = []json.RawMessage{raw}
+	case '[':
+		if json.Unmarshal(raw, &items) != nil || len(items) == 0 {
+			return "", false
+		}
+	}
+	var text string
+	return text, len(items) > 0 && json.Unmarshal(items[0], &text) == nil
+}
+
+// completionOutput builds a completion's choices: their text after the
+// echoed prompt, and their logprobs.
+type completionOutput struct {
+	echo *promptEcho // nil without echo
+	lp   *logprobs   // nil without logprobs
+}
+
+// whole returns choice q's text and logprobs once it is done
+// (request_output_to_completion_response, completion/serving.py at
+// 030ea52effcb).
+func (o completionOutput) whole(q *sequence) (string, *completionLogprobs) {
+	if o.echo == nil {
+		return q.text, o.logprobs(q, 0, false, 0, len(q.pieces))
+	}
+	if o.echo.only {
+		return o.echo.text, o.logprobs(q, 0, true, 0, 0)
+	}
+	return o.echo.text + q.text, o.logprobs(q, 0, true, 0, len(q.pieces))
+}
+
+// chunk returns the text and logprobs of choice q's chunk for its latest
+// token, the prompt first in its first chunk
+// (completion_stream_generator); offset is the characters of the choice
+// streamed so far.
+func (o completionOutput) chunk(q *sequence, offset int) (string, *completionLogprobs) {
+	text, from, to := q.delta(), q.emitted-1, q.emitted
+	if o.echo == nil || q.emitted > 1 {
+		return text, o.logprobs(q, offset, false, from, to)
+	}
+	if o.echo.only {
+		return o.echo.text, o.logprobs(q, offset, true, 0, 0)
+	}
+	return o.echo.text + text, o.logprobs(q, offset, true, from, to)
+}
+
+// logprobs returns the logprobs of choice q's tokens [from, to), after
+// the prompt's with prompt; nil without logprobs.
+func (o completionOutput) logprobs(q *sequence, offset int, prompt bool, from, to int) *completionLogprobs {
+	if o.lp == nil {
+		return nil
+	}
+	c := newCompletionLogprobs(offset)
+	if prompt {
+		o.lp.addPrompt(c, o.echo.tokens)
+	}
+	o.lp.addOutput(c, q, from, to)
+	return c
 }
 
 type completion struct {
@@ -529,8 +732,9 @@ type completionChoice struct {
 	PromptLogprobs any     `json:"prompt_logprobs,omitempty"`
 }
 
-// handleCompletions serves POST /v1/completions. Of several prompts only
-// the first is served.
+// handleCompletions serves POST /v1/completions: n choices, each with its
+// logprobs when asked, after the prompt with echo, cut by the stop
+// strings. Of several prompts only the first is served.
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	body, aerr := s.readBody(w, r)
 	if aerr != nil {
@@ -551,16 +755,32 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		errorf(http.StatusBadRequest, "prompt: must not be empty").writeOpenAI(w)
 		return
 	}
+	sp, aerr := req.completionSampling()
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
 	salt, aerr := req.salt()
 	if aerr != nil {
 		aerr.writeOpenAI(w)
 		return
 	}
-	p, aerr := s.prepare(r.URL.Path, req.Model, prompts[0], req.MaxTokens, salt)
+	var out completionOutput
+	maxTokens := req.MaxTokens
+	if req.Echo {
+		out.echo = newPromptEcho(req.Prompt, prompts[0])
+		if maxTokens != nil && *maxTokens == 0 {
+			// CompletionRequest.to_sampling_params: echo without
+			// generation samples one token all the same.
+			out.echo.only, maxTokens = true, new(1)
+		}
+	}
+	p, aerr := s.prepareSampled(r.URL.Path, req.Model, prompts[0], maxTokens, salt, sp)
 	if aerr != nil {
 		aerr.writeOpenAI(w)
 		return
 	}
+	out.lp = newLogprobs(p)
 	id, created := newID("cmpl-"), time.Now().Unix()
 	ctx := r.Context()
 	if !req.Stream {
@@ -573,11 +793,17 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return
 		}
-		reason := g.finishReason()
+		choices := make([]completionChoice, len(g.seqs))
+		for i, q := range g.seqs {
+			text, lps := out.whole(q)
+			choices[i] = completionChoice{Index: i, Text: text, FinishReason: &q.finish, StopReason: stopReason(q)}
+			if lps != nil {
+				choices[i].Logprobs = lps
+			}
+		}
 		writeJSON(w, http.StatusOK, completion{
 			ID: id, Object: "text_completion", Created: created, Model: p.model,
-			Choices: []completionChoice{{Text: g.text(), FinishReason: &reason}},
-			Usage:   g.openAIUsage(),
+			Choices: choices, Usage: g.openAIUsage(),
 		})
 		return
 	}
@@ -587,23 +813,32 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	chunk := func(text string, finish *string) completion {
-		return completion{
-			ID: id, Object: "text_completion", Created: created, Model: p.model,
-			Choices: []completionChoice{{Text: text, FinishReason: finish}},
+	send := func(c completionChoice) {
+		if err == nil {
+			err = sse.write("", completion{
+				ID: id, Object: "text_completion", Created: created, Model: p.model,
+				Choices: []completionChoice{c},
+			})
 		}
 	}
+	streamed := make([]int, len(g.seqs)) // characters sent, by choice
 	for err == nil {
-		var piece string
-		var ok bool
-		if piece, ok, err = g.next(ctx); !ok || err != nil {
+		var moved []*sequence
+		if moved, err = g.step(ctx); len(moved) == 0 || err != nil {
 			break
 		}
-		err = sse.write("", chunk(piece, nil))
-	}
-	if err == nil {
-		reason := g.finishReason()
-		err = sse.write("", chunk("", &reason))
+		for _, q := range moved {
+			text, lps := out.chunk(q, streamed[q.index])
+			streamed[q.index] += utf8.RuneCountInString(text)
+			c := completionChoice{Index: q.index, Text: text}
+			if lps != nil {
+				c.Logprobs = lps
+			}
+			send(c)
+			if q.done() {
+				send(completionChoice{Index: q.index, FinishReason: &q.finish, StopReason: stopReason(q)})
+			}
+		}
 	}
 	if err == nil && req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
 		err = sse.write("", completion{

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -603,8 +604,7 @@ func TestCacheSaltKeepsPrefixesApart(t *testing.T) {
 
 func TestOpenAISDK(t *testing.T) {
 	_, ts := newServer(t, vllmsim.Options{})
-	client := openai.NewClient(option.WithBaseURL(ts.URL+"/v1"), option.WithAPIKey("unused"),
-		option.WithHTTPClient(ts.Client()), option.WithMaxRetries(0))
+	client := sdkClient(ts)
 	ctx := t.Context()
 	params := openai.ChatCompletionNewParams{
 		Model:               "sim-model",
@@ -625,17 +625,7 @@ func TestOpenAISDK(t *testing.T) {
 	t.Run("chat stream", func(t *testing.T) {
 		p := params
 		p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
-		stream := client.Chat.Completions.NewStreaming(ctx, p)
-		defer stream.Close()
-		var acc openai.ChatCompletionAccumulator
-		for stream.Next() {
-			if !acc.AddChunk(stream.Current()) {
-				t.Fatalf("accumulator rejected chunk %s", stream.Current().RawJSON())
-			}
-		}
-		if err := stream.Err(); err != nil {
-			t.Fatalf("stream: %v", err)
-		}
+		acc := accumulate(t, client.Chat.Completions.NewStreaming(ctx, p))
 		// The "chat" subtest sent the same prompt: its full blocks are cached.
 		wantCached := int64((acc.Usage.PromptTokens - 1) / vllmsim.DefaultBlockSize * vllmsim.DefaultBlockSize)
 		if acc.Usage.CompletionTokens != 6 || acc.Usage.PromptTokensDetails.CachedTokens != wantCached || len(vllmsim.Tokenize(acc.Choices[0].Message.Content)) != 6 {
@@ -689,4 +679,11 @@ func TestOpenAISDK(t *testing.T) {
 			t.Errorf("models = %+v", page.Data)
 		}
 	})
+}
+
+// sdkClient is the official OpenAI SDK pointed at the simulator ts, with
+// no retries.
+func sdkClient(ts *httptest.Server) openai.Client {
+	return openai.NewClient(option.WithBaseURL(ts.URL+"/v1"), option.WithAPIKey("unused"),
+		option.WithHTTPClient(ts.Client()), option.WithMaxRetries(0))
 }

@@ -30,6 +30,8 @@ const (
 	DefaultMaxModelLen = 32768
 	// DefaultMaxBodyBytes is the largest request body accepted by default.
 	DefaultMaxBodyBytes = 32 << 20
+	// DefaultMaxLogprobs is vLLM's default --max-logprobs.
+	DefaultMaxLogprobs = 20
 )
 
 // Options configures a [Server]. The zero value is usable: every zero field
@@ -70,6 +72,10 @@ type Options struct {
 	// MaxBodyBytes is the largest request body accepted; a larger one gets
 	// 413. Default 32 MiB.
 	MaxBodyBytes int64
+	// MaxLogprobs is vLLM's --max-logprobs: the most log probabilities a
+	// request may ask for each token (chat top_logprobs, completions
+	// logprobs); more get 400. Default 20.
+	MaxLogprobs int
 	// CacheOutput also caches the full blocks that generated tokens fill,
 	// as vLLM does, so that the next turn of a conversation can hit on the
 	// previous answer. Off by default: only prompt blocks are cached.
@@ -112,6 +118,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxBodyBytes == 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if o.MaxLogprobs == 0 {
+		o.MaxLogprobs = DefaultMaxLogprobs
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -131,6 +140,7 @@ func (o Options) withDefaults() (Options, error) {
 	check(o.MaxModelLen < 2, "max_model_len", o.MaxModelLen)
 	check(o.MaxNumSeqs < 0, "max_num_seqs", o.MaxNumSeqs)
 	check(o.MaxBodyBytes < 1, "max_body_bytes", o.MaxBodyBytes)
+	check(o.MaxLogprobs < 1, "max_logprobs", o.MaxLogprobs)
 	return o, errors.Join(errs...)
 }
 

@@ -28,6 +28,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{name: "error: negative block size", opts: vllmsim.Options{BlockSize: -1}, want: "block_size"},
 		{name: "error: negative ttft", opts: vllmsim.Options{TTFT: -time.Second}, want: "ttft"},
 		{name: "error: negative max num seqs", opts: vllmsim.Options{MaxNumSeqs: -2}, want: "max_num_seqs"},
+		{name: "error: negative max logprobs", opts: vllmsim.Options{MaxLogprobs: -1}, want: "max_logprobs"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

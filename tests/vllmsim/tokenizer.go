@@ -2,6 +2,7 @@ package vllmsim
 
 import (
 	"hash/fnv"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -44,10 +45,16 @@ func TokenStrings(text string) []string {
 
 // pieces calls emit with each tokenizer piece of text, in order.
 func pieces(text string, emit func(string)) {
+	pieceSpans(text, func(p string, _ int) { emit(p) })
+}
+
+// pieceSpans calls emit with each tokenizer piece of text, in order, and
+// the byte offset in text where the piece ends.
+func pieceSpans(text string, emit func(piece string, end int)) {
 	start, runes := -1, 0 // start of the current letter/digit run
 	flush := func(end int) {
 		if start >= 0 {
-			emit(text[start:end])
+			emit(text[start:end], end)
 			start, runes = -1, 0
 		}
 	}
@@ -65,14 +72,67 @@ func pieces(text string, emit func(string)) {
 			flush(i)
 		default:
 			flush(i)
+			_, size := utf8.DecodeRuneInString(text[i:])
 			if r == utf8.RuneError {
-				emit(string(utf8.RuneError))
+				emit(string(utf8.RuneError), i+size)
 			} else {
-				emit(text[i : i+utf8.RuneLen(r)])
+				emit(text[i:i+size], i+size)
 			}
 		}
 	}
 	flush(len(text))
+}
+
+// tokenTexts returns the text each token of Tokenize(text) stands for, with
+// the white space before it, as a BPE vocabulary's tokens carry their
+// leading space: they concatenate to text but for its trailing white space.
+// Completions with echo report the prompt's tokens so, and their
+// text_offset adds up along the text.
+func tokenTexts(text string) []string {
+	var out []string
+	prev := 0
+	pieceSpans(text, func(_ string, end int) {
+		out = append(out, text[prev:end])
+		prev = end
+	})
+	return out
+}
+
+// knownPieces maps the id of every piece the simulator can name back to
+// the piece: the output vocabulary ([outputWords]) and the printable ASCII
+// characters.
+var knownPieces = func() map[uint32]string {
+	m := make(map[uint32]string, len(outputWords)+95)
+	for c := byte('!'); c <= '~'; c++ {
+		m[pieceID(string(c))] = string(c)
+	}
+	for _, w := range outputWords {
+		m[pieceID(w)] = w
+	}
+	return m
+}()
+
+// detokenize is the simulator's inverse of [Tokenize], as far as one
+// exists: Tokenize hashes its pieces and drops white space, so only the id
+// of a known piece (knownPieces) names its text; any other id reads
+// "token_id:<id>", the placeholder vLLM prints for a token it shows as its
+// id (format_token_id_placeholder, vllm/entrypoints/generate/base/
+// serving.py at 015d1c9b46ae). It returns each token's text, the second on preceded by a
+// space, as tokenTexts does for a text: the prompt text of a token-id
+// prompt is their concatenation.
+func detokenize(ids []uint32) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		p, ok := knownPieces[id]
+		if !ok {
+			p = "token_id:" + strconv.FormatUint(uint64(id), 10)
+		}
+		if i > 0 {
+			p = " " + p
+		}
+		out[i] = p
+	}
+	return out
 }
 
 // pieceID maps one tokenizer piece to its token id.
