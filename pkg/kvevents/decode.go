@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"sync"
+	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -95,6 +96,50 @@ type Decoder struct {
 	r bytes.Reader // reads p; the msgpack decoder reads r directly
 	d *msgpack.Decoder
 	f mapFields // scratch for map-form events
+	// room is the memory the payload may still decode to (see
+	// maxDecodedPerByte).
+	room int
+}
+
+// maxDecodedPerByte bounds what a payload decodes to, in bytes of events,
+// hashes, token ids and extra keys per byte of payload (plus
+// decodedSlack). A hash takes 32 bytes decoded and 9 on the wire as vLLM
+// sends it (a 64-bit int), a token id 4 and 1 to 5, an event its struct
+// and at least a dozen bytes of tag: real batches decode to about 4 times
+// their size. A publisher's 60 MiB of one-byte hashes decoded to 1.9 GiB;
+// now it is malformed.
+const (
+	maxDecodedPerByte = 8
+	decodedSlack      = 64 << 10
+)
+
+var errAmplified = fmt.Errorf("%w: decodes to more than %d times its size", ErrMalformed, maxDecodedPerByte)
+
+// charge takes n decoded items of size bytes from the payload's room.
+func (dec *Decoder) charge(n int, size uintptr) error {
+	if n > dec.room/int(size) {
+		return errAmplified
+	}
+	dec.room -= n * int(size)
+	return nil
+}
+
+// add appends an understood event to b, charged its struct and its slot.
+func (dec *Decoder) add(b *Batch, ev Event) error {
+	size := unsafe.Sizeof(ev)
+	switch e := ev.(type) {
+	case *BlockStored:
+		size += unsafe.Sizeof(*e)
+	case *BlockRemoved:
+		size += unsafe.Sizeof(*e)
+	case *AllBlocksCleared:
+		size += unsafe.Sizeof(*e)
+	}
+	if err := dec.charge(1, size); err != nil {
+		return err
+	}
+	b.Events = append(b.Events, ev)
+	return nil
 }
 
 // NewDecoder returns a Decoder.
@@ -131,6 +176,7 @@ func (dec *Decoder) Decode(payload []byte) (*Batch, error) {
 	dec.p = payload
 	dec.r.Reset(payload)
 	dec.d.Reset(&dec.r)
+	dec.room = maxDecodedPerByte*len(payload) + decodedSlack
 	b := &Batch{}
 	if err := dec.batch(b); err != nil {
 		return nil, malformed(err)
@@ -468,7 +514,9 @@ func (dec *Decoder) events(b *Batch) error {
 	if err != nil {
 		return err
 	}
-	b.Events = make([]Event, 0, n)
+	// Room for the events an array of this length can hold, grown as
+	// they decode: its length alone is no promise.
+	b.Events = make([]Event, 0, min(n, 64))
 	for range n {
 		if err := dec.event(b); err != nil {
 			return err
@@ -549,7 +597,7 @@ func (dec *Decoder) arrayEvent(b *Batch) error {
 			b.InvalidEvents++
 			return nil
 		}
-		b.Events = append(b.Events, ev)
+		return dec.add(b, ev)
 	case tagBlockRemoved:
 		if n < minRemovedLen {
 			b.InvalidEvents++
@@ -578,18 +626,17 @@ func (dec *Decoder) arrayEvent(b *Batch) error {
 			b.InvalidEvents++
 			return nil
 		}
-		b.Events = append(b.Events, f.removed())
+		return dec.add(b, f.removed())
 	case tagAllBlocksCleared:
 		b.UnknownFields += rest
 		if err := dec.skipN(rest, 1); err != nil {
 			return err
 		}
-		b.Events = append(b.Events, &AllBlocksCleared{})
+		return dec.add(b, &AllBlocksCleared{})
 	default:
 		b.UnknownEvents++
 		return dec.skipN(rest, 1)
 	}
-	return nil
 }
 
 // field identifies a field of BlockStored or BlockRemoved.
@@ -761,7 +808,7 @@ func (dec *Decoder) mapEvent(b *Batch) error {
 		}
 		ev := new(BlockStored)
 		*ev = f.BlockStored
-		b.Events = append(b.Events, ev)
+		return dec.add(b, ev)
 	case tagBlockRemoved:
 		for fld := range numFields {
 			if f.seen&(1<<fld) != 0 && !removedField(fld) {
@@ -773,7 +820,7 @@ func (dec *Decoder) mapEvent(b *Batch) error {
 			b.InvalidEvents++
 			return nil
 		}
-		b.Events = append(b.Events, f.removed())
+		return dec.add(b, f.removed())
 	case tagAllBlocksCleared:
 		for fld := range numFields {
 			if f.seen&(1<<fld) != 0 {
@@ -781,7 +828,7 @@ func (dec *Decoder) mapEvent(b *Batch) error {
 			}
 		}
 		b.UnknownFields += unknown
-		b.Events = append(b.Events, &AllBlocksCleared{})
+		return dec.add(b, &AllBlocksCleared{})
 	default:
 		b.UnknownEvents++
 	}
@@ -1029,6 +1076,9 @@ func (dec *Decoder) hashes() ([]Hash, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
+	if err := dec.charge(n, unsafe.Sizeof(Hash{})); err != nil {
+		return nil, false, err
+	}
 	hs := make([]Hash, n)
 	valid := true
 	for i := range hs {
@@ -1056,6 +1106,9 @@ func (dec *Decoder) tokens() ([]uint32, bool, error) {
 	}
 	n, err := dec.arrayLen()
 	if err != nil {
+		return nil, false, err
+	}
+	if err := dec.charge(n, 4); err != nil {
 		return nil, false, err
 	}
 	ts := make([]uint32, n)
@@ -1101,6 +1154,9 @@ func (dec *Decoder) extraKeys() ([]ExtraKey, bool, error) {
 	}
 	n, err := dec.arrayLen()
 	if err != nil {
+		return nil, false, err
+	}
+	if err := dec.charge(n, unsafe.Sizeof(ExtraKey{})); err != nil {
 		return nil, false, err
 	}
 	ks := make([]ExtraKey, n)

@@ -725,3 +725,47 @@ func TestKindAndFormStrings(t *testing.T) {
 		t.Error("Form.String")
 	}
 }
+
+// TestDecodedSizeBounded: a payload decodes to at most maxDecodedPerByte
+// times its size. Batches shaped as vLLM sends them (64-bit hashes, token
+// ids, nil extra keys; many one-block removals) stay well within it; a
+// publisher's one-byte hashes, 32 bytes each decoded, are malformed
+// instead of costing gigabytes.
+func TestDecodedSizeBounded(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const blocks = 1 << 14
+	stored := &BlockStored{BlockSize: 16, ExtraKeys: make([]ExtraKey, blocks)}
+	for range blocks {
+		stored.BlockHashes = append(stored.BlockHashes, UintHash(rng.Uint64()))
+		for range 16 {
+			stored.TokenIDs = append(stored.TokenIDs, uint32(rng.IntN(150000)))
+		}
+	}
+	var removals []Event
+	for range blocks {
+		removals = append(removals, &BlockRemoved{BlockHashes: []Hash{UintHash(rng.Uint64())}})
+	}
+	for _, tc := range []struct {
+		name   string
+		events []Event
+		ok     bool
+	}{
+		{"a long prompt's blocks", []Event{stored}, true},
+		{"one-block removals", removals, true},
+		{"one-byte hashes", []Event{&BlockRemoved{BlockHashes: make([]Hash, 1<<20)}}, false},
+	} {
+		for _, l := range []Layout{LayoutArray, LayoutMap} {
+			frame, err := Encode(&Batch{TS: 1, Events: tc.events}, l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := Decode(frame)
+			if tc.ok && (err != nil || len(b.Events) != len(tc.events)) {
+				t.Errorf("%s (form %v): %v", tc.name, l.Form, err)
+			}
+			if !tc.ok && !errors.Is(err, ErrMalformed) {
+				t.Errorf("%s (form %v): err = %v, want ErrMalformed", tc.name, l.Form, err)
+			}
+		}
+	}
+}
