@@ -250,6 +250,11 @@ func (p *Policy) SanitizeRequest(ctx context.Context, req Request, body []byte) 
 	return out, nil
 }
 
+// errTooManyTexts: a body held more texts than parseText records
+// (maxTextLeaves), so the sanitizer cannot be given them all. A
+// callFailure, so that it is counted and classed as a failed call is.
+var errTooManyTexts = &callFailure{class: "too_many_texts", err: errors.New("delivery: more texts than the sanitizer is given")}
+
 // sanitizeFailed counts and logs a failed sanitize call of a leg and
 // returns the refusal fail_closed asks for (nil under fail_open).
 func (p *Policy) sanitizeFailed(ctx context.Context, req *Request, leg string, err error) *Refuse {

@@ -223,10 +223,6 @@ func classify(ctx context.Context, err error) error {
 const classCancelled = "cancelled"
 
 // failureClass returns the class of a call error.
-// errTooManyTexts: a body held more texts than parseText records
-// (maxTextLeaves), so the PII sanitizer cannot be given them all.
-var errTooManyTexts = &callFailure{class: "too_many_texts", err: errors.New("delivery: more texts than the sanitizer is given")}
-
 func failureClass(err error) string {
 	var f *callFailure
 	if errors.As(err, &f) {
