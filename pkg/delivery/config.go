@@ -104,6 +104,11 @@ type GuardrailRule struct {
 	// IncludeSystem makes a pre_call rule scan system and developer
 	// instructions too (default false).
 	IncludeSystem bool `toml:"include_system"`
+	// ToolCalls makes a post_call block or annotate rule scan the tool
+	// calls the model makes too (their arguments, an Anthropic tool_use's
+	// input): what an agent sends on to its tools, such as a URL a fetch
+	// tool will open (default false).
+	ToolCalls bool `toml:"tool_calls"`
 }
 
 // PluginConfig is one [[plugins]] element: an HTTP webhook consulted at a
@@ -296,6 +301,14 @@ func (g *GuardrailsConfig) Validate(path string) []error {
 		}
 		if r.IncludeSystem && r.Stage == StagePostCall {
 			v.add(rp+".include_system", "only applies to stage = %q", StagePreCall)
+		}
+		switch {
+		case r.ToolCalls && r.Stage != StagePostCall:
+			v.add(rp+".tool_calls", "only applies to stage = %q", StagePostCall)
+		case r.ToolCalls && r.Action == ActionRedact:
+			// A call whose arguments were rewritten would do something
+			// else than the model asked, unseen.
+			v.add(rp+".tool_calls", "applies to action %q or %q, not %q: a tool call is refused or reported, never rewritten", ActionBlock, ActionAnnotate, ActionRedact)
 		}
 	}
 	return v.errs

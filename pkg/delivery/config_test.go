@@ -62,6 +62,9 @@ func TestValidate(t *testing.T) {
 		{"error: long replacement", func(c *delivery.Config) { c.Guardrails.Rules[0].Replacement = strings.Repeat("é", 65) }, "guardrails.rules[0].replacement: must be at most 64 characters"},
 		{"error: replacement without redact", func(c *delivery.Config) { c.Guardrails.Rules[1].Replacement = "x" }, "guardrails.rules[1].replacement: only applies"},
 		{"error: include_system on post_call", func(c *delivery.Config) { c.Guardrails.Rules[0].IncludeSystem = true }, "guardrails.rules[0].include_system: only applies"},
+		{"error: tool_calls on a redact rule", func(c *delivery.Config) {
+			c.Guardrails.Rules[0].ToolCalls, c.Guardrails.Rules[0].Action = true, delivery.ActionRedact
+		}, "guardrails.rules[0].tool_calls: applies to action"},
 		{"error: max_scan_bytes", func(c *delivery.Config) { c.Guardrails.MaxScanBytes = 0 }, "guardrails.max_scan_bytes: must be > 0"},
 		{"error: streaming_post_call", func(c *delivery.Config) { c.Guardrails.StreamingPostCall = "buffer" }, "guardrails.streaming_post_call: must be one of"},
 		{"error: plugin url", func(c *delivery.Config) { c.Plugins[0].URL = "judge:80" }, "plugins[0].url: must be an absolute"},

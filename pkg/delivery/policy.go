@@ -267,7 +267,11 @@ func (p *Policy) Apply(ctx context.Context, req Request, status int, contentType
 		return *r
 	}
 	if p.post != nil {
-		v, out := p.post.rewrite(body, doc, doc.responseTexts(), nil)
+		idx, kinds := doc.responseTexts(), []textKind(nil)
+		if p.post.toolCalls {
+			idx, kinds = doc.responseTextsAndCalls()
+		}
+		v, out := p.post.rewrite(body, doc, idx, kinds)
 		if v.truncated {
 			p.stats.GuardrailScanTruncations.Add(1)
 		}
@@ -434,8 +438,8 @@ func (p *Policy) GuardRequest(req Request, body []byte) (RequestGuard, *Refuse) 
 	if err != nil {
 		return out, nil
 	}
-	idx, instr := doc.requestTexts()
-	v, nb := p.pre.rewrite(body, doc, idx, instr)
+	idx, kinds := doc.requestTexts()
+	v, nb := p.pre.rewrite(body, doc, idx, kinds)
 	if v.truncated {
 		p.stats.GuardrailScanTruncations.Add(1)
 	}

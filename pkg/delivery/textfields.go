@@ -20,16 +20,23 @@ import (
 // strings, and the objects and arrays on their way, so what a body costs
 // beyond its own bytes is bounded by its texts, not by its size: a 32 MiB
 // body of empty strings recorded whole took some 7 GiB.
-var textShapes = newShapeTrie(
+var textShapes = newShapeTrie([]string{
 	// responses
 	"choices.#.message.content", "choices.#.text", "choices.#.message.content.#.text",
 	"choices.#.message.reasoning_content", "choices.#.message.reasoning",
 	"content.#.text", "content.#.thinking", "output.#.content.#.text", "output.#.summary.#.text",
+	// the tool calls of responses (responseTextsAndCalls)
+	"choices.#.message.tool_calls.#.function.arguments", "choices.#.message.function_call.arguments",
+	"output.#.arguments",
 	// requests
 	"messages.#.content", "input.#.content", "messages.#.content.#.text", "input.#.content.#.text",
 	"messages.#.content.#.content", "messages.#.content.#.content.#.text",
 	"input.#.output", "input.#.output.#.text",
 	"prompt", "prompt.#", "input", "input.#", "system", "instructions", "system.#.text",
+},
+	// An Anthropic tool_use's input is an object: recorded whole, as its
+	// JSON text, for the tool_calls rules to scan.
+	"content.#.input",
 )
 
 // The most text strings and containers on their paths parseText records;
@@ -43,17 +50,20 @@ const (
 )
 
 // shapeTrie is a node of textShapes: its children by key ("#": an array
-// element) and whether a string here is a text.
+// element), whether a string here is a text, and whether an object or
+// array here is recorded whole (raw).
 type shapeTrie struct {
 	kids map[string]*shapeTrie
 	text bool
+	raw  bool
 }
 
-func newShapeTrie(shapes ...string) *shapeTrie {
+// newShapeTrie returns the trie of the text paths and of the raw ones.
+func newShapeTrie(texts []string, raws ...string) *shapeTrie {
 	root := &shapeTrie{}
-	for _, sh := range shapes {
+	add := func(path string) *shapeTrie {
 		n := root
-		for _, k := range strings.Split(sh, ".") {
+		for _, k := range strings.Split(path, ".") {
 			if n.kids == nil {
 				n.kids = map[string]*shapeTrie{}
 			}
@@ -62,7 +72,13 @@ func newShapeTrie(shapes ...string) *shapeTrie {
 			}
 			n = n.kids[k]
 		}
-		n.text = true
+		return n
+	}
+	for _, p := range texts {
+		add(p).text = true
+	}
+	for _, p := range raws {
+		add(p).raw = true
 	}
 	return root
 }
@@ -91,6 +107,9 @@ type leaf struct {
 	owners     []int // owners[k] is the container id holding path[k]
 	start, end int   // byte range of the string token, quotes included
 	value      string
+	// raw: the leaf is an object or array recorded whole (value is its
+	// JSON text), never rewritten.
+	raw bool
 }
 
 // props are the members of an object that decide whether its text counts.
@@ -170,6 +189,10 @@ func (s *jscan) value(depth int) error {
 			return errSyntax
 		}
 		id, sh := -1, s.shape(depth)
+		raw := sh != nil && sh.raw && depth > 0
+		if raw && len(s.d.leaves) >= maxTextLeaves {
+			s.d.truncated, raw = true, false
+		}
 		if sh != nil && sh.kids == nil {
 			sh = nil // no text below
 		}
@@ -181,6 +204,7 @@ func (s *jscan) value(depth int) error {
 				s.d.truncated, sh = true, nil
 			}
 		}
+		start := s.i
 		s.path = append(s.path, seg{idx: 0})
 		s.owners = append(s.owners, id)
 		s.shapes = append(s.shapes, sh)
@@ -191,6 +215,12 @@ func (s *jscan) value(depth int) error {
 			err = s.array(depth)
 		}
 		s.path, s.owners, s.shapes = s.path[:depth], s.owners[:depth], s.shapes[:depth]
+		if raw && err == nil {
+			s.d.leaves = append(s.d.leaves, leaf{
+				path: slices.Clone(s.path), owners: slices.Clone(s.owners),
+				start: start, end: s.i, value: string(s.b[start:s.i]), raw: true,
+			})
+		}
 		return err
 	case c == '"':
 		start := s.i
@@ -453,22 +483,55 @@ func (d *textDoc) owner(l *leaf, k int) props { return d.conts[l.owners[k]] }
 func (d *textDoc) responseTexts() []int {
 	var out []int
 	for i := range d.leaves {
-		l := &d.leaves[i]
-		switch {
-		case l.is("choices", "#", "message", "content"),
-			l.is("choices", "#", "text"),
-			l.is("choices", "#", "message", "content", "#", "text") && d.owner(l, 5).typ == "text",
-			l.is("choices", "#", "message", "reasoning_content"),
-			l.is("choices", "#", "message", "reasoning"),
-			l.is("content", "#", "text") && d.owner(l, 2).typ == "text",
-			l.is("content", "#", "thinking") && d.owner(l, 2).typ == "thinking",
-			l.is("output", "#", "content", "#", "text") && d.owner(l, 4).typ == "output_text",
-			l.is("output", "#", "content", "#", "text") && d.owner(l, 4).typ == "reasoning_text",
-			l.is("output", "#", "summary", "#", "text") && d.owner(l, 4).typ == "summary_text":
+		if d.isResponseText(&d.leaves[i]) {
 			out = append(out, i)
 		}
 	}
 	return out
+}
+
+// responseTextsAndCalls returns responseTexts and, among them in document
+// order, the tool calls the response makes, with the kind of each: chat
+// choices[].message.tool_calls[].function.arguments (and the older
+// function_call.arguments), Responses function_call items' arguments,
+// Anthropic tool_use blocks' input (the object's JSON text).
+func (d *textDoc) responseTextsAndCalls() (idx []int, kinds []textKind) {
+	for i := range d.leaves {
+		l := &d.leaves[i]
+		kind := conversation
+		switch {
+		case d.isResponseText(l):
+		case l.is("choices", "#", "message", "tool_calls", "#", "function", "arguments"),
+			l.is("choices", "#", "message", "function_call", "arguments"),
+			l.is("output", "#", "arguments") && d.owner(l, 2).typ == "function_call",
+			l.raw && l.is("content", "#", "input") && d.owner(l, 2).typ == "tool_use":
+			kind = toolCall
+		default:
+			continue
+		}
+		idx, kinds = append(idx, i), append(kinds, kind)
+	}
+	return idx, kinds
+}
+
+// isResponseText reports whether a leaf is one of responseTexts.
+func (d *textDoc) isResponseText(l *leaf) bool {
+	switch {
+	case l.raw:
+		return false
+	case l.is("choices", "#", "message", "content"),
+		l.is("choices", "#", "text"),
+		l.is("choices", "#", "message", "content", "#", "text") && d.owner(l, 5).typ == "text",
+		l.is("choices", "#", "message", "reasoning_content"),
+		l.is("choices", "#", "message", "reasoning"),
+		l.is("content", "#", "text") && d.owner(l, 2).typ == "text",
+		l.is("content", "#", "thinking") && d.owner(l, 2).typ == "thinking",
+		l.is("output", "#", "content", "#", "text") && d.owner(l, 4).typ == "output_text",
+		l.is("output", "#", "content", "#", "text") && d.owner(l, 4).typ == "reasoning_text",
+		l.is("output", "#", "summary", "#", "text") && d.owner(l, 4).typ == "summary_text":
+		return true
+	}
+	return false
 }
 
 // isInstruction reports whether a message role carries instructions
@@ -490,11 +553,12 @@ func isTextPart(typ string) bool {
 // Responses function_call_output items' output (a string or input_text
 // parts). System and developer messages, the Anthropic top-level system and
 // the Responses instructions are instructions.
-func (d *textDoc) requestTexts() (idx []int, instruction []bool) {
+func (d *textDoc) requestTexts() (idx []int, kinds []textKind) {
 	for i := range d.leaves {
 		l := &d.leaves[i]
 		ok, instr := false, false
 		switch {
+		case l.raw:
 		case l.is("messages", "#", "content"), l.is("input", "#", "content"):
 			ok, instr = true, isInstruction(d.owner(l, 2).role)
 		case l.is("messages", "#", "content", "#", "text"), l.is("input", "#", "content", "#", "text"):
@@ -515,11 +579,14 @@ func (d *textDoc) requestTexts() (idx []int, instruction []bool) {
 			ok, instr = d.owner(l, 2).typ == "text", true
 		}
 		if ok {
-			idx = append(idx, i)
-			instruction = append(instruction, instr)
+			kind := conversation
+			if instr {
+				kind = instruction
+			}
+			idx, kinds = append(idx, i), append(kinds, kind)
 		}
 	}
-	return idx, instruction
+	return idx, kinds
 }
 
 // edit replaces the string token at [start, end) with value.

@@ -91,6 +91,7 @@ func TestParseTextBounded(t *testing.T) {
 func FuzzParseText(f *testing.F) {
 	for _, s := range []string{
 		`{"choices":[{"message":{"content":"x"}}]}`, `[1,"a",{"b":null}]`, `{"a":"\u00e9"}`, `-1.5E-3`, `{"a":1,}`,
+		`{"content":[{"type":"tool_use","input":{"a":["b",{"c":1}]}},{"input":[]}]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -103,6 +104,12 @@ func FuzzParseText(f *testing.F) {
 			return
 		}
 		for _, l := range d.leaves {
+			if l.raw {
+				if raw := body[l.start:l.end]; string(raw) != l.value || !json.Valid(raw) {
+					t.Errorf("raw leaf %q at %d:%d is %q", l.value, l.start, l.end, raw)
+				}
+				continue
+			}
 			var v string
 			if err := json.Unmarshal(body[l.start:l.end], &v); err != nil || v != l.value {
 				t.Errorf("leaf %q at %d:%d decodes to %q (%v)", l.value, l.start, l.end, v, err)
