@@ -51,7 +51,9 @@
 // up to Options.MaxLogprobs), synthetic and deterministic, the generated
 // token always the most likely; and, for completions, echo, the prompt
 // before each choice (a token-id prompt as far as the tokenizer can name
-// its tokens). Their values are refused as vLLM refuses them.
+// its tokens). Their values are refused as vLLM refuses them; beyond that,
+// a request whose choices' tokens and log probabilities would pass 2 M
+// gets 400 (vLLM queues it; vllmsim holds a request's output in memory).
 //
 // The prefix [Cache] holds full blocks of Options.BlockSize tokens, addressed
 // by chained hashes, up to Options.CapacityBlocks blocks with LRU eviction.

@@ -74,6 +74,9 @@ func (s *Server) prepareSampled(endpoint, model string, prompt []uint32, maxToke
 	if aerr := sp.check(vllmMax, s.opts.MaxLogprobs); aerr != nil {
 		return plan{}, aerr
 	}
+	if aerr := sp.fits(p.outLen); aerr != nil {
+		return plan{}, aerr
+	}
 	if s.accept(endpoint) {
 		return plan{}, errInjected
 	}

@@ -126,6 +126,26 @@ func (sp sampling) check(maxTokens, maxLogprobs int) *apiError {
 	return nil
 }
 
+// maxGenerated bounds what one request may make vllmsim hold: its choices'
+// tokens, each with its top log probabilities. vLLM queues n=16384 long
+// outputs as 16384 requests; vllmsim, which holds a request's whole output
+// in memory, would take gigabytes, so it refuses such a request (400)
+// instead of letting a client's one request stop the replica.
+const maxGenerated = 1 << 21
+
+// fits refuses a request whose n choices of outLen tokens (each with its
+// top log probabilities) exceed maxGenerated.
+func (sp sampling) fits(outLen int) *apiError {
+	per := 1
+	if sp.logprobs != nil && *sp.logprobs > 0 {
+		per += *sp.logprobs
+	}
+	if sp.n > maxGenerated/per/max(outLen, 1) {
+		return errorf(http.StatusBadRequest, "vllmsim holds a request's output in memory and generates at most %d tokens per request, log probabilities counted: n=%d choices of %d tokens (%d per token) ask for more", maxGenerated, sp.n, outLen, per)
+	}
+	return nil
+}
+
 // eos is where the simulated model ends an output by itself (finish reason
 // "stop"): after Options.MaxTokensDefault tokens, but never before
 // min_tokens, which forbids EOS until then.

@@ -207,6 +207,30 @@ func TestChoicesNRefused(t *testing.T) {
 	}
 }
 
+// vllmsim holds a request's output in memory, so it refuses one whose
+// choices and log probabilities would take more than its bound, which vLLM
+// would queue: one client must not stop the replica.
+func TestChoicesBounded(t *testing.T) {
+	_, ts := newServer(t, vllmsim.Options{})
+	for _, tc := range []struct {
+		extra string
+		ok    bool
+	}{
+		{`"n":64,"max_tokens":32000`, true},
+		{`"n":16384,"max_tokens":32000`, false},
+		{`"n":4,"max_tokens":32000,"logprobs":true,"top_logprobs":20`, false},
+	} {
+		status := http.StatusBadRequest
+		if tc.ok {
+			status = http.StatusOK
+		}
+		b := post(t, ts, "/v1/chat/completions", chatBody("", "hi", tc.extra), status)
+		if !tc.ok && !strings.Contains(apiErr(t, b).Message, "vllmsim holds a request's output in memory") {
+			t.Errorf("%s: %s", tc.extra, b)
+		}
+	}
+}
+
 type openAIError struct {
 	Message string  `json:"message"`
 	Type    string  `json:"type"`
