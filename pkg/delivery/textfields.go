@@ -478,8 +478,9 @@ func (d *textDoc) owner(l *leaf, k int) props { return d.conts[l.owners[k]] }
 // parsers; the older and the newer name), Anthropic content[].thinking of
 // thinking blocks, Responses reasoning items' reasoning_text content and
 // summary_text summaries. Tool-call arguments are not text: they are the
-// call's input, passed on byte for byte. Embeddings and every other shape
-// have none.
+// call's input, never rewritten (responseTextsAndCalls adds them for the
+// rules with tool_calls to read). Embeddings and every other shape have
+// none.
 func (d *textDoc) responseTexts() []int {
 	var out []int
 	for i := range d.leaves {

@@ -31,6 +31,22 @@ func newServer(t *testing.T, opts vllmsim.Options) (*vllmsim.Server, *httptest.S
 	return sim, ts
 }
 
+// errorCase sends body to path (POST when method is empty) on a new
+// simulator with opts, fails the test unless the answer has status want,
+// and returns the answer's body: one case of an error table.
+func errorCase(t *testing.T, opts vllmsim.Options, method, path, body string, want int) []byte {
+	t.Helper()
+	_, ts := newServer(t, opts)
+	if method == "" {
+		method = http.MethodPost
+	}
+	status, b := do(t, ts, method, path, body)
+	if status != want {
+		t.Fatalf("status = %d, want %d; body %s", status, want, b)
+	}
+	return b
+}
+
 // do sends a request and returns the status and body.
 func do(t *testing.T, ts *httptest.Server, method, path, body string) (int, []byte) {
 	t.Helper()

@@ -471,15 +471,7 @@ func TestScoringErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, ts := newServer(t, tc.opts)
-			method := tc.method
-			if method == "" {
-				method = http.MethodPost
-			}
-			status, b := do(t, ts, method, tc.path, tc.body)
-			if status != tc.wantStatus {
-				t.Fatalf("status = %d, want %d; body %s", status, tc.wantStatus, b)
-			}
+			b := errorCase(t, tc.opts, tc.method, tc.path, tc.body, tc.wantStatus)
 			e := decode[errorBody](t, b)
 			if e.Error.Type != tc.wantType || e.Error.Code != tc.wantStatus || e.Error.Message == "" {
 				t.Errorf("error body = %s, want type %s code %d", b, tc.wantType, tc.wantStatus)

@@ -87,15 +87,7 @@ func TestErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, ts := newServer(t, tc.opts)
-			method := tc.method
-			if method == "" {
-				method = http.MethodPost
-			}
-			status, b := do(t, ts, method, tc.path, tc.body)
-			if status != tc.wantStatus {
-				t.Fatalf("status = %d, want %d; body %s", status, tc.wantStatus, b)
-			}
+			b := errorCase(t, tc.opts, tc.method, tc.path, tc.body, tc.wantStatus)
 			if tc.anthropic {
 				e := decode[struct {
 					Type  string `json:"type"`
