@@ -182,6 +182,13 @@ type Provider struct {
 	// approximate index of the replica with it when [providers.engine_load]
 	// has not scraped vllm:cache_config_info; 0: not set.
 	KVCapacityTokens int `toml:"kv_capacity_tokens"`
+	// StreamUsage makes the proxies ask an OpenAI-dialect provider for the
+	// usage of every chat and completions stream (stream_options.
+	// include_usage), so that its usage record is known, and keep the usage
+	// chunk from a client that did not ask for it; nil: true. False for an
+	// upstream that refuses stream_options. Kind "anthropic" always reports
+	// usage and ignores it.
+	StreamUsage *bool `toml:"stream_usage"`
 }
 
 // EngineLoad configures scraping a replica's own load from its Prometheus

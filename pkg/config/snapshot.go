@@ -62,6 +62,8 @@ type CompiledProvider struct {
 	EngineLoad *CompiledEngineLoad
 	// KVCapacityTokens is kv_capacity_tokens (0: not set).
 	KVCapacityTokens int
+	// StreamUsage is stream_usage, default applied.
+	StreamUsage bool
 }
 
 // PublishesKV reports whether the provider's engine publishes KV state a
@@ -207,6 +209,7 @@ func Compile(c *Config, opts CompileOptions) (*Snapshot, error) {
 			Name: p.Name, Kind: p.Kind, APIBase: strings.TrimRight(p.APIBase, "/"),
 			AnthropicVersion: p.AnthropicVersion,
 			KVCapacityTokens: p.KVCapacityTokens,
+			StreamUsage:      p.StreamUsage == nil || *p.StreamUsage,
 		}
 		if p.KVEvents != nil {
 			kv := *p.KVEvents

@@ -1,6 +1,7 @@
 // Package request reads the JSON body of a client request: it validates the
-// document and finds the top-level fields the gateway routes on (model,
-// stream) without decoding the rest, and rewrites the model in place.
+// document and finds the top-level fields the gateway acts on (model,
+// stream, stream_options) without decoding the rest, and rewrites the model
+// and the stream's usage option in place.
 package request
 
 import (
@@ -32,8 +33,11 @@ var (
 //     same struct field;
 //   - stream is not a boolean (or null): lax decoders, vLLM's pydantic
 //     models among them, read "true" or 1 as true.
+//
+// stream_options is held to the same rule: the gateway decides from it
+// whether the client asked for a stream's usage.
 type FieldError struct {
-	Field  string // "model" or "stream"
+	Field  string // "model", "stream" or "stream_options"
 	Reason string
 }
 
@@ -62,9 +66,18 @@ type Body struct {
 	HasModel bool
 	// Stream is the top-level "stream" boolean (false when absent).
 	Stream bool
+	// IncludeUsage is stream_options.include_usage: the client asked for
+	// the usage chunk that ends an OpenAI stream.
+	IncludeUsage bool
+	// usageUnclear: stream_options or its include_usage has a type the
+	// gateway does not interpret (a lax upstream might read "yes" as
+	// true), so it leaves the option as the client sent it.
+	usageUnclear bool
 	// modelStart and modelEnd delimit the top-level model value of any type
-	// (with its quotes); modelStart is -1 when there is none.
+	// (with its quotes); modelStart is -1 when there is none. optStart and
+	// optEnd delimit stream_options' value the same way.
 	modelStart, modelEnd int
+	optStart, optEnd     int
 }
 
 // Parse validates body as a JSON object and reads its top-level model and
@@ -74,7 +87,7 @@ func Parse(raw []byte) (*Body, error) {
 	if !json.Valid(raw) {
 		return nil, ErrInvalidJSON
 	}
-	b := &Body{Raw: raw, modelStart: -1}
+	b := &Body{Raw: raw, modelStart: -1, optStart: -1}
 	s := scanner{buf: raw}
 	s.space()
 	if !s.consume('{') {
@@ -84,7 +97,7 @@ func Parse(raw []byte) (*Body, error) {
 	if s.consume('}') {
 		return b, nil
 	}
-	var seen [2]bool // model, stream
+	var seen [len(routedFields)]bool
 	for {
 		s.space()
 		keyStart := s.pos
@@ -111,13 +124,14 @@ func Parse(raw []byte) (*Body, error) {
 				return nil, &FieldError{name, "appears more than once"}
 			}
 			seen[f] = true
-			if f == 0 {
+			switch f {
+			case fieldModel:
 				var m string
 				b.modelStart, b.modelEnd = valStart, s.pos
 				if val[0] == '"' && json.Unmarshal(val, &m) == nil {
 					b.Model, b.HasModel = m, true
 				}
-			} else {
+			case fieldStream:
 				switch string(val) {
 				case "true":
 					b.Stream = true
@@ -125,6 +139,9 @@ func Parse(raw []byte) (*Body, error) {
 				default:
 					return nil, &FieldError{name, "must be a boolean"}
 				}
+			case fieldStreamOptions:
+				b.optStart, b.optEnd = valStart, s.pos
+				b.IncludeUsage, b.usageUnclear = includeUsage(val)
 			}
 		}
 		s.space()
@@ -166,8 +183,95 @@ func (b *Body) WithModel(model string) []byte {
 	return append(out, b.Raw[b.modelEnd:]...)
 }
 
+// includeUsage reads a stream_options value as vLLM does (StreamOptions in
+// entrypoints/openai/engine/protocol.py: include_usage defaults to true
+// when the object is present; null is false). unclear reports a value of
+// another type: not an object or null, or an include_usage that is not a
+// boolean or null.
+func includeUsage(val []byte) (asked, unclear bool) {
+	if string(val) == "null" {
+		return false, false
+	}
+	var o map[string]json.RawMessage
+	if val[0] != '{' || json.Unmarshal(val, &o) != nil {
+		return false, true
+	}
+	v, ok := o["include_usage"] // the last of duplicates, as Python's json reads it
+	if !ok {
+		return true, false
+	}
+	switch string(v) {
+	case "true":
+		return true, false
+	case "false", "null":
+		return false, false
+	}
+	return false, true
+}
+
+// CanAskUsage reports whether the gateway may ask the upstream for this
+// stream's usage with [Body.WithStreamUsage]: a stream whose client did not
+// ask for it, in a form the gateway understands.
+func (b *Body) CanAskUsage() bool { return b.Stream && !b.IncludeUsage && !b.usageUnclear }
+
+// WithStreamUsage returns the body with stream_options.include_usage set to
+// true, so that an OpenAI-dialect upstream ends the stream with a usage
+// chunk, and continuous_usage_stats removed (vLLM would otherwise put usage
+// on every chunk); the option's other members are kept. The result refers
+// to new bytes; b is unchanged. Call it only when [Body.CanAskUsage].
+func (b *Body) WithStreamUsage() *Body {
+	var o map[string]json.RawMessage
+	if b.optStart >= 0 {
+		_ = json.Unmarshal(b.Raw[b.optStart:b.optEnd], &o) // an object, or null
+	}
+	if o == nil {
+		o = map[string]json.RawMessage{}
+	}
+	delete(o, "continuous_usage_stats")
+	o["include_usage"] = json.RawMessage("true")
+	val, _ := json.Marshal(o) // raw values already proven valid
+	nb := *b
+	nb.IncludeUsage = true
+	if b.optStart >= 0 {
+		nb.Raw = make([]byte, 0, len(b.Raw)-(b.optEnd-b.optStart)+len(val))
+		nb.Raw = append(nb.Raw, b.Raw[:b.optStart]...)
+		nb.Raw = append(nb.Raw, val...)
+		nb.Raw = append(nb.Raw, b.Raw[b.optEnd:]...)
+		nb.optEnd = b.optStart + len(val)
+		if b.modelStart > b.optStart {
+			shift := len(val) - (b.optEnd - b.optStart)
+			nb.modelStart, nb.modelEnd = b.modelStart+shift, b.modelEnd+shift
+		}
+		return &nb
+	}
+	// No option: insert it as the first member. Parse proved the body is
+	// an object, so the first '{' opens it.
+	i := bytes.IndexByte(b.Raw, '{')
+	member := append([]byte(`"stream_options":`), val...)
+	rest := bytes.TrimLeft(b.Raw[i+1:], " \t\r\n")
+	if len(rest) > 0 && rest[0] != '}' {
+		member = append(member, ',')
+	}
+	nb.Raw = make([]byte, 0, len(b.Raw)+len(member))
+	nb.Raw = append(nb.Raw, b.Raw[:i+1]...)
+	nb.Raw = append(nb.Raw, member...)
+	nb.Raw = append(nb.Raw, b.Raw[i+1:]...)
+	nb.optStart = i + 1 + len(`"stream_options":`)
+	nb.optEnd = nb.optStart + len(val)
+	if b.modelStart >= 0 {
+		nb.modelStart, nb.modelEnd = b.modelStart+len(member), b.modelEnd+len(member)
+	}
+	return &nb
+}
+
 // routedFields are the members Parse reads, by index.
-var routedFields = [2]string{"model", "stream"}
+var routedFields = [...]string{fieldModel: "model", fieldStream: "stream", fieldStreamOptions: "stream_options"}
+
+const (
+	fieldModel = iota
+	fieldStream
+	fieldStreamOptions
+)
 
 // routedField returns the index in routedFields of the name a raw JSON key
 // (with quotes) equals ignoring case, as encoding/json matches struct

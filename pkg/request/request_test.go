@@ -81,6 +81,8 @@ func TestParseRefusesWhatUpstreamsReadOtherwise(t *testing.T) {
 		{"stream as a number", `{"model":"m","stream":1}`, "stream"},
 		{"stream as an object", `{"model":"m","stream":{}}`, "stream"},
 		{"stream as an array", `{"model":"m","stream":[true]}`, "stream"},
+		{"stream_options twice", `{"model":"m","stream_options":{"include_usage":true},"stream_options":{}}`, "stream_options"},
+		{"stream_options in another case", `{"model":"m","Stream_Options":{"include_usage":true}}`, "stream_options"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -88,6 +90,73 @@ func TestParseRefusesWhatUpstreamsReadOtherwise(t *testing.T) {
 			var fe *request.FieldError
 			if !errors.As(err, &fe) || fe.Field != tc.field {
 				t.Fatalf("err = %v, want a FieldError on %q", err, tc.field)
+			}
+		})
+	}
+}
+
+// TestStreamUsage: what the client asked of a stream's usage, read as vLLM
+// reads stream_options, and the body that asks the upstream for it: the
+// option set, continuous usage removed, its other members and the rest of
+// the body kept, the model still rewritable.
+func TestStreamUsage(t *testing.T) {
+	tests := []struct {
+		name   string
+		body   string
+		asked  bool
+		canAsk bool
+		want   string // stream_options after WithStreamUsage, "" when it may not ask
+	}{
+		{name: "no option", body: `{"model":"m","stream":true}`, canAsk: true, want: `{"include_usage":true}`},
+		{name: "not a stream", body: `{"model":"m"}`},
+		{name: "asked", body: `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, asked: true},
+		{name: "present, include_usage absent: vLLM's default is true", body: `{"stream":true,"stream_options":{},"model":"m"}`, asked: true},
+		{name: "declined", body: `{"stream":true,"stream_options":{"include_usage":false},"model":"m"}`, canAsk: true, want: `{"include_usage":true}`},
+		{name: "null option", body: `{"stream":true,"stream_options":null,"model":"m"}`, canAsk: true, want: `{"include_usage":true}`},
+		{name: "null include_usage", body: `{"stream":true,"stream_options":{"include_usage":null},"model":"m"}`, canAsk: true, want: `{"include_usage":true}`},
+		{name: "continuous usage without usage is removed",
+			body:   `{"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":false,"x":[1]},"stream":true}`,
+			canAsk: true, want: `{"include_usage":true,"x":[1]}`},
+		{name: "the last duplicate counts", body: `{"model":"m","stream":true,"stream_options":{"include_usage":true,"include_usage":false}}`, canAsk: true, want: `{"include_usage":true}`},
+		{name: "a string is left to the upstream", body: `{"model":"m","stream":true,"stream_options":{"include_usage":"yes"}}`},
+		{name: "a non-object is left to the upstream", body: `{"model":"m","stream":true,"stream_options":[true]}`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := request.Parse([]byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.IncludeUsage != tc.asked || b.CanAskUsage() != tc.canAsk {
+				t.Fatalf("asked %v, can ask %v; want %v, %v", b.IncludeUsage, b.CanAskUsage(), tc.asked, tc.canAsk)
+			}
+			if !tc.canAsk {
+				return
+			}
+			orig := string(b.Raw)
+			nb := b.WithStreamUsage()
+			if string(b.Raw) != orig {
+				t.Fatal("WithStreamUsage changed the original body")
+			}
+			var got, before map[string]json.RawMessage
+			if err := json.Unmarshal(nb.Raw, &got); err != nil {
+				t.Fatalf("invalid JSON %s: %v", nb.Raw, err)
+			}
+			_ = json.Unmarshal(b.Raw, &before)
+			if string(got["stream_options"]) != tc.want {
+				t.Fatalf("stream_options = %s, want %s", got["stream_options"], tc.want)
+			}
+			for k, v := range before {
+				if k != "stream_options" && string(got[k]) != string(v) {
+					t.Fatalf("%s = %s, was %s", k, got[k], v)
+				}
+			}
+			if !nb.IncludeUsage || nb.CanAskUsage() {
+				t.Fatal("the new body does not read as asking")
+			}
+			var up map[string]json.RawMessage
+			if err := json.Unmarshal(nb.WithModel("up"), &up); err != nil || string(up["model"]) != `"up"` || string(up["stream_options"]) != tc.want {
+				t.Fatalf("WithModel after WithStreamUsage: %s (%v)", nb.WithModel("up"), err)
 			}
 		})
 	}
@@ -121,7 +190,8 @@ func TestRead(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{`{"model":"m","stream":true}`, `{"a":[{"b":"}"}],"model":"x"}`, `{}`, `[]`, `{"model":"\u00e9"}`, `{"model":null}`,
 		`{"model":"m","MODEL":"x"}`, `{"model":"a","model":"b"}`, `{"model":"m","stream":"true"}`, `{"model":"m","stream":1}`,
-		"{\"\u017ftream\":true,\"model\":\"m\"}", `{"Stream":null,"model":"m"}`, `{"model":"m","stream":null}`} {
+		"{\"\u017ftream\":true,\"model\":\"m\"}", `{"Stream":null,"model":"m"}`, `{"model":"m","stream":null}`,
+		`{"stream_options":{"include_usage":false},"model":"m","stream":true}`, `{ "stream":true }`, `{"stream":true,"stream_options":null}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
@@ -152,6 +222,21 @@ func FuzzParse(f *testing.F) {
 		}
 		if !bytes.Equal(st.Model, ref["model"]) || !bytes.Equal(st.Stream, ref["stream"]) {
 			t.Fatalf("a case-insensitive decoder reads model %s stream %s, Parse model %s stream %s", st.Model, st.Stream, ref["model"], ref["stream"])
+		}
+		if b.CanAskUsage() {
+			// The rewritten body reads back as Parse reads a body that
+			// asks: the same model and stream, the option asking.
+			nb := b.WithStreamUsage()
+			rb, err := request.Parse(nb.Raw)
+			if err != nil {
+				t.Fatalf("WithStreamUsage broke the body: %v\n%s", err, nb.Raw)
+			}
+			if rb.Model != b.Model || rb.HasModel != b.HasModel || !rb.Stream || !rb.IncludeUsage {
+				t.Fatalf("WithStreamUsage: %s reads as model %q stream %v usage %v", nb.Raw, rb.Model, rb.Stream, rb.IncludeUsage)
+			}
+			if got, want := nb.WithModel("r"), rb.WithModel("r"); !bytes.Equal(got, want) {
+				t.Fatalf("offsets after WithStreamUsage: %s, want %s", got, want)
+			}
 		}
 		out := b.WithModel("rewritten")
 		var after map[string]json.RawMessage

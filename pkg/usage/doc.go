@@ -7,8 +7,9 @@
 // chat, completions and embeddings, OpenAI Responses, Anthropic Messages).
 // An [SSEParser] is fed a stream chunk by chunk as it passes through the
 // proxy, split anywhere, and returns the usage at [SSEParser.End]: the
-// final OpenAI chunk with usage (none without stream_options.include_usage:
-// the record is then usage_unknown), the Responses response.completed
+// final OpenAI chunk with usage (none without stream_options.include_usage,
+// which the proxy sets for the client unless the provider's stream_usage is
+// off: the record is then usage_unknown), the Responses response.completed
 // event, or Anthropic's message_start usage updated by message_delta. [Parse]
 // picks one of the two by content type.
 //

@@ -118,6 +118,28 @@ func TestResponseCacheThroughProxy(t *testing.T) {
 		}
 	})
 
+	t.Run("a stream whose usage the proxy asked for is stored as the client got it", func(t *testing.T) {
+		// The client did not ask for usage: the proxy did (stream_usage),
+		// and neither the answer nor its replay carries the usage chunk;
+		// a client that asks is another request, and gets it.
+		body := `{"model":"m","messages":[{"role":"user","content":"usage kept out"}],"max_tokens":4,"stream":true}`
+		r1, b1 := rawChat(t, base, body)
+		r2, b2 := rawChat(t, base, body)
+		if r1.Header.Get("X-Rolter-Cache") != "MISS" || r2.Header.Get("X-Rolter-Cache") != "HIT" || b2 != b1 {
+			t.Fatalf("cache %q then %q, same body %v", r1.Header.Get("X-Rolter-Cache"), r2.Header.Get("X-Rolter-Cache"), b1 == b2)
+		}
+		for _, d := range sseData(t, b2) {
+			if strings.Contains(d, `"usage"`) {
+				t.Fatalf("the replay carries usage: %s", d)
+			}
+		}
+		asked := strings.Replace(body, `"stream":true`, `"stream":true,"stream_options":{"include_usage":true}`, 1)
+		r3, b3 := rawChat(t, base, asked)
+		if r3.Header.Get("X-Rolter-Cache") != "MISS" || !strings.Contains(b3, `"choices":[],"usage"`) {
+			t.Fatalf("asked: cache %q, body %s", r3.Header.Get("X-Rolter-Cache"), b3)
+		}
+	})
+
 	t.Run("redis down fails open, then hits again", func(t *testing.T) {
 		body := `{"model":"m","messages":[{"role":"user","content":"survive redis"}],"max_tokens":3}`
 		redis.stop()

@@ -123,9 +123,23 @@ func tokenInputs(raw json.RawMessage, field string) ([][]uint32, *apiError) {
 	return nil, errorf(http.StatusBadRequest, "%s: must be a string, an array of strings or an array of token ids", field)
 }
 
-// streamOptions is OpenAI's stream_options.
+// streamOptions is OpenAI's stream_options, as vLLM reads it
+// (StreamOptions in entrypoints/openai/engine/protocol.py: include_usage
+// defaults to true once the object is present, null is false).
 type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
+	IncludeUsage         json.RawMessage `json:"include_usage"`
+	ContinuousUsageStats *bool           `json:"continuous_usage_stats"`
+}
+
+// usage is vLLM's should_include_usage (serve/utils/api_utils.py at
+// 00a5fdd20935): whether the stream ends with a usage chunk, and whether
+// every chunk carries the usage so far.
+func (o *streamOptions) usage() (final, continuous bool) {
+	if o == nil {
+		return false, false
+	}
+	final = len(o.IncludeUsage) == 0 || string(o.IncludeUsage) == "true"
+	return final, final && o.ContinuousUsageStats != nil && *o.ContinuousUsageStats
 }
 
 // openAIUsage is the usage object of chat and completion responses.
@@ -544,12 +558,17 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
+	finalUsage, continuous := req.StreamOptions.usage()
 	send := func(c chatChunkChoice) {
 		if err == nil {
-			err = sse.write("", chatChunk{
+			ch := chatChunk{
 				ID: id, Object: "chat.completion.chunk", Created: created, Model: p.model,
 				Choices: []chatChunkChoice{c},
-			})
+			}
+			if continuous {
+				ch.Usage = g.openAIUsage()
+			}
+			err = sse.write("", ch)
 		}
 	}
 	// chat_completion_stream_generator (chat_completion/serving.py at
@@ -579,7 +598,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if err == nil && req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+	if err == nil && finalUsage {
 		err = sse.write("", chatChunk{
 			ID: id, Object: "chat.completion.chunk", Created: created, Model: p.model,
 			Choices: []chatChunkChoice{}, Usage: g.openAIUsage(),
@@ -813,12 +832,17 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
+	finalUsage, continuous := req.StreamOptions.usage()
 	send := func(c completionChoice) {
 		if err == nil {
-			err = sse.write("", completion{
+			ch := completion{
 				ID: id, Object: "text_completion", Created: created, Model: p.model,
 				Choices: []completionChoice{c},
-			})
+			}
+			if continuous {
+				ch.Usage = g.openAIUsage()
+			}
+			err = sse.write("", ch)
 		}
 	}
 	streamed := make([]int, len(g.seqs)) // characters sent, by choice
@@ -840,7 +864,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if err == nil && req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+	if err == nil && finalUsage {
 		err = sse.write("", completion{
 			ID: id, Object: "text_completion", Created: created, Model: p.model,
 			Choices: []completionChoice{}, Usage: g.openAIUsage(),

@@ -127,12 +127,19 @@ func TestChatCompletions(t *testing.T) {
 
 func TestChatCompletionsStream(t *testing.T) {
 	tests := []struct {
-		name      string
-		extra     string
-		wantUsage bool
+		name       string
+		extra      string
+		wantUsage  bool
+		continuous bool // every chunk carries the usage so far
 	}{
 		{name: "without usage", extra: `"stream":true,"max_tokens":4`},
 		{name: "include_usage adds a last chunk with usage", extra: `"stream":true,"max_tokens":4,"stream_options":{"include_usage":true}`, wantUsage: true},
+		// vLLM's StreamOptions: include_usage defaults to true once the
+		// object is present, and null is false.
+		{name: "an empty stream_options asks for usage", extra: `"stream":true,"max_tokens":4,"stream_options":{}`, wantUsage: true},
+		{name: "a null include_usage does not", extra: `"stream":true,"max_tokens":4,"stream_options":{"include_usage":null}`},
+		{name: "continuous usage without usage is none", extra: `"stream":true,"max_tokens":4,"stream_options":{"include_usage":false,"continuous_usage_stats":true}`},
+		{name: "continuous usage", extra: `"stream":true,"max_tokens":4,"stream_options":{"continuous_usage_stats":true}`, wantUsage: true, continuous: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -181,8 +188,11 @@ func TestChatCompletionsStream(t *testing.T) {
 						t.Errorf("usage chunk = %+v", c)
 					}
 				}
-				if i < 6 && c.Usage != nil {
-					t.Errorf("chunk %d carries usage", i)
+				if i < 6 && (c.Usage != nil) != tc.continuous {
+					t.Errorf("chunk %d: usage %+v, continuous %v", i, c.Usage, tc.continuous)
+				}
+				if tc.continuous && i >= 1 && i <= 4 && c.Usage.CompletionTokens != i {
+					t.Errorf("chunk %d: completion tokens so far %d", i, c.Usage.CompletionTokens)
 				}
 			}
 			if got := text.String(); got != whole.Choices[0].Message.Content {

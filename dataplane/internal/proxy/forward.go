@@ -92,6 +92,10 @@ type exchange struct {
 	// and generates later; its answer's timing is no time to first token,
 	// so the balancer learns nothing from it (the attempt is abandoned).
 	background bool
+	// askedUsage: the current attempt asked for the stream's usage on the
+	// client's behalf, with usageBody (streamusage.go).
+	askedUsage bool
+	usageBody  *request.Body
 }
 
 // poolState is one pool's share of an exchange.
@@ -903,7 +907,7 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 		mu.Unlock()
 		cancelCause(nil)
 	})
-	payload := x.body.WithModel(t.cfg.Model)
+	payload := x.upstreamBody(prov).WithModel(t.cfg.Model)
 	if x.namesResponse && namesResponses(t) {
 		payload = responseid.WithID(payload, responseid.New(responseid.Tag(prov.Name)))
 	}
@@ -1116,6 +1120,10 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 	}
 	tap := newUsageTap(ctype)
 	defer func() { x.usage, x.eventErr = tap.result(), tap.errorStatus() }()
+	var strip *usageStrip
+	if stream && x.askedUsage {
+		strip = &usageStrip{}
+	}
 	rc := http.NewResponseController(w)
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
@@ -1159,15 +1167,25 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 			w.WriteHeader(resp.StatusCode)
 		}
 		if n > 0 && started {
+			tap.write(buf[:n])
+		}
+		out := buf[:n]
+		if strip != nil && started {
+			out = strip.next(out)
+			if rerr != nil {
+				// The stream ends here: what the filter held goes out.
+				out = append(out, strip.rest()...)
+			}
+		}
+		if len(out) > 0 && started {
 			if rec != nil {
 				// Recorded before it is written, so a stream whose terminal
 				// event is in this chunk is stored before the client can see
 				// its end and ask again.
-				rec.write(buf[:n])
+				rec.write(out)
 			}
-			tap.write(buf[:n])
-			last = lastTwo(last, buf[:n])
-			if _, werr := w.Write(buf[:n]); werr != nil {
+			last = lastTwo(last, out)
+			if _, werr := w.Write(out); werr != nil {
 				p.clientGone(x, werr)
 				end(werr)
 				return relayStopped, nil
@@ -1217,10 +1235,13 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, x *exchange, t *ta
 // lastTwo is the last two bytes sent once b follows a stream whose last two
 // were last: where an SSE event boundary is.
 func lastTwo(last [2]byte, b []byte) [2]byte {
-	if len(b) >= 2 {
-		return [2]byte{b[len(b)-2], b[len(b)-1]}
+	switch len(b) {
+	case 0:
+		return last
+	case 1:
+		return [2]byte{last[1], b[0]}
 	}
-	return [2]byte{last[1], b[0]}
+	return [2]byte{b[len(b)-2], b[len(b)-1]}
 }
 
 // cutEvent is what ends a stream the upstream broke off (rerr) after it had

@@ -347,11 +347,14 @@ type endpoint struct {
 	dialect dialect
 	// serves reports whether a provider kind can take this endpoint.
 	serves func(kind string) bool
+	// streamUsage: its streams carry usage only when asked (OpenAI's
+	// stream_options.include_usage; streamusage.go).
+	streamUsage bool
 }
 
 var endpoints = map[string]*endpoint{
-	"/v1/chat/completions": {path: "/v1/chat/completions", serves: notAnthropic},
-	"/v1/completions":      {path: "/v1/completions", serves: notAnthropic},
+	"/v1/chat/completions": {path: "/v1/chat/completions", serves: notAnthropic, streamUsage: true},
+	"/v1/completions":      {path: "/v1/completions", serves: notAnthropic, streamUsage: true},
 	"/v1/responses":        {path: "/v1/responses", serves: notAnthropic},
 	"/v1/embeddings":       {path: "/v1/embeddings", serves: notAnthropic},
 	// vLLM's scoring endpoints (pooling/scoring/api_router.py at
