@@ -81,7 +81,8 @@ type exchange struct {
 	// tokenizedFor: rctx.TokenIDs are an engine's /tokenize answer (fresh
 	// or cached) for this upstream model, checked against the prompt length
 	// the answer reports; "" when they are not.
-	tokenizedFor string
+	tokenizedFor   string
+	tokenizedShape tokenize.Shape
 	// namesResponse: a Responses request whose response id the proxy
 	// chooses per attempt, naming the target (package responseid).
 	namesResponse bool

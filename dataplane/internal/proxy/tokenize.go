@@ -74,7 +74,7 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 		return
 	}
 	t := &ps.pool.targets[cands[rand.IntN(n)]]
-	tok, ids, ok := tokenize.Build(x.ep.path, raw, t.cfg.Model)
+	tok, ids, shape, ok := tokenize.Build(x.ep.path, raw, t.cfg.Model)
 	switch {
 	case !ok:
 		count("unsupported")
@@ -83,13 +83,14 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 		x.rctx.TokenIDs = ids
 		count("cached")
 		return
-	case p.tok.Distrusted(t.cfg.Model, x.ep.path, now):
-		// This endpoint's ids were lately proven wrong (checkTokenized).
+	case p.tok.Distrusted(t.cfg.Model, x.ep.path, shape, now):
+		// This endpoint's ids, or its ids for requests of this shape,
+		// were lately proven wrong (checkTokenized).
 		count("distrusted")
 		return
 	}
 	if ids, ok := p.tok.Cached(tok); ok {
-		x.rctx.TokenIDs, x.tokenizedFor = ids, t.cfg.Model
+		x.rctx.TokenIDs, x.tokenizedFor, x.tokenizedShape = ids, t.cfg.Model, shape
 		count("cached")
 		return
 	}
@@ -108,7 +109,7 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 	outcome := "engine"
 	switch {
 	case err == nil:
-		x.rctx.TokenIDs, x.tokenizedFor = ids, t.cfg.Model
+		x.rctx.TokenIDs, x.tokenizedFor, x.tokenizedShape = ids, t.cfg.Model, shape
 	case halted(ctx):
 		outcome = "shutting_down"
 	case errors.Is(err, context.DeadlineExceeded) || cctx.Err() != nil && ctx.Err() == nil:
@@ -155,10 +156,14 @@ func (p *Proxy) checkTokenized(x *exchange) {
 			slog.Int("ids", len(x.rctx.TokenIDs)), slog.Int64("prompt_tokens", x.usage.PromptTokens))
 	}
 	p.metrics.TokenizeChecked.WithLabelValues(x.route.cfg.Model, x.ep.path, result).Inc()
-	if d := p.tok.Check(x.tokenizedFor, x.ep.path, match, time.Now()); d > 0 {
-		p.log.LogAttrs(x.ctx, slog.LevelWarn, "token ids from /tokenize disagree with the engine's prompts: routing this endpoint on the approximate state for a while",
-			slog.String("model", x.tokenizedFor), slog.String("endpoint", x.ep.path), slog.Duration("for", d),
-			slog.Int("ids", len(x.rctx.TokenIDs)), slog.Int64("prompt_tokens", x.usage.PromptTokens))
+	if d, shapeOnly := p.tok.Check(x.tokenizedFor, x.ep.path, x.tokenizedShape, match, time.Now()); d > 0 {
+		what := "this endpoint"
+		if shapeOnly {
+			what = "this endpoint's requests of this shape"
+		}
+		p.log.LogAttrs(x.ctx, slog.LevelWarn, "token ids from /tokenize disagree with the engine's prompts: routing "+what+" on the approximate state for a while",
+			slog.String("model", x.tokenizedFor), slog.String("endpoint", x.ep.path), slog.String("shape", x.tokenizedShape.String()),
+			slog.Duration("for", d), slog.Int("ids", len(x.rctx.TokenIDs)), slog.Int64("prompt_tokens", x.usage.PromptTokens))
 	}
 }
 

@@ -312,6 +312,44 @@ func TestWrongTokenIDsDistrusted(t *testing.T) {
 	}
 }
 
+// TestWrongTokenIDsOfOneShapeDistrusted: chat requests with tools whose
+// ids the engine proves wrong (its template renders the tools otherwise),
+// a minority among plain chat requests it proves right, stop being
+// tokenized alone; the plain ones keep theirs.
+func TestWrongTokenIDsOfOneShapeDistrusted(t *testing.T) {
+	up := newUpstream(t, "v")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		body, _ := up.last() // the request, as newUpstream read it
+		switch prompt := 3; {
+		case r.URL.Path == "/tokenize":
+			_, _ = io.WriteString(w, `{"count":3,"max_model_len":100,"tokens":[7,8,9],"token_strs":null}`)
+		default:
+			if body["tools"] != nil {
+				prompt = 9
+			}
+			fmt.Fprintf(w, `{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":1,"total_tokens":%d}}`, prompt, prompt+1)
+		}
+		return true
+	}
+	p, url := kvRouteProxy(t, up, "predicted_ttft")
+	tools := `,"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"}}}]`
+	for i := range tokenize.TrustMismatches + 3 {
+		for j, extra := range []string{"", "", tools} {
+			resp, out := post(t, url+"/v1/chat/completions", "", fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d.%d"}]%s}`, i, j, extra))
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, out)
+			}
+		}
+	}
+	want := map[string]float64{"engine": 3*tokenize.TrustMismatches + 3*2, "distrusted": 3}
+	for outcome, n := range want {
+		if got := testutil.ToFloat64(p.metrics.Tokenize.WithLabelValues("m", outcome)); got != n {
+			t.Errorf("rolter_tokenize_total{outcome=%q} = %v, want %v", outcome, got, n)
+		}
+	}
+}
+
 // TestPredictedTTFTKeepsSaltsApart: vLLM hashes a request's cache_salt
 // into its prompt's first block, so requests of different salts share no
 // cached prefix. A predicted_ttft route reads a salted prompt as one that

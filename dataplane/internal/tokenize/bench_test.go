@@ -30,7 +30,7 @@ func BenchmarkBuild(b *testing.B) {
 			body := []byte(tc.body)
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
-				if _, _, ok := tokenize.Build(tc.path, body, "m"); !ok {
+				if _, _, _, ok := tokenize.Build(tc.path, body, "m"); !ok {
 					b.Fatal("not built")
 				}
 			}

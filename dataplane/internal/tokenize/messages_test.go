@@ -66,7 +66,7 @@ func TestBuildMessages(t *testing.T) {
 		{"a tool without a schema", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"name":"a"}]}`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tok, ids, ok := tokenize.Build(tokenize.PathMessages, []byte(tc.body), "m")
+			tok, ids, _, ok := tokenize.Build(tokenize.PathMessages, []byte(tc.body), "m")
 			if ok != (tc.want != "") || string(tok) != tc.want || ids != nil {
 				t.Fatalf("Build =\n%s, %v, %v; want\n%s", tok, ids, ok, tc.want)
 			}

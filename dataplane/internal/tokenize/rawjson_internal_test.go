@@ -90,10 +90,10 @@ func TestObjectCount(t *testing.T) {
 		return []byte(`{"model":"m","messages":[{"role":"user","content":[` + strings.Repeat(`{"type":"text","text":"a"},`, parts-1) + `{"type":"text","text":"b"}]}]}`)
 	}
 	// The body, the message and its parts.
-	if _, _, ok := Build(PathChatCompletions, chat(maxObjects-2), "m"); !ok {
+	if _, _, _, ok := Build(PathChatCompletions, chat(maxObjects-2), "m"); !ok {
 		t.Error("a body of maxObjects objects not built")
 	}
-	if _, _, ok := Build(PathChatCompletions, chat(maxObjects-1), "m"); ok {
+	if _, _, _, ok := Build(PathChatCompletions, chat(maxObjects-1), "m"); ok {
 		t.Error("a body of more than maxObjects objects built")
 	}
 }

@@ -110,19 +110,26 @@ var chatFields = []string{"messages", "tools", "chat_template", "chat_template_k
 	"add_generation_prompt", "continue_final_message", "add_special_tokens"}
 
 // Build returns the /tokenize body for a request sent to path with body,
-// for the engine's model name model. When the body's prompt already is
-// token ids, ids holds them and tok is nil. ok is false when the request
-// cannot be tokenized faithfully.
-func Build(path string, body []byte, model string) (tok []byte, ids []uint32, ok bool) {
+// for the engine's model name model, and the request's [Shape]. When the
+// body's prompt already is token ids, ids holds them and tok is nil. ok is
+// false when the request cannot be tokenized faithfully.
+func Build(path string, body []byte, model string) (tok []byte, ids []uint32, shape Shape, ok bool) {
 	if !json.Valid(body) || objectCount(body, maxObjects) > maxObjects {
-		return nil, nil, false
+		return nil, nil, 0, false
 	}
 	fields, ok := object(body) // read in place: see rawjson.go
 	if !ok || !isNull(fields["cache_salt"]) {
 		// A salted request's blocks are keyed by its salt too (see
 		// CacheSalt), which no token ids express.
-		return nil, nil, false
+		return nil, nil, 0, false
 	}
+	shape = shapeOf(fields) // before build, which may add template kwargs
+	tok, ids, ok = build(path, fields, model)
+	return tok, ids, shape, ok
+}
+
+// build is Build once the body's top-level fields are read.
+func build(path string, fields map[string]json.RawMessage, model string) (tok []byte, ids []uint32, ok bool) {
 	switch path {
 	case PathChatCompletions:
 		if !textOnly(fields["messages"]) {

@@ -104,7 +104,7 @@ func TestBuild(t *testing.T) {
 		{"not JSON", tokenize.PathChatCompletions, `{`, "", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tok, ids, ok := tokenize.Build(tc.path, []byte(tc.body), "m")
+			tok, ids, _, ok := tokenize.Build(tc.path, []byte(tc.body), "m")
 			if ok != (tc.want != "" || tc.ids != nil) || string(tok) != tc.want || !slices.Equal(ids, tc.ids) {
 				t.Fatalf("Build = %s, %v, %v; want %s, %v", tok, ids, ok, tc.want, tc.ids)
 			}
@@ -138,7 +138,7 @@ func FuzzBuild(f *testing.F) {
 	f.Add(uint8(3), []byte(`{"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"t"},{"type":"tool_use","id":"i","name":"f","input":{"a":[1,{"b":"\u00e9"}]}}]}],"tools":[{"name":"f","input_schema":{}}]}`))
 	f.Fuzz(func(t *testing.T, sel uint8, body []byte) {
 		path := []string{tokenize.PathChatCompletions, tokenize.PathCompletions, tokenize.PathResponses, tokenize.PathMessages}[sel%4]
-		tok, ids, ok := tokenize.Build(path, body, "engine-model")
+		tok, ids, _, ok := tokenize.Build(path, body, "engine-model")
 		if !ok {
 			if tok != nil || ids != nil {
 				t.Fatalf("not ok, yet %s %v", tok, ids)
