@@ -183,11 +183,13 @@ func (b *Body) WithModel(model string) []byte {
 	return append(out, b.Raw[b.modelEnd:]...)
 }
 
-// includeUsage reads a stream_options value as vLLM does (StreamOptions in
-// entrypoints/openai/engine/protocol.py: include_usage defaults to true
-// when the object is present; null is false). unclear reports a value of
-// another type: not an object or null, or an include_usage that is not a
-// boolean or null.
+// includeUsage reads a stream_options value as OpenAI and vLLM do: usage
+// only for include_usage true (vLLM's StreamOptions defaulted it to true
+// once the object was present until vllm-project/vllm#36379, March 2026;
+// an older engine would answer {} with usage that the client did not ask
+// for as OpenAI reads it, and that the proxy then keeps from it). unclear
+// reports a value of another type: not an object or null, or an
+// include_usage that is not a boolean or null.
 func includeUsage(val []byte) (asked, unclear bool) {
 	if string(val) == "null" {
 		return false, false
@@ -198,7 +200,7 @@ func includeUsage(val []byte) (asked, unclear bool) {
 	}
 	v, ok := o["include_usage"] // the last of duplicates, as Python's json reads it
 	if !ok {
-		return true, false
+		return false, false
 	}
 	switch string(v) {
 	case "true":

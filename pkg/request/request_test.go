@@ -110,7 +110,7 @@ func TestStreamUsage(t *testing.T) {
 		{name: "no option", body: `{"model":"m","stream":true}`, canAsk: true, want: `{"include_usage":true}`},
 		{name: "not a stream", body: `{"model":"m"}`},
 		{name: "asked", body: `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, asked: true},
-		{name: "present, include_usage absent: vLLM's default is true", body: `{"stream":true,"stream_options":{},"model":"m"}`, asked: true},
+		{name: "present, include_usage absent: not asked", body: `{"stream":true,"stream_options":{},"model":"m"}`, canAsk: true, want: `{"include_usage":true}`},
 		{name: "declined", body: `{"stream":true,"stream_options":{"include_usage":false},"model":"m"}`, canAsk: true, want: `{"include_usage":true}`},
 		{name: "null option", body: `{"stream":true,"stream_options":null,"model":"m"}`, canAsk: true, want: `{"include_usage":true}`},
 		{name: "null include_usage", body: `{"stream":true,"stream_options":{"include_usage":null},"model":"m"}`, canAsk: true, want: `{"include_usage":true}`},

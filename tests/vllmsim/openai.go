@@ -125,10 +125,11 @@ func tokenInputs(raw json.RawMessage, field string) ([][]uint32, *apiError) {
 
 // streamOptions is OpenAI's stream_options, as vLLM reads it
 // (StreamOptions in entrypoints/openai/engine/protocol.py: include_usage
-// defaults to true once the object is present, null is false).
+// defaults to false, since vllm-project/vllm#36379; before it, to true once
+// the object was present).
 type streamOptions struct {
-	IncludeUsage         json.RawMessage `json:"include_usage"`
-	ContinuousUsageStats *bool           `json:"continuous_usage_stats"`
+	IncludeUsage         *bool `json:"include_usage"`
+	ContinuousUsageStats *bool `json:"continuous_usage_stats"`
 }
 
 // usage is vLLM's should_include_usage (serve/utils/api_utils.py at
@@ -138,7 +139,7 @@ func (o *streamOptions) usage() (final, continuous bool) {
 	if o == nil {
 		return false, false
 	}
-	final = len(o.IncludeUsage) == 0 || string(o.IncludeUsage) == "true"
+	final = o.IncludeUsage != nil && *o.IncludeUsage
 	return final, final && o.ContinuousUsageStats != nil && *o.ContinuousUsageStats
 }
 

@@ -134,12 +134,12 @@ func TestChatCompletionsStream(t *testing.T) {
 	}{
 		{name: "without usage", extra: `"stream":true,"max_tokens":4`},
 		{name: "include_usage adds a last chunk with usage", extra: `"stream":true,"max_tokens":4,"stream_options":{"include_usage":true}`, wantUsage: true},
-		// vLLM's StreamOptions: include_usage defaults to true once the
-		// object is present, and null is false.
-		{name: "an empty stream_options asks for usage", extra: `"stream":true,"max_tokens":4,"stream_options":{}`, wantUsage: true},
+		// vLLM's StreamOptions: include_usage defaults to false (since
+		// vllm-project/vllm#36379), and null is false.
+		{name: "an empty stream_options does not ask for usage", extra: `"stream":true,"max_tokens":4,"stream_options":{}`},
 		{name: "a null include_usage does not", extra: `"stream":true,"max_tokens":4,"stream_options":{"include_usage":null}`},
 		{name: "continuous usage without usage is none", extra: `"stream":true,"max_tokens":4,"stream_options":{"include_usage":false,"continuous_usage_stats":true}`},
-		{name: "continuous usage", extra: `"stream":true,"max_tokens":4,"stream_options":{"continuous_usage_stats":true}`, wantUsage: true, continuous: true},
+		{name: "continuous usage", extra: `"stream":true,"max_tokens":4,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`, wantUsage: true, continuous: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
