@@ -194,21 +194,56 @@ func includeUsage(val []byte) (asked, unclear bool) {
 	if string(val) == "null" {
 		return false, false
 	}
-	var o map[string]json.RawMessage
-	if val[0] != '{' || json.Unmarshal(val, &o) != nil {
+	if val[0] != '{' {
 		return false, true
 	}
-	v, ok := o["include_usage"] // the last of duplicates, as Python's json reads it
-	if !ok {
-		return false, false
-	}
-	switch string(v) {
+	var last []byte // the last of duplicates, as Python's json reads it
+	eachMember(val, func(key, _, v []byte) {
+		if string(key) == "include_usage" {
+			last = v
+		}
+	})
+	switch string(last) {
 	case "true":
 		return true, false
-	case "false", "null":
+	case "", "false", "null":
 		return false, false
 	}
 	return false, true
+}
+
+// eachMember calls fn with each member of a JSON object already proven
+// valid: its key decoded, the member's bytes ("key": value) and the
+// value's. Decoding is kept to escaped keys, so that an object of millions
+// of members costs no memory beyond the document.
+func eachMember(obj []byte, fn func(key, member, val []byte)) {
+	sc := scanner{buf: obj}
+	sc.space()
+	sc.consume('{')
+	for {
+		sc.space()
+		start := sc.pos
+		if !sc.skipString() {
+			return // '}' of an empty object
+		}
+		raw := obj[start:sc.pos]
+		key := raw[1 : len(raw)-1]
+		if bytes.IndexByte(raw, '\\') >= 0 {
+			var k string
+			_ = json.Unmarshal(raw, &k)
+			key = []byte(k)
+		}
+		sc.space()
+		sc.consume(':')
+		sc.space()
+		vs := sc.pos
+		sc.skipValue()
+		fn(key, obj[start:sc.pos], obj[vs:sc.pos])
+		sc.space()
+		if !sc.consume(',') {
+			return
+		}
+	}
 }
 
 // CanAskUsage reports whether the gateway may ask the upstream for this
@@ -222,16 +257,15 @@ func (b *Body) CanAskUsage() bool { return b.Stream && !b.IncludeUsage && !b.usa
 // on every chunk); the option's other members are kept. The result refers
 // to new bytes; b is unchanged. Call it only when [Body.CanAskUsage].
 func (b *Body) WithStreamUsage() *Body {
-	var o map[string]json.RawMessage
-	if b.optStart >= 0 {
-		_ = json.Unmarshal(b.Raw[b.optStart:b.optEnd], &o) // an object, or null
+	val := []byte{'{'}
+	if b.optStart >= 0 && b.Raw[b.optStart] == '{' { // else null
+		eachMember(b.Raw[b.optStart:b.optEnd], func(key, member, _ []byte) {
+			if k := string(key); k != "include_usage" && k != "continuous_usage_stats" {
+				val = append(append(val, member...), ',')
+			}
+		})
 	}
-	if o == nil {
-		o = map[string]json.RawMessage{}
-	}
-	delete(o, "continuous_usage_stats")
-	o["include_usage"] = json.RawMessage("true")
-	val, _ := json.Marshal(o) // raw values already proven valid
+	val = append(val, `"include_usage":true}`...)
 	nb := *b
 	nb.IncludeUsage = true
 	if b.optStart >= 0 {

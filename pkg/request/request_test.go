@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -116,7 +117,13 @@ func TestStreamUsage(t *testing.T) {
 		{name: "null include_usage", body: `{"stream":true,"stream_options":{"include_usage":null},"model":"m"}`, canAsk: true, want: `{"include_usage":true}`},
 		{name: "continuous usage without usage is removed",
 			body:   `{"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":false,"x":[1]},"stream":true}`,
-			canAsk: true, want: `{"include_usage":true,"x":[1]}`},
+			canAsk: true, want: `{"x":[1],"include_usage":true}`},
+		{name: "escaped keys are the keys they spell",
+			body:  `{"model":"m","stream":true,"stream_options":{"\u0069nclude_usage":true}}`,
+			asked: true},
+		{name: "an escaped continuous usage is removed too",
+			body:   `{"model":"m","stream":true,"stream_options":{ "continuous_usage_st\u0061ts" : true , "y" : "\"}" }}`,
+			canAsk: true, want: `{"y" : "\"}","include_usage":true}`},
 		{name: "the last duplicate counts", body: `{"model":"m","stream":true,"stream_options":{"include_usage":true,"include_usage":false}}`, canAsk: true, want: `{"include_usage":true}`},
 		{name: "a string is left to the upstream", body: `{"model":"m","stream":true,"stream_options":{"include_usage":"yes"}}`},
 		{name: "a non-object is left to the upstream", body: `{"model":"m","stream":true,"stream_options":[true]}`},
@@ -159,6 +166,27 @@ func TestStreamUsage(t *testing.T) {
 				t.Fatalf("WithModel after WithStreamUsage: %s (%v)", nb.WithModel("up"), err)
 			}
 		})
+	}
+}
+
+// TestStreamOptionsOfManyMembers: reading stream_options allocates nothing
+// per member, so a body of a million of them costs no more than the body.
+func TestStreamOptionsOfManyMembers(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"model":"m","stream":true,"stream_options":{`)
+	for i := range 100000 {
+		fmt.Fprintf(&b, `"k%d":0,`, i)
+	}
+	b.WriteString(`"include_usage":false}}`)
+	raw := []byte(b.String())
+	allocs := testing.AllocsPerRun(3, func() {
+		p, err := request.Parse(raw)
+		if err != nil || !p.CanAskUsage() {
+			t.Fatalf("%v, can ask %v", err, p.CanAskUsage())
+		}
+	})
+	if allocs > 10 {
+		t.Fatalf("Parse made %v allocations for 100,000 members", allocs)
 	}
 }
 
@@ -222,6 +250,17 @@ func FuzzParse(f *testing.F) {
 		}
 		if !bytes.Equal(st.Model, ref["model"]) || !bytes.Equal(st.Stream, ref["stream"]) {
 			t.Fatalf("a case-insensitive decoder reads model %s stream %s, Parse model %s stream %s", st.Model, st.Stream, ref["model"], ref["stream"])
+		}
+		// stream_options as encoding/json reads it (the last duplicate,
+		// escapes decoded).
+		if so := bytes.TrimSpace(ref["stream_options"]); len(so) > 0 && so[0] == '{' {
+			var o map[string]json.RawMessage
+			if err := json.Unmarshal(so, &o); err != nil {
+				t.Fatal(err)
+			}
+			if want := bytes.Equal(bytes.TrimSpace(o["include_usage"]), []byte("true")); b.IncludeUsage != want {
+				t.Fatalf("include_usage: got %v, encoding/json reads %s", b.IncludeUsage, o["include_usage"])
+			}
 		}
 		if b.CanAskUsage() {
 			// The rewritten body reads back as Parse reads a body that
