@@ -29,7 +29,7 @@ func asksUsage(x *exchange, prov *config.CompiledProvider) bool {
 
 // upstreamBody is the body an attempt at prov sends, before its model is
 // rewritten: the client's, or the one asking for the usage (built once per
-// exchange).
+// exchange). It records in x.askedUsage which, for the attempt's relay.
 func (x *exchange) upstreamBody(prov *config.CompiledProvider) *request.Body {
 	x.askedUsage = asksUsage(x, prov)
 	if !x.askedUsage {
@@ -134,8 +134,9 @@ var usageKey = []byte(`"usage"`)
 
 // isUsageChunk reports whether an SSE event is the usage chunk: one data
 // field whose JSON has an empty choices array and a usage that is not
-// null. Only events that mention "usage" outside a string are decoded (a
-// quote inside a JSON string is escaped, so content cannot match).
+// null. Only events holding the JSON string "usage" are decoded: a key, or
+// a text that is exactly the word (a quote within a string is escaped), so
+// nearly every event is passed after one scan.
 func isUsageChunk(ev []byte) bool {
 	if !bytes.Contains(ev, usageKey) {
 		return false

@@ -84,8 +84,10 @@ const allShapes Shape = 0xff
 
 var (
 	kwargFields = []string{"chat_template", "chat_template_kwargs", "documents", "reasoning_effort", "reasoning", "output_config"}
-	// toolTokens are JSON strings only a tool turn has as a key or value
-	// (a quote inside a string is escaped, so text cannot hold them).
+	// toolTokens are the JSON strings a tool turn has as a key or value;
+	// a text that is exactly one of them (a quote within a string is
+	// escaped, so no longer text holds them) only puts its request in
+	// another shape's verdict.
 	toolTokens = [][]byte{[]byte(`"tool_calls"`), []byte(`"tool"`), []byte(`"tool_use"`), []byte(`"tool_result"`),
 		[]byte(`"function_call"`), []byte(`"function_call_output"`)}
 )
