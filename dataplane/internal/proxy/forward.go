@@ -908,7 +908,7 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 		mu.Unlock()
 		cancelCause(nil)
 	})
-	payload := x.upstreamBody(prov).WithModel(t.cfg.Model)
+	payload := x.upstreamBody(p.asksUsage(x, prov, time.Now())).WithModel(t.cfg.Model)
 	if x.namesResponse && namesResponses(t) {
 		payload = responseid.WithID(payload, responseid.New(responseid.Tag(prov.Name)))
 	}
@@ -958,6 +958,19 @@ func (p *Proxy) send(r *http.Request, x *exchange, t *target) (*http.Response, c
 		}
 	}
 	resp, err := p.client.Do(req)
+	if err == nil && x.askedUsage && refusedUsage(resp) {
+		// The option the proxy added was refused (streamusage.go): the
+		// attempt again as the client wrote it.
+		resp.Body.Close()
+		p.usageRefused.add(prov.Name, time.Now().Add(RefusalFor))
+		p.log.LogAttrs(r.Context(), slog.LevelWarn, "the upstream refused stream_options: its streams go without usage for a while",
+			slog.String("provider", prov.Name), slog.Int("status", resp.StatusCode), slog.Duration("for", RefusalFor))
+		plain := x.upstreamBody(false).WithModel(t.cfg.Model)
+		req = req.Clone(ctx)
+		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(plain)), int64(len(plain))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(plain)), nil }
+		resp, err = p.client.Do(req)
+	}
 	stopped := timer.Stop()
 	if err != nil {
 		cancel()

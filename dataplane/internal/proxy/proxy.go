@@ -79,6 +79,9 @@ type Proxy struct {
 	writeTimeout   atomic.Int64 // nanoseconds, server.client_write_timeout_ms of the current snapshot
 	cacheTotals    cacheTotals
 	deliveryStats  delivery.Stats
+	// usageRefused are the providers that refused a stream_options the
+	// proxy added (streamusage.go).
+	usageRefused refusals
 
 	// saved is Options.Restore by route and variant, until the first
 	// Apply that succeeds (under applyMu).

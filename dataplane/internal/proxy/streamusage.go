@@ -3,6 +3,10 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
+	"sync"
+	"time"
 
 	"rolter.dev/pkg/config"
 	"rolter.dev/pkg/request"
@@ -21,24 +25,80 @@ import (
 // tap reads the upstream's bytes, the client and the cache recorder the
 // filtered ones.
 
+// An upstream may refuse the option (an OpenAI-compatible server that
+// forbids fields it does not know, an Azure API version before it): the
+// client would get a 400 about a field it never sent. So a 400 or 422 to
+// an attempt that added it, naming stream_options, is not the answer: the
+// attempt is sent again as the client wrote it, and the provider is not
+// asked for usage again for RefusalFor (a warn line says so).
+
+// RefusalFor is how long a provider that refused the option is not asked
+// for usage; then it is tried again (an upgraded server may take it).
+const RefusalFor = time.Hour
+
+// refusalPeek bounds how much of a 400 body is read to find the option
+// named; an error is short.
+const refusalPeek = 16 << 10
+
+// refusals are the providers that refused the option, until when.
+type refusals struct {
+	mu    sync.Mutex
+	until map[string]time.Time
+}
+
+func (r *refusals) refused(provider string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return now.Before(r.until[provider])
+}
+
+func (r *refusals) add(provider string, until time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.until == nil {
+		r.until = map[string]time.Time{}
+	}
+	r.until[provider] = until
+}
+
 // asksUsage reports whether an attempt of x at provider prov asks for the
 // stream's usage on the client's behalf.
-func asksUsage(x *exchange, prov *config.CompiledProvider) bool {
-	return x.ep.streamUsage && prov.StreamUsage && prov.Kind != config.KindAnthropic && x.body.CanAskUsage()
+func (p *Proxy) asksUsage(x *exchange, prov *config.CompiledProvider, now time.Time) bool {
+	return x.ep.streamUsage && prov.StreamUsage && prov.Kind != config.KindAnthropic && x.body.CanAskUsage() &&
+		!p.usageRefused.refused(prov.Name, now)
 }
 
 // upstreamBody is the body an attempt at prov sends, before its model is
 // rewritten: the client's, or the one asking for the usage (built once per
-// exchange). It records in x.askedUsage which, for the attempt's relay.
-func (x *exchange) upstreamBody(prov *config.CompiledProvider) *request.Body {
-	x.askedUsage = asksUsage(x, prov)
-	if !x.askedUsage {
+// exchange) when ask. It records in x.askedUsage which, for the attempt's
+// relay.
+func (x *exchange) upstreamBody(ask bool) *request.Body {
+	x.askedUsage = ask
+	if !ask {
 		return x.body
 	}
 	if x.usageBody == nil {
 		x.usageBody = x.body.WithStreamUsage()
 	}
 	return x.usageBody
+}
+
+// refusedUsage reports whether resp, the answer to an attempt that asked
+// for the usage, refuses the option; the body it read is put back when
+// not.
+func refusedUsage(resp *http.Response) bool {
+	if resp.StatusCode != http.StatusBadRequest && resp.StatusCode != http.StatusUnprocessableEntity {
+		return false
+	}
+	peek, _ := io.ReadAll(io.LimitReader(resp.Body, refusalPeek))
+	if bytes.Contains(peek, []byte("stream_options")) || bytes.Contains(peek, []byte("include_usage")) {
+		return true
+	}
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(peek), resp.Body), resp.Body}
+	return false
 }
 
 // usageStrip passes a stream through event by event, leaving out the usage

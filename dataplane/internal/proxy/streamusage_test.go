@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"bytes"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -139,5 +141,43 @@ func BenchmarkUsageStrip(b *testing.B) {
 		if len(s.next(ev)) != len(ev) {
 			b.Fatal("event lost")
 		}
+	}
+}
+
+// TestUpstreamRefusingStreamOptions: an upstream that refuses the
+// stream_options the proxy added is asked again as the client wrote it,
+// and not asked for usage again; a 400 about something else reaches the
+// client whole.
+func TestUpstreamRefusingStreamOptions(t *testing.T) {
+	up := newUpstream(t, "v")
+	up.handler = func(w http.ResponseWriter, r *http.Request) bool {
+		body, _ := up.last()
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case body["stream_options"] != nil:
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"Unrecognized request argument supplied: stream_options","type":"invalid_request_error"}}`)
+		case body["temperature"] != nil:
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"temperature: `+strings.Repeat("x", refusalPeek)+`","type":"invalid_request_error"}}`)
+		default:
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+		}
+		return true
+	}
+	_, srv := newTestProxy(t, openAuth+providers(up)+"[[routes]]\nmodel = \"m\"\ntargets = [{ provider = \"p0\", model = \"m\" }]\n")
+	for i, wantHits := range []int32{2, 3} {
+		resp, out := post(t, srv.URL+"/v1/chat/completions", "", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+		if resp.StatusCode != 200 || !strings.Contains(string(out), "[DONE]") {
+			t.Fatalf("request %d: %d %s", i, resp.StatusCode, out)
+		}
+		if got := up.hits.Load(); got != wantHits {
+			t.Fatalf("request %d: the upstream was asked %d times in all, want %d", i, got, wantHits)
+		}
+	}
+	resp, out := post(t, srv.URL+"/v1/chat/completions", "", `{"model":"m","stream":true,"temperature":9,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 400 || !strings.HasSuffix(string(out), `","type":"invalid_request_error"}}`) || len(out) < refusalPeek {
+		t.Fatalf("another 400: %d, %d bytes", resp.StatusCode, len(out))
 	}
 }
