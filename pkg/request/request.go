@@ -164,23 +164,33 @@ func (b *Body) WithModel(model string) []byte {
 	}
 	quoted, _ := json.Marshal(model) // a string always marshals
 	if b.modelStart < 0 {
-		// No model: insert one as the first member. Parse proved the
-		// body is an object, so the first '{' opens it.
-		i := bytes.IndexByte(b.Raw, '{')
-		out := make([]byte, 0, len(b.Raw)+len(quoted)+10)
-		out = append(out, b.Raw[:i+1]...)
-		out = append(out, `"model":`...)
-		out = append(out, quoted...)
-		rest := bytes.TrimLeft(b.Raw[i+1:], " \t\r\n")
-		if len(rest) > 0 && rest[0] != '}' {
-			out = append(out, ',')
-		}
-		return append(out, b.Raw[i+1:]...)
+		out, _ := insertFirst(b.Raw, "model", quoted)
+		return out
 	}
-	out := make([]byte, 0, len(b.Raw)-(b.modelEnd-b.modelStart)+len(quoted))
-	out = append(out, b.Raw[:b.modelStart]...)
-	out = append(out, quoted...)
-	return append(out, b.Raw[b.modelEnd:]...)
+	return splice(b.Raw, b.modelStart, b.modelEnd, quoted)
+}
+
+// splice returns a copy of raw with raw[start:end] replaced by val.
+func splice(raw []byte, start, end int, val []byte) []byte {
+	out := make([]byte, 0, len(raw)-(end-start)+len(val))
+	out = append(out, raw[:start]...)
+	out = append(out, val...)
+	return append(out, raw[end:]...)
+}
+
+// insertFirst returns a copy of the object raw with the member name: val
+// inserted first, and how many bytes it added before the object's old
+// members. Parse proved raw an object, so its first '{' opens it.
+func insertFirst(raw []byte, name string, val []byte) ([]byte, int) {
+	i := bytes.IndexByte(raw, '{')
+	member := append(append(append([]byte{'"'}, name...), '"', ':'), val...)
+	if rest := bytes.TrimLeft(raw[i+1:], " \t\r\n"); len(rest) > 0 && rest[0] != '}' {
+		member = append(member, ',')
+	}
+	out := make([]byte, 0, len(raw)+len(member))
+	out = append(out, raw[:i+1]...)
+	out = append(out, member...)
+	return append(out, raw[i+1:]...), len(member)
 }
 
 // includeUsage reads a stream_options value as OpenAI and vLLM do: usage
@@ -269,10 +279,7 @@ func (b *Body) WithStreamUsage() *Body {
 	nb := *b
 	nb.IncludeUsage = true
 	if b.optStart >= 0 {
-		nb.Raw = make([]byte, 0, len(b.Raw)-(b.optEnd-b.optStart)+len(val))
-		nb.Raw = append(nb.Raw, b.Raw[:b.optStart]...)
-		nb.Raw = append(nb.Raw, val...)
-		nb.Raw = append(nb.Raw, b.Raw[b.optEnd:]...)
+		nb.Raw = splice(b.Raw, b.optStart, b.optEnd, val)
 		nb.optEnd = b.optStart + len(val)
 		if b.modelStart > b.optStart {
 			shift := len(val) - (b.optEnd - b.optStart)
@@ -280,22 +287,12 @@ func (b *Body) WithStreamUsage() *Body {
 		}
 		return &nb
 	}
-	// No option: insert it as the first member. Parse proved the body is
-	// an object, so the first '{' opens it.
-	i := bytes.IndexByte(b.Raw, '{')
-	member := append([]byte(`"stream_options":`), val...)
-	rest := bytes.TrimLeft(b.Raw[i+1:], " \t\r\n")
-	if len(rest) > 0 && rest[0] != '}' {
-		member = append(member, ',')
-	}
-	nb.Raw = make([]byte, 0, len(b.Raw)+len(member))
-	nb.Raw = append(nb.Raw, b.Raw[:i+1]...)
-	nb.Raw = append(nb.Raw, member...)
-	nb.Raw = append(nb.Raw, b.Raw[i+1:]...)
-	nb.optStart = i + 1 + len(`"stream_options":`)
+	var added int
+	nb.Raw, added = insertFirst(b.Raw, "stream_options", val)
+	nb.optStart = bytes.IndexByte(b.Raw, '{') + 1 + len(`"stream_options":`)
 	nb.optEnd = nb.optStart + len(val)
 	if b.modelStart >= 0 {
-		nb.modelStart, nb.modelEnd = b.modelStart+len(member), b.modelEnd+len(member)
+		nb.modelStart, nb.modelEnd = b.modelStart+added, b.modelEnd+added
 	}
 	return &nb
 }
