@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -87,6 +89,90 @@ const (
 type scanText struct {
 	window, tail string
 	kind         textKind
+	unescaped    *string // a tool call's window with its JSON escapes decoded, once asked
+}
+
+// matches reports whether r finds something in t. A tool call is JSON
+// text, whose strings may spell a character as an escape ("\u0040" for
+// "@"), which the tool decodes and a pattern would not see: it is matched
+// as written and with its escapes decoded.
+func (t *scanText) matches(r *rule) bool {
+	if len(r.det.find(t.window)) > 0 {
+		return true
+	}
+	if t.kind != toolCall || !strings.Contains(t.window, `\`) {
+		return false
+	}
+	if t.unescaped == nil {
+		u := unescapeJSON(t.window)
+		t.unescaped = &u
+	}
+	return len(r.det.find(*t.unescaped)) > 0
+}
+
+// unescapeJSON decodes the escapes of JSON strings wherever they are in s
+// (a window may cut a document anywhere): \uXXXX (surrogate pairs joined,
+// a lone surrogate as U+FFFD), \n, \t, \", \\ and the rest; a backslash
+// that starts no escape is kept.
+func unescapeJSON(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '\\' || i+1 == len(s) {
+			b.WriteByte(c)
+			continue
+		}
+		switch e := s[i+1]; e {
+		case 'u':
+			r, n := decodeU(s[i:])
+			if n == 0 {
+				b.WriteByte(c)
+				continue
+			}
+			b.WriteRune(r)
+			i += n - 1
+		default:
+			d, ok := jsonEscapes[e]
+			if !ok {
+				b.WriteByte(c)
+				continue
+			}
+			b.WriteByte(d)
+			i++
+		}
+	}
+	return b.String()
+}
+
+// jsonEscapes are JSON's one-character escapes, by the letter after the
+// backslash.
+var jsonEscapes = map[byte]byte{'n': '\n', 't': '\t', 'r': '\r', 'b': '\b', 'f': '\f', '"': '"', '\\': '\\', '/': '/'}
+
+// decodeU decodes the \uXXXX escape (or surrogate pair) s starts with and
+// returns the rune and the bytes it took, or 0 bytes when s starts no
+// such escape.
+func decodeU(s string) (rune, int) {
+	hex := func(s string) (rune, bool) {
+		if len(s) < 6 || s[0] != '\\' || s[1] != 'u' {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(s[2:6], 16, 16)
+		return rune(v), err == nil
+	}
+	r, ok := hex(s)
+	if !ok {
+		return 0, 0
+	}
+	if utf16.IsSurrogate(r) {
+		if r2, ok := hex(s[6:]); ok && r < 0xdc00 {
+			if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
+				return d, 12
+			}
+		}
+		return utf8.RuneError, 6
+	}
+	return r, 6
 }
 
 // verdict is the outcome of running a guard over a set of texts.
@@ -142,7 +228,7 @@ func (g *guard) run(texts []string, kinds []textKind) verdict {
 			continue
 		}
 		for j := range win {
-			if applies(r, &win[j]) && len(r.det.find(win[j].window)) > 0 {
+			if applies(r, &win[j]) && win[j].matches(r) {
 				if r.action == ActionBlock {
 					if v.blocked == "" {
 						v.blocked = r.name

@@ -115,6 +115,22 @@ func TestOutputGuardrails(t *testing.T) {
 			wantHeader: map[string]string{delivery.HeaderGuardrailMatched: "a", delivery.HeaderGuardrailRedacted: ""},
 		},
 		{
+			// An injected agent told to spell what it sends out with JSON
+			// escapes: the tool decodes them, so the rule must too.
+			name: "block: a tool call's JSON escapes are read decoded (chat arguments, Anthropic tool_use input)",
+			rules: []delivery.GuardrailRule{{Name: "calls", Builtin: delivery.BuiltinEmail, Stage: delivery.StagePostCall,
+				Action: delivery.ActionBlock, ToolCalls: true}},
+			body:       `{"choices":[{"message":{"content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"send","arguments":"{\"to\":\"bob\\u0040example.com\"}"}}]}}]}`,
+			wantRefuse: delivery.CodeGuardrailBlocked,
+		},
+		{
+			name: "block: an Anthropic tool_use input with an escaped email",
+			rules: []delivery.GuardrailRule{{Name: "calls", Builtin: delivery.BuiltinEmail, Stage: delivery.StagePostCall,
+				Action: delivery.ActionBlock, ToolCalls: true}},
+			body:       `{"content":[{"type":"tool_use","id":"t","name":"mail","input":{"to":"bob\u0040example\u002ecom"}}]}`,
+			wantRefuse: delivery.CodeGuardrailBlocked,
+		},
+		{
 			name:       "annotate: without tool_calls, calls are not read",
 			rules:      []delivery.GuardrailRule{rule("a", delivery.BuiltinEmail, delivery.ActionAnnotate)},
 			body:       `{"content":[{"type":"tool_use","id":"t","name":"mail","input":{"to":"a@example.com"}}]}`,

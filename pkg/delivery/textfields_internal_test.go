@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestParseTextAgreesWithEncodingJSON(t *testing.T) {
@@ -114,6 +115,29 @@ func FuzzParseText(f *testing.F) {
 			if err := json.Unmarshal(body[l.start:l.end], &v); err != nil || v != l.value {
 				t.Errorf("leaf %q at %d:%d decodes to %q (%v)", l.value, l.start, l.end, v, err)
 			}
+		}
+	})
+}
+
+// FuzzUnescapeJSON: a tool call's text with its escapes decoded reads as
+// encoding/json decodes the same string (of valid UTF-8: a tool call's text
+// is, once decoded from its document), and text without a backslash is left
+// as it is.
+func FuzzUnescapeJSON(f *testing.F) {
+	for _, s := range []string{`bob\u0040example\u002ecom`, `a\"b\\c\/d\n`, `\ud83d\ude00 \ud83d x`, `\u12`, `\q`, `tail\`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got := unescapeJSON(s)
+		if !strings.Contains(s, `\`) && got != s {
+			t.Fatalf("unescapeJSON(%q) = %q, want it unchanged", s, got)
+		}
+		var want string
+		if !utf8.ValidString(s) || json.Unmarshal([]byte(`"`+s+`"`), &want) != nil {
+			return // not the inside of a JSON string: no reference
+		}
+		if got != want {
+			t.Fatalf("unescapeJSON(%q) = %q, encoding/json %q", s, got, want)
 		}
 	})
 }
