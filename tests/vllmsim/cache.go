@@ -220,12 +220,24 @@ func (c *Cache) Admit(tokens []uint32) (cachedTokens int, lease *Lease) {
 // are those of [SaltedBlockHashes], shared only with prompts of the same
 // salt, and the lease extends them so.
 func (c *Cache) AdmitSalted(tokens []uint32, salt string) (cachedTokens int, lease *Lease) {
+	return c.admit(tokens, salt, true)
+}
+
+// admit is [Cache.AdmitSalted], for a request that reads the cache or not.
+// One that does not (vLLM's skip_reading_prefix_cache, set by
+// prompt_logprobs) is served no token from it and counts no query
+// (KVCacheManager.get_computed_blocks and record_prefix_cache_stats,
+// vllm/v1/core/kv_cache_manager.py at 003df2961dd8), but its blocks are
+// cached all the same.
+func (c *Cache) admit(tokens []uint32, salt string, read bool) (cachedTokens int, lease *Lease) {
 	hashes := SaltedBlockHashes(tokens, c.blockSize, salt)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cachedTokens = c.lookupLocked(len(tokens), hashes)
-	c.queries += uint64(len(tokens))
-	c.hits += uint64(cachedTokens)
+	if read {
+		cachedTokens = c.lookupLocked(len(tokens), hashes)
+		c.queries += uint64(len(tokens))
+		c.hits += uint64(cachedTokens)
+	}
 
 	lease = &Lease{salt: salt}
 	c.acquireLocked(lease, tokens, hashes)

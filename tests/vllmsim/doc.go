@@ -47,13 +47,22 @@
 // include_stop_str_in_output), which end a choice at their first
 // occurrence after min_tokens tokens with finish reason "stop" and the
 // string as stop_reason, held back while streaming as vLLM holds them;
+// stop_token_ids, which end a choice at the first of them it generates,
+// with finish reason "stop" and the token id as stop_reason, the token
+// counted but its text left out unless include_stop_str_in_output (before
+// min_tokens tokens the model generates other words instead);
 // log probabilities (chat logprobs and top_logprobs, completions logprobs,
 // up to Options.MaxLogprobs), synthetic and deterministic, the generated
-// token always the most likely; and, for completions, echo, the prompt
-// before each choice (a token-id prompt as far as the tokenizer can name
-// its tokens). Their values are refused as vLLM refuses them; beyond that,
-// a request whose choices' tokens and log probabilities would pass 2 M
-// gets 400 (vLLM queues it; vllmsim holds a request's output in memory).
+// token always the most likely; prompt_logprobs, the prompt tokens' (null
+// for the first), in the chat response or in every completion choice, not
+// streamed, a request with them reading nothing from the prefix cache as
+// in vLLM; and echo: for completions the prompt before each choice (a
+// token-id prompt as far as the tokenizer can name its tokens), for chat
+// the last message before each choice when it has the response's role.
+// Their values are refused as vLLM refuses them; beyond that, a request
+// whose choices' tokens and log probabilities, its prompt's counted as
+// many times as the response carries them, would pass 2 M gets 400 (vLLM
+// queues it; vllmsim holds a request's output in memory).
 //
 // The prefix [Cache] holds full blocks of Options.BlockSize tokens, addressed
 // by chained hashes, up to Options.CapacityBlocks blocks with LRU eviction.

@@ -22,7 +22,7 @@ type plan struct {
 	outLen   int      // output tokens to generate
 	length   bool     // true when outLen is a limit the output hits ("length")
 	salt     string   // the request's cache_salt, "" for none
-	sampling sampling // choices, stop strings, min_tokens
+	sampling sampling // choices, stop strings and tokens, logprobs
 }
 
 // prepare validates a generation request's model and output length,
@@ -74,7 +74,7 @@ func (s *Server) prepareSampled(endpoint, model string, prompt []uint32, maxToke
 	if aerr := sp.check(vllmMax, s.opts.MaxLogprobs); aerr != nil {
 		return plan{}, aerr
 	}
-	if aerr := sp.fits(p.outLen); aerr != nil {
+	if aerr := sp.fits(p.outLen, len(prompt)); aerr != nil {
 		return plan{}, aerr
 	}
 	if s.accept(endpoint) {
@@ -152,7 +152,7 @@ func (s *Server) start(ctx context.Context, p plan) (*generation, error) {
 		}
 	}
 	s.running.Add(1)
-	cached, lease := s.cache.AdmitSalted(p.prompt, p.salt)
+	cached, lease := s.cache.admit(p.prompt, p.salt, p.sampling.promptLogprobs == nil)
 	s.mu.Lock()
 	s.stats.promptTokens += uint64(len(p.prompt))
 	s.stats.cachedTokens += uint64(cached)

@@ -69,6 +69,10 @@ func FuzzChatRequest(f *testing.F) {
 		`{"messages":[{"role":"user","content":"x"}],"n":0,"top_logprobs":1e40,"stop":[1],"min_tokens":-1}`,
 		`{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":"x","stop":"","ignore_eos":true,"temperature":0,"n":2}`,
 		`{"messages":[{"role":"user","content":"x"}],"ignore_eos":true,"min_tokens":300,"include_stop_str_in_output":true,"stop":"e"}`,
+		`{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"y"}],"echo":true,"n":2,"stop_token_ids":[1,"2",true,3.0],"min_tokens":2,"prompt_logprobs":2,"stream":false}`,
+		`{"messages":[{"role":"user","content":[{"text":"x"}]}],"echo":true,"add_generation_prompt":false,"logprobs":true,"top_logprobs":3,"stream":true}`,
+		`{"messages":[{"role":"user","content":"x"}],"stop_token_ids":[-1,2147483648,"x",null],"prompt_logprobs":-1,"stream":true}`,
+		`{"messages":[{"role":"user","content":"x"}],"stop_token_ids":5,"prompt_logprobs":"2","echo":1,"top_logprobs":null}`,
 		`[`, `null`, ``, `"just a string"`,
 	} {
 		f.Add([]byte(seed))
@@ -90,6 +94,10 @@ func FuzzRequestBody(f *testing.F) {
 		`{"prompt":[5,6],"echo":true,"logprobs":true,"min_tokens":2,"ignore_eos":true,"stop":"x","include_stop_str_in_output":true}`,
 		`{"prompt":"x","logprobs":-1,"n":-1,"echo":null,"stop":["a","b","c","d","e"]}`,
 		`{"prompt":"x","logprobs":1.5,"top_logprobs":3,"n":16385,"temperature":1e-9}`,
+		`{"prompt":"hi there","n":3,"echo":true,"logprobs":1,"prompt_logprobs":3,"stop_token_ids":[7,"8",1e1],"include_stop_str_in_output":true}`,
+		`{"prompt":[5,6,7],"prompt_logprobs":0,"stream":true,"stop_token_ids":[],"min_tokens":3}`,
+		`{"prompt":"x","prompt_logprobs":21,"stop_token_ids":[-5,-5,1.5]}`,
+		`{"messages":[{"role":"assistant","content":"a"}],"echo":true,"prompt_logprobs":1e400,"stop_token_ids":{}}`,
 		`{"input":["a","b"],"encoding_format":"base64"}`,
 		`{"input":[{"type":"function_call_output","output":[{"type":"input_text","text":"ok"}]},{"role":"user","content":"x"}],"instructions":"be"}`,
 		`{"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]}],"stream":true}`,

@@ -11,12 +11,12 @@ import (
 )
 
 // This file holds the log probabilities of chat completions (logprobs,
-// top_logprobs) and completions (logprobs): synthetic values, in vLLM's
-// response shapes. A token's candidates are itself, always the most
-// likely, then other words of the output vocabulary in decreasing order;
-// their probabilities sum to less than 1. They are a pure function of the
-// prompt, the choice and the position, so a streamed response and a
-// whole one carry the same values.
+// top_logprobs) and completions (logprobs), and of both's prompts
+// (prompt_logprobs): synthetic values, in vLLM's response shapes. A
+// token's candidates are itself, always the most likely, then other words
+// of the output vocabulary in decreasing order; their probabilities sum to
+// less than 1. They are a pure function of the prompt, the choice and the
+// position, so a streamed response and a whole one carry the same values.
 
 // vocabSize is the size of the simulator's vocabulary: [Tokenize]'s ids
 // are below 2^31. A logprobs count of -1 asks for all of it.
@@ -32,14 +32,27 @@ type candidate struct {
 type logprobs struct {
 	base uint64 // the prompt's seed (tokensSeed)
 	k    int    // top logprobs asked per token
+	// echoTop is the length of an echoed prompt token's top list.
+	echoTop int
 }
 
 // newLogprobs returns the logprobs of a plan, nil when it asks for none.
+//
+// An echoed prompt token's top list is the first logprobs+1 entries of
+// its prompt logprobs (_create_completion_logprobs, completion/serving.py
+// at 030ea52effcb): max(logprobs, 1) when echo sets prompt_logprobs to
+// logprobs, as an output token's, but more or fewer with a
+// prompt_logprobs of its own.
 func newLogprobs(p plan) *logprobs {
 	if p.sampling.logprobs == nil {
 		return nil
 	}
-	return &logprobs{base: tokensSeed(p.prompt), k: *p.sampling.logprobs}
+	k := *p.sampling.logprobs
+	l := &logprobs{base: tokensSeed(p.prompt), k: k, echoTop: max(k, 1)}
+	if pk := p.sampling.promptLogprobs; pk != nil {
+		l.echoTop = min(max(*pk, 1), k+1)
+	}
+	return l
 }
 
 // candidates returns the n >= 1 candidates of the token at pos of choice
@@ -182,7 +195,7 @@ func (l *logprobs) addPrompt(c *completionLogprobs, tokens []string) {
 	for pos, t := range tokens {
 		var cands []candidate
 		if pos > 0 {
-			cands = l.candidates(-1, pos, t, max(l.k, 1))
+			cands = l.candidates(-1, pos, t, l.echoTop)
 		}
 		c.add(t, cands)
 	}
@@ -193,4 +206,81 @@ func (l *logprobs) addOutput(c *completionLogprobs, q *sequence, from, to int) {
 	for pos := from; pos < to; pos++ {
 		c.add(q.pieces[pos], l.candidates(q.index, pos, q.pieces[pos], max(l.k, 1)))
 	}
+}
+
+// promptLogprob is vLLM's Logprob (vllm/logprobs.py at 578b601cd1f4) as
+// prompt_logprobs lists it, for the token id.
+type promptLogprob struct {
+	id           uint32
+	Logprob      float64 `json:"logprob"`
+	Rank         int     `json:"rank"`
+	DecodedToken string  `json:"decoded_token"`
+}
+
+// promptPosition is one position of prompt_logprobs: a JSON object from
+// token id (a string, as Python's json writes an int key) to its Logprob,
+// in rank order; nil is null.
+type promptPosition []promptLogprob
+
+func (p promptPosition) MarshalJSON() ([]byte, error) {
+	if p == nil {
+		return []byte("null"), nil
+	}
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, e := range p {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		b.WriteString(strconv.FormatUint(uint64(e.id), 10))
+		b.WriteString(`":`)
+		v, err := json.Marshal(e)
+		if err != nil {
+			return nil, err
+		}
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// newPromptLogprobs returns the prompt_logprobs of a plan that asks for
+// them; texts are its prompt tokens' texts, their decoded_token.
+//
+// vLLM's list has one entry per prompt token: null for the first, which
+// no token precedes (create_prompt_logprobs), then the token with its
+// rank and the top k (append_logprobs_for_next_position, vllm/logprobs.py
+// at 578b601cd1f4). Here the token is always the most likely, so an entry
+// holds it, rank 1, and the next max(k, 1)-1 candidates: k entries, or
+// the token alone for k = 0.
+func newPromptLogprobs(p plan, texts []string) []promptPosition {
+	if len(texts) != len(p.prompt) {
+		texts = detokenize(p.prompt)
+	}
+	k := *p.sampling.promptLogprobs
+	l := &logprobs{base: tokensSeed(p.prompt), k: k}
+	out := make([]promptPosition, len(p.prompt))
+	for pos := 1; pos < len(out); pos++ {
+		out[pos] = l.promptPosition(p.prompt[pos], pos, texts[pos])
+	}
+	return out
+}
+
+// promptPosition returns the entry of prompt token id at pos, whose text
+// is text. A candidate whose id is the token's is left out: a JSON key
+// appears once.
+func (l *logprobs) promptPosition(id uint32, pos int, text string) promptPosition {
+	cands := l.candidates(-1, pos, text, max(l.k, 1))
+	out := make(promptPosition, 0, len(cands))
+	for rank, c := range cands {
+		cid := id
+		if rank > 0 {
+			if cid = pieceID(strings.TrimLeftFunc(c.token, unicode.IsSpace)); cid == id {
+				continue
+			}
+		}
+		out = append(out, promptLogprob{id: cid, Logprob: c.logprob, Rank: rank + 1, DecodedToken: c.token})
+	}
+	return out
 }

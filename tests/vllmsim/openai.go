@@ -205,9 +205,15 @@ type chatRequest struct {
 	// probabilities ([chatRequest.chatSampling]).
 	Logprobs    *bool           `json:"logprobs"`
 	TopLogprobs json.RawMessage `json:"top_logprobs"`
+	// Echo puts the last message before every choice's content when it
+	// has the response's role ([chatRequest.echoed]).
+	Echo bool `json:"echo"`
 	templateFields
 	cacheSaltField
 	samplingFields
+
+	conversation []Message // the messages, as the template reads them
+	rendered     string    // the prompt, rendered by the chat template
 }
 
 // templateFields are the chat-template inputs that vLLM's chat completions
@@ -376,16 +382,47 @@ func parseChatRequest(body []byte) (*chatRequest, []uint32, *apiError) {
 	if aerr != nil {
 		return nil, nil, aerr
 	}
-	return &req, Tokenize(RenderChatTemplate(msgs, tmpl)), nil
+	req.conversation, req.rendered = msgs, RenderChatTemplate(msgs, tmpl)
+	return &req, Tokenize(req.rendered), nil
+}
+
+// role is the role of the response's message, as
+// OpenAIServingChat.get_chat_request_role gives it (chat_completion/
+// serving.py at 006c49d485f9): the assistant's, or, when the request sets
+// add_generation_prompt false, its last message's.
+func (r *chatRequest) role() string {
+	if r.AddGenerationPrompt != nil && !*r.AddGenerationPrompt {
+		return r.conversation[len(r.conversation)-1].Role
+	}
+	return "assistant"
+}
+
+// echoed is what echo puts before every choice's content, whole or
+// streamed (chat_completion_full_generator and
+// chat_completion_stream_generator, chat_completion/serving.py at
+// 006c49d485f9): the last message's content when that message has the
+// response's role, else nothing.
+func (r *chatRequest) echoed() string {
+	last := r.conversation[len(r.conversation)-1]
+	if !r.Echo || last.Role != r.role() {
+		return ""
+	}
+	return last.Content
 }
 
 // chatSampling returns the request's sampling with its logprobs: the
 // top_logprobs count when logprobs is true. It refuses top_logprobs (other
 // than 0) without logprobs, as ChatCompletionRequest.check_logprobs does
 // (vllm/entrypoints/openai/chat_completion/protocol.py at 002032ee2b18).
+// Its prompt logprobs are prompt_logprobs or, with echo, the top_logprobs
+// count (ChatCompletionRequest.to_sampling_params, same file): null
+// top_logprobs asks for none, absent for 0.
 func (r *chatRequest) chatSampling() (sampling, *apiError) {
 	sp, aerr := r.sampling()
 	if aerr != nil {
+		return sampling{}, aerr
+	}
+	if sp.promptLogprobs, aerr = r.promptLogprobsCount(r.Stream); aerr != nil {
 		return sampling{}, aerr
 	}
 	top, aerr := logprobsCount(r.TopLogprobs, "top_logprobs")
@@ -405,6 +442,10 @@ func (r *chatRequest) chatSampling() (sampling, *apiError) {
 	case on:
 		sp.logprobs = &k
 	}
+	if sp.promptLogprobs == nil && r.Echo && (top != nil || absent(r.TopLogprobs)) {
+		sp.promptLogprobs = &k
+	}
+	sp.promptCopies = 1
 	return sp, nil
 }
 
@@ -426,13 +467,9 @@ func logprobsCount(raw json.RawMessage, field string) (*int, *apiError) {
 	return &k, nil
 }
 
-// stopReason is a choice's stop_reason: its stop string, or null.
-func stopReason(q *sequence) any {
-	if q.stop == nil {
-		return nil
-	}
-	return *q.stop
-}
+// stopReason is a choice's stop_reason: its stop string, its stop token
+// id, or null.
+func stopReason(q *sequence) any { return q.stop }
 
 type chatCompletion struct {
 	ID                string       `json:"id"`
@@ -491,7 +528,9 @@ type chatDelta struct {
 }
 
 // handleChat serves POST /v1/chat/completions: n choices (index 0..n-1),
-// each with its logprobs when asked, cut by the stop strings.
+// each with its logprobs when asked, cut by the stop strings and stop
+// tokens, after the last message with echo; the prompt's logprobs when
+// asked.
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	body, aerr := s.readBody(w, r)
 	if aerr != nil {
@@ -524,6 +563,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	id, created := newID("chatcmpl-"), time.Now().Unix()
 	lp := newLogprobs(p)
+	role, echoed := req.role(), req.echoed()
 	ctx := r.Context()
 	if !req.Stream {
 		g, err := s.start(ctx, p)
@@ -539,7 +579,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		for i, q := range g.seqs {
 			choices[i] = chatChoice{
 				Index:        i,
-				Message:      chatRespMessage{Role: "assistant", Content: q.text, ToolCalls: []any{}},
+				Message:      chatRespMessage{Role: role, Content: echoed + q.text, ToolCalls: []any{}},
 				FinishReason: q.finish,
 				StopReason:   stopReason(q),
 			}
@@ -547,10 +587,14 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 				choices[i].Logprobs = lp.chat(q, 0, len(q.pieces))
 			}
 		}
-		writeJSON(w, http.StatusOK, chatCompletion{
+		resp := chatCompletion{
 			ID: id, Object: "chat.completion", Created: created, Model: p.model,
 			Choices: choices, Usage: g.openAIUsage(),
-		})
+		}
+		if p.sampling.promptLogprobs != nil {
+			resp.PromptLogprobs = newPromptLogprobs(p, tokenTexts(req.rendered))
+		}
+		writeJSON(w, http.StatusOK, resp)
 		return
 	}
 
@@ -573,12 +617,18 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// chat_completion_stream_generator (chat_completion/serving.py at
-	// 006c49d485f9): each choice's role chunk first, then every step's
-	// tokens choice by choice, a choice's finish right after its last
-	// token.
+	// 006c49d485f9): each choice's role chunk first, then with echo each
+	// choice's echoed message, then every step's tokens choice by choice,
+	// a choice's finish right after its last token. No chunk carries the
+	// prompt's logprobs.
 	empty := ""
 	for i := range g.seqs {
-		send(chatChunkChoice{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}})
+		send(chatChunkChoice{Index: i, Delta: chatDelta{Role: role, Content: &empty}})
+	}
+	if echoed != "" {
+		for i := range g.seqs {
+			send(chatChunkChoice{Index: i, Delta: chatDelta{Content: &echoed}})
+		}
 	}
 	for err == nil {
 		var moved []*sequence
@@ -630,18 +680,30 @@ type completionRequest struct {
 // completionSampling returns the request's sampling with its logprobs,
 // refusing a negative count other than -1 as CompletionRequest.
 // check_logprobs does (vllm/entrypoints/openai/completion/protocol.py at
-// 002032ee2b18).
+// 002032ee2b18). Its prompt logprobs are prompt_logprobs or, with echo,
+// the logprobs count (CompletionRequest.to_sampling_params, same file),
+// which every choice carries.
 func (r *completionRequest) completionSampling() (sampling, *apiError) {
 	sp, aerr := r.sampling()
 	if aerr != nil {
 		return sampling{}, aerr
 	}
 	sp.defaultMax = completionsDefaultMaxTokens
+	if sp.promptLogprobs, aerr = r.promptLogprobsCount(r.Stream); aerr != nil {
+		return sampling{}, aerr
+	}
 	if sp.logprobs, aerr = logprobsCount(r.Logprobs, "logprobs"); aerr != nil {
 		return sampling{}, aerr
 	}
 	if k := sp.logprobs; k != nil && *k < -1 {
 		return sampling{}, badParam("logprobs", "`logprobs` must be a positive value or -1.")
+	}
+	if sp.promptLogprobs == nil && r.Echo {
+		sp.promptLogprobs = sp.logprobs
+	}
+	sp.promptCopies = sp.n
+	if r.Echo && sp.logprobs != nil {
+		sp.promptCopies *= 2
 	}
 	return sp, nil
 }
@@ -665,6 +727,12 @@ func newPromptEcho(raw json.RawMessage, ids []uint32) *promptEcho {
 	}
 	tokens := detokenize(ids)
 	return &promptEcho{text: strings.Join(tokens, ""), tokens: tokens}
+}
+
+// promptTokenTexts returns the texts of a completion's served prompt's
+// tokens, as echo shows them.
+func promptTokenTexts(raw json.RawMessage, ids []uint32) []string {
+	return newPromptEcho(raw, ids).tokens
 }
 
 // promptText returns the first string of a string or string-array prompt.
@@ -754,7 +822,8 @@ type completionChoice struct {
 
 // handleCompletions serves POST /v1/completions: n choices, each with its
 // logprobs when asked, after the prompt with echo, cut by the stop
-// strings. Of several prompts only the first is served.
+// strings and stop tokens, each with the prompt's logprobs when asked. Of
+// several prompts only the first is served.
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	body, aerr := s.readBody(w, r)
 	if aerr != nil {
@@ -801,6 +870,10 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out.lp = newLogprobs(p)
+	var plp []promptPosition
+	if p.sampling.promptLogprobs != nil && !req.Stream {
+		plp = newPromptLogprobs(p, promptTokenTexts(req.Prompt, prompts[0]))
+	}
 	id, created := newID("cmpl-"), time.Now().Unix()
 	ctx := r.Context()
 	if !req.Stream {
@@ -819,6 +892,9 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 			choices[i] = completionChoice{Index: i, Text: text, FinishReason: &q.finish, StopReason: stopReason(q)}
 			if lps != nil {
 				choices[i].Logprobs = lps
+			}
+			if plp != nil {
+				choices[i].PromptLogprobs = plp
 			}
 		}
 		writeJSON(w, http.StatusOK, completion{

@@ -111,3 +111,56 @@ func TestCandidates(t *testing.T) {
 		}
 	}
 }
+
+// Stop token ids end a sequence at the first one generated, counted, its
+// text left out unless include_stop_str_in_output; a stop string that
+// completes earlier wins, one the stop token would complete is not looked
+// for; before min_tokens tokens another word takes a stop token's place.
+func TestNewSequenceStopTokens(t *testing.T) {
+	ids := func(words ...string) []uint32 {
+		out := make([]uint32, len(words))
+		for i, w := range words {
+			out[i] = pieceID(w)
+		}
+		slices.Sort(out)
+		return out
+	}
+	every := make([]string, len(outputWords))
+	copy(every, outputWords[:])
+	tests := []struct {
+		name     string
+		sp       sampling
+		wantN    int
+		wantText string
+		wantStop any
+	}{
+		{name: "the stop token ends it, its text left out", sp: sampling{stopTokens: ids("still")}, wantN: 4, wantText: "with in big", wantStop: pieceID("still")},
+		{name: "the first stop token generated wins", sp: sampling{stopTokens: ids("test", "big")}, wantN: 3, wantText: "with in", wantStop: pieceID("big")},
+		{name: "include_stop_str_in_output keeps its text", sp: sampling{stopTokens: ids("still"), includeStop: true}, wantN: 4, wantText: "with in big still", wantStop: pieceID("still")},
+		{name: "a stop string that completes earlier wins", sp: sampling{stopTokens: ids("still"), stop: []string{"in b"}}, wantN: 3, wantText: "with ", wantStop: "in b"},
+		{name: "a stop string the stop token completes is not looked for", sp: sampling{stopTokens: ids("still"), stop: []string{"g st"}}, wantN: 4, wantText: "with in big", wantStop: pieceID("still")},
+		{name: "a stop token right at min_tokens stops", sp: sampling{stopTokens: ids("in"), minTokens: 1}, wantN: 2, wantText: "with", wantStop: pieceID("in")},
+		{name: "every word a stop token: it stops at min_tokens", sp: sampling{stopTokens: ids(every...), minTokens: 3}, wantN: 3, wantText: "with in", wantStop: pieceID("big")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			q := newSequence(0, []string{"with", " in", " big", " still", " test"}, true, tc.sp)
+			if len(q.pieces) != tc.wantN || q.text != tc.wantText || q.stop != tc.wantStop || q.finish != "stop" {
+				t.Errorf("sequence = %d pieces %q, stop %v (%s); want %d %q, stop %v", len(q.pieces), q.text, q.stop, q.finish, tc.wantN, tc.wantText, tc.wantStop)
+			}
+		})
+	}
+
+	// Before min_tokens tokens the model samples another word where a stop
+	// token would be, with the piece's leading space; the output runs on.
+	sp := sampling{stopTokens: ids("with", "in"), minTokens: 2}
+	q := newSequence(0, []string{"with", " in", " big", " still", " test"}, true, sp)
+	for i, p := range q.pieces[:2] {
+		if sp.isStopToken(pieceTokenID(p)) || !strings.HasPrefix(p, []string{"", " "}[i]) || len(Tokenize(p)) != 1 {
+			t.Errorf("piece %d = %q, want another one-token word", i, p)
+		}
+	}
+	if len(q.pieces) != 5 || q.stop != nil || q.finish != "length" || q.text != strings.Join(q.pieces, "") {
+		t.Errorf("sequence = %q (%v, %s), want 5 pieces to the length limit", q.text, q.stop, q.finish)
+	}
+}

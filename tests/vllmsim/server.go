@@ -74,7 +74,7 @@ type Options struct {
 	MaxBodyBytes int64
 	// MaxLogprobs is vLLM's --max-logprobs: the most log probabilities a
 	// request may ask for each token (chat top_logprobs, completions
-	// logprobs); more get 400. Default 20.
+	// logprobs, prompt_logprobs); more get 400. Default 20.
 	MaxLogprobs int
 	// CacheOutput also caches the full blocks that generated tokens fill,
 	// as vLLM does, so that the next turn of a conversation can hit on the
