@@ -568,8 +568,9 @@ func (t *predictedTTFT) tokens(ctx *Context) int {
 	return int(math.Ceil(float64(promptBytes(ctx)) / loadFloat(&t.bytesPerToken)))
 }
 
-// matched sets match[i] to the prefix tokens target i holds and reports
-// whether they came from the KV events. A target whose events are not
+// matched sets match[i] to the prefix tokens target i holds (none for a
+// request that reads no cache: Context.ReadsNoCache) and reports whether
+// they came from the KV events. A target whose events are not
 // fresh while others' are is matched on the approximate index: read as
 // holding nothing, it lost the prompts it held to the fresh targets and
 // drew no new ones from ties, so its engine, serving nothing new, sent no
@@ -577,6 +578,10 @@ func (t *predictedTTFT) tokens(ctx *Context) int {
 // view of one replica stayed stale for 51 s).
 func (t *predictedTTFT) matched(ctx *Context, tokens int, match []float64) bool {
 	clear(match)
+	if ctx.ReadsNoCache {
+		// Every target prefills it whole: what they hold saves it nothing.
+		return false
+	}
 	if t.kv != nil && len(ctx.TokenIDs) > 0 {
 		sigp := signalBufs.Get().(*[MaxTargets]float64)
 		sig := sigp[:t.n]

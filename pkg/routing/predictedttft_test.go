@@ -101,6 +101,27 @@ func TestPredictedTTFTLeavesHotHolder(t *testing.T) {
 	}
 }
 
+// TestPredictedTTFTReadsNoCache: a request the engine prefills whole
+// whatever it holds (prompt log probabilities) gains nothing from the
+// holder of its prefix: it goes where the queue is shorter, while the same
+// prompt reading the cache goes to the holder.
+func TestPredictedTTFTReadsNoCache(t *testing.T) {
+	sys := words(1, 8000)
+	clock := &ttftClock{now: time.Second}
+	b := newTTFT(t, 2, 1, clock, nil)
+	served(b, 0, &routing.Context{Prompt: sys + words(2, 400)}, clock)
+	b.Observe(0, &routing.Context{Prompt: words(5, 1000)}) // a short prefill queued on the holder
+	clock.tick()
+	req := routing.Context{Prompt: sys + words(3, 400)}
+	if got := b.Pick(&req, nil, routing.All(2)); got != 0 {
+		t.Fatalf("reading the cache: picked %d, want the holder 0", got)
+	}
+	req.ReadsNoCache = true
+	if got := b.Pick(&req, nil, routing.All(2)); got != 1 {
+		t.Fatalf("reading no cache: picked %d, want the idle 1", got)
+	}
+}
+
 func TestPredictedTTFTColdStartSpreads(t *testing.T) {
 	// A burst: every request in the same instant, nothing cached, loads
 	// unknown. Each pick queues its prefill, so the next goes elsewhere.

@@ -37,6 +37,12 @@ type Context struct {
 	// does not stream): the proxy sees no first token, only the complete
 	// answer (predicted_ttft: TTFTObserver.WholeAnswer).
 	Buffered bool
+	// ReadsNoCache marks a request the engine prefills whole whatever its
+	// prefix cache holds (vLLM's skip_reading_prefix_cache, which prompt
+	// log probabilities set), though it caches the blocks it computes:
+	// predicted_ttft prices it as a prompt no target holds. The seed's
+	// strategies ignore it.
+	ReadsNoCache bool
 }
 
 // Balancer picks a target for one attempt of a request.

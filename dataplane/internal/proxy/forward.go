@@ -269,9 +269,11 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 	// one pass (the conversation text, its whole length and digest); for
 	// predicted_ttft, read as the engine caches it: a Messages body less
 	// Claude Code's per-request billing block, which vLLM leaves out of
-	// the prompt, and a salted request's prompt as one that shares
-	// prefixes only with its salt, which vLLM hashes into its blocks (its
-	// token ids, which cannot say so, are not used). The seed's strategies
+	// the prompt, a salted request's prompt as one that shares prefixes
+	// only with its salt, which vLLM hashes into its blocks (its token ids,
+	// which cannot say so, are not used), and a request with prompt log
+	// probabilities as one no replica holds, which vLLM prefills whole
+	// (tokenize.ReadsNoCache). The seed's strategies
 	// read the body as sent.
 	salt := ""
 	if x.pools[0].pool.strategy == routing.PredictedTTFT {
@@ -281,6 +283,7 @@ func (p *Proxy) serveAPI(w http.ResponseWriter, r *http.Request, ep *endpoint) {
 		}
 		salt = tokenize.CacheSalt(raw)
 		x.rctx = affinity.BuildSalted(ep.path, aff, r.Header, salt)
+		x.rctx.ReadsNoCache = tokenize.ReadsNoCache(ep.path, raw)
 	} else {
 		x.rctx = affinity.Build(ep.path, raw, r.Header)
 	}

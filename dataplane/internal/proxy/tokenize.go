@@ -44,6 +44,12 @@ func (p *Proxy) tokenIDs(ctx context.Context, x *exchange, raw []byte) {
 	ps := &x.pools[0]
 	model := x.route.cfg.Model
 	count := func(outcome string) { p.metrics.Tokenize.WithLabelValues(model, outcome).Inc() }
+	if x.rctx.ReadsNoCache {
+		// The engine reads none of its prompt from its cache: its ids
+		// would route it nowhere better.
+		count("reads_no_cache")
+		return
+	}
 	now := time.Now()
 	var cands, parked [routing.MaxTargets]int
 	n, np := 0, 0

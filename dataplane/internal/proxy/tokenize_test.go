@@ -350,6 +350,27 @@ func TestWrongTokenIDsOfOneShapeDistrusted(t *testing.T) {
 	}
 }
 
+// TestReadsNoCacheNotTokenized: a request vLLM prefills whole (prompt log
+// probabilities) gets no token ids from /tokenize on a predicted_ttft
+// route, which prices it as a prompt no replica holds; a precise_cache_aware
+// route (the seed's) tokenizes it as before.
+func TestReadsNoCacheNotTokenized(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"user","content":"score me"}],"prompt_logprobs":1,"max_tokens":1}`
+	for strategy, want := range map[string]int32{"predicted_ttft": 0, "precise_cache_aware": 1} {
+		up, calls := tokenizeUpstream(t, `{"count":2,"max_model_len":100,"tokens":[7,8],"token_strs":null}`)
+		p, url := kvRouteProxy(t, up, strategy)
+		if resp, out := post(t, url+"/v1/chat/completions", "", body); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", strategy, resp.StatusCode, out)
+		}
+		if n := calls.Load(); n != want {
+			t.Errorf("%s: /tokenize asked %d times, want %d", strategy, n, want)
+		}
+		if got, wantCount := testutil.ToFloat64(p.metrics.Tokenize.WithLabelValues("m", "reads_no_cache")), float64(1-want); got != wantCount {
+			t.Errorf("%s: rolter_tokenize_total{outcome=\"reads_no_cache\"} = %v, want %v", strategy, got, wantCount)
+		}
+	}
+}
+
 // TestPredictedTTFTKeepsSaltsApart: vLLM hashes a request's cache_salt
 // into its prompt's first block, so requests of different salts share no
 // cached prefix. A predicted_ttft route reads a salted prompt as one that

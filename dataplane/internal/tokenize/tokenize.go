@@ -219,6 +219,43 @@ func CacheSalt(body []byte) string {
 	return s
 }
 
+// ReadsNoCache reports whether vLLM prefills a request to path with body
+// whole, reading nothing from its prefix cache: a request with prompt log
+// probabilities, which SamplingParams marks skip_reading_prefix_cache
+// (vllm/sampling_params.py at 00388f6573cc; the scheduler then matches no
+// cached block, vllm/v1/core/kv_cache_manager.py at 003df2961dd8).
+// prompt_logprobs asks for them (a number; null does not); so does echo,
+// which takes them from top_logprobs in a chat completion (0 when absent)
+// and from logprobs in a completion (none when absent or null):
+// ChatCompletionRequest.to_sampling_params and
+// CompletionRequest.to_sampling_params (chat_completion/protocol.py and
+// completion/protocol.py at 002032ee2b18). Evaluation harnesses score
+// prompts so (echo and logprobs with max_tokens 0). body is a JSON
+// document; one with neither key costs two byte searches.
+func ReadsNoCache(path string, body []byte) bool {
+	if path != PathChatCompletions && path != PathCompletions {
+		return false
+	}
+	if !bytes.Contains(body, []byte(`"prompt_logprobs"`)) && !bytes.Contains(body, []byte(`"echo"`)) {
+		return false
+	}
+	fields, ok := object(body)
+	if !ok {
+		return false
+	}
+	if !isNull(fields["prompt_logprobs"]) {
+		return true
+	}
+	if string(bytes.TrimSpace(fields["echo"])) != "true" {
+		return false
+	}
+	if path == PathChatCompletions {
+		top, set := fields["top_logprobs"]
+		return !set || !isNull(top)
+	}
+	return !isNull(fields["logprobs"])
+}
+
 // templateKwargs returns the chat template's keyword arguments a request
 // renders with, for the /tokenize chat form, which has no fields for the
 // last three: the client's chat_template_kwargs (an object or null) with

@@ -351,6 +351,35 @@ func TestCacheSalt(t *testing.T) {
 	}
 }
 
+// TestReadsNoCache: the requests vLLM prefills whole, reading nothing from
+// its prefix cache: those asking for prompt log probabilities, by
+// prompt_logprobs or by echo (chat: top_logprobs, 0 when absent;
+// completions: logprobs, none when absent).
+func TestReadsNoCache(t *testing.T) {
+	const chat, completions = tokenize.PathChatCompletions, tokenize.PathCompletions
+	for _, tc := range []struct {
+		path, body string
+		want       bool
+	}{
+		{chat, `{"messages":[{"role":"user","content":"the echo and prompt_logprobs words"}]}`, false},
+		{chat, `{"messages":[],"prompt_logprobs":0}`, true},
+		{chat, `{"messages":[],"prompt_logprobs":null}`, false},
+		{chat, `{"messages":[],"echo":true}`, true},
+		{chat, `{"messages":[],"echo":true,"top_logprobs":null}`, false},
+		{chat, `{"messages":[],"echo":false,"top_logprobs":5}`, false},
+		{completions, `{"prompt":"a","echo":true,"logprobs":1,"max_tokens":0}`, true},
+		{completions, `{"prompt":"a","echo":true}`, false},
+		{completions, `{"prompt":"a","echo":true,"logprobs":null}`, false},
+		{completions, `{"prompt":"a","prompt_logprobs":2}`, true},
+		{tokenize.PathResponses, `{"input":"a","prompt_logprobs":2}`, false},
+		{chat, `[1]`, false},
+	} {
+		if got := tokenize.ReadsNoCache(tc.path, []byte(tc.body)); got != tc.want {
+			t.Errorf("ReadsNoCache(%s, %s) = %v, want %v", tc.path, tc.body, got, tc.want)
+		}
+	}
+}
+
 func TestDecode(t *testing.T) {
 	ids, err := tokenize.Decode([]byte(`{"count":3,"max_model_len":32768,"tokens":[5,0,4294967295],"token_strs":null}`))
 	if err != nil || !slices.Equal(ids, []uint32{5, 0, 4294967295}) {
