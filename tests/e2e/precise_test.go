@@ -520,6 +520,51 @@ func TestSaltedTenantsKeepTheirPrefixes(t *testing.T) {
 	}
 }
 
+// TestPromptLogprobsSpreadThroughProxy: requests with prompt log
+// probabilities (how evaluation harnesses score prompts), which vLLM and
+// vllmsim prefill whole whatever their cache holds, are not held to the
+// replica of their shared few-shot prefix: one after another they spread
+// over the replicas, reading nothing cached; the same prompts reading the
+// cache keep to the replica that holds it.
+func TestPromptLogprobsSpreadThroughProxy(t *testing.T) {
+	f := startKVFleet(t, 3, "predicted_ttft", openKVConfig, "", vllmsim.Options{PrefillTokensPerSecond: 20_000})
+	client := openai.NewClient(option.WithBaseURL(f.base+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	ask := func(system string, i int, opts ...option.RequestOption) (provider string, cached int64) {
+		var raw *http.Response
+		resp, err := client.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{
+			Model:               "m",
+			Messages:            []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system), openai.UserMessage(fmt.Sprintf("question %d", i))},
+			MaxCompletionTokens: openai.Int(2),
+		}, append(opts, option.WithResponseInto(&raw))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw.Header.Get("X-Rolter-Provider"), resp.Usage.PromptTokensDetails.CachedTokens
+	}
+	scored, cached := map[string]int{}, int64(0)
+	scoring := longSystem("few-shot-", 400)
+	for i := range 6 {
+		p, c := ask(scoring, i, option.WithJSONSet("prompt_logprobs", 1))
+		scored[p]++
+		cached += c
+	}
+	if len(scored) < 2 || cached != 0 {
+		t.Fatalf("requests with prompt log probabilities served %v, %d tokens read from a cache", scored, cached)
+	}
+	chatted := map[string]int{}
+	chatting := longSystem("assistant-", 400)
+	for i := range 6 {
+		p, _ := ask(chatting, i)
+		chatted[p]++
+	}
+	if len(chatted) != 1 {
+		t.Fatalf("the same prompts reading the cache served %v, want one replica", chatted)
+	}
+	if n := metric(t, f.base, `rolter_tokenize_total{model="m",outcome="reads_no_cache"}`); n != 6 {
+		t.Fatalf("%v requests counted reads_no_cache, want 6", n)
+	}
+}
+
 // TestCompletionsTokenizeMatchesPrompt: the same for completions, whose
 // prompt may come as a batch of one (LangChain's completions client).
 func TestCompletionsTokenizeMatchesPrompt(t *testing.T) {
