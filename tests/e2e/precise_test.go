@@ -436,10 +436,13 @@ func TestResponsesTokenizeMatchesPrompt(t *testing.T) {
 			`{"type":"message","id":"msg_1","status":"completed","role":"assistant","content":[{"type":"output_text","text":"gamma answer","annotations":[]}]},{"role":"user","content":"gamma again"}]`,
 		`"instructions":"delta sys","input":[{"role":"system","content":[{"type":"input_text","text":"delta more"}]},{"role":"assistant","content":"delta said"},{"role":"user","content":"delta ask"}]`,
 		`"input":"epsilon hello","reasoning":{"effort":"low"}`,
+		`"instructions":"zeta agent","input":"zeta go","tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"n":{"type":"number","minimum":1.5}}}},` +
+			`{"type":"function","name":"g","description":"zeta lookup","strict":true,"parameters":{"type":"object"}}]`,
 	}, []string{
 		`"input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"x"}]`,
 		`"input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"http://x"}]}]`,
-		`"input":"hi","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]`,
+		`"input":"hi","tools":[{"type":"web_search"}]`,
+		`"input":"hi","tool_choice":"none","tools":[{"type":"function","name":"f","parameters":{"type":"object"}}]`,
 	})
 }
 

@@ -1,6 +1,7 @@
 package vllmsim
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -42,7 +43,58 @@ type responsesRequest struct {
 	Reasoning *struct {
 		Effort *string `json:"effort"`
 	} `json:"reasoning"`
+	// Tools' function tools reach the template as chat tools
+	// ([responsesChatTools]).
+	Tools json.RawMessage `json:"tools"`
 	cacheSaltField
+}
+
+// functionToolFields are the fields of the openai package's FunctionTool
+// (openai-python src/openai/types/responses/function_tool.py at e43b4224)
+// but type.
+var functionToolFields = []string{"name", "parameters", "strict", "allowed_callers", "defer_loading", "description", "output_schema"}
+
+// responsesChatTools is a Responses request's tools as vLLM renders them:
+// each function tool as the chat tool construct_tool_dicts builds from its
+// FunctionTool dump (vllm/entrypoints/openai/responses/utils.py at
+// 01ca842df5b1, vllm/tool_parsers/utils.py at 0064cc9cb1ae: every
+// FunctionTool field but type, null where the client left it out, a field
+// the client added kept); other tools add nothing. nil for no function
+// tool. Numbers are kept as written.
+func responsesChatTools(raw json.RawMessage) (json.RawMessage, *apiError) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	var tools []map[string]any
+	if err := d.Decode(&tools); err != nil {
+		return nil, badParam("body.tools", "tools: %v", err)
+	}
+	var out []any
+	for i, t := range tools {
+		if t["type"] != "function" {
+			continue
+		}
+		if _, ok := t["name"].(string); !ok {
+			return nil, badParam(fmt.Sprintf("body.tools.%d.function.name", i), "Field required")
+		}
+		fn := map[string]any{}
+		for _, k := range functionToolFields {
+			fn[k] = nil
+		}
+		for k, v := range t {
+			if k != "type" {
+				fn[k] = v
+			}
+		}
+		out = append(out, map[string]any{"type": "function", "function": fn})
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	b, _ := json.Marshal(out)
+	return b, nil
 }
 
 // id returns the response's id: request_id, as vLLM's
@@ -372,7 +424,15 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	if req.Reasoning != nil {
 		_ = f.addKwargs(nil, req.Reasoning.Effort, false)
 	}
-	tmpl, _ := f.template()
+	if f.Tools, aerr = responsesChatTools(req.Tools); aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
+	tmpl, aerr := f.template()
+	if aerr != nil {
+		aerr.writeOpenAI(w)
+		return
+	}
 	prompt := Tokenize(RenderChatTemplate(conv, tmpl))
 	salt, aerr := req.salt()
 	if aerr != nil {

@@ -544,3 +544,33 @@ func TestResponsesRoutes(t *testing.T) {
 		})
 	}
 }
+
+// TestResponsesFunctionToolsInPrompt: a Responses request's function tools
+// are in its prompt as vLLM renders them, the chat tool of their
+// FunctionTool dump (every field but type, null where left out), so the
+// chat /tokenize of that form counts its prompt exactly; other tools add
+// nothing.
+func TestResponsesFunctionToolsInPrompt(t *testing.T) {
+	_, ts := newServer(t, vllmsim.Options{})
+	inputTokens := func(tools string) int {
+		b := post(t, ts, "/v1/responses", `{"model":"sim-model","input":"look it up","max_output_tokens":1`+tools+`}`, http.StatusOK)
+		return decode[struct {
+			Usage struct {
+				InputTokens int `json:"input_tokens"`
+			} `json:"usage"`
+		}](t, b).Usage.InputTokens
+	}
+	plain := inputTokens("")
+	if got := inputTokens(`,"tools":[{"type":"web_search"}]`); got != plain {
+		t.Fatalf("a built-in tool changed the prompt: %d tokens, %d without", got, plain)
+	}
+	withTools := inputTokens(`,"tools":[{"type":"function","name":"lookup","description":"find it","parameters":{"type":"object"}}]`)
+	chatForm := post(t, ts, "/tokenize", `{"model":"sim-model","messages":[{"role":"user","content":"look it up"}],"add_generation_prompt":true,"add_special_tokens":true,`+
+		`"tools":[{"type":"function","function":{"name":"lookup","parameters":{"type":"object"},"strict":null,"allowed_callers":null,"defer_loading":null,"description":"find it","output_schema":null}}]}`, http.StatusOK)
+	count := decode[struct {
+		Count int `json:"count"`
+	}](t, chatForm).Count
+	if withTools <= plain || withTools != count {
+		t.Fatalf("with a function tool %d prompt tokens (%d without), the chat form's /tokenize %d", withTools, plain, count)
+	}
+}

@@ -57,15 +57,9 @@ func responsesMessages(fields map[string]json.RawMessage) ([]byte, bool) {
 			return nil, false
 		}
 	}
-	// Tools would be rendered from their conversion to the chat form;
+	// Tools are rendered from their chat form ([responsesTools]);
 	// truncation "auto" may cut the prompt's start. reasoning.effort
 	// reaches the template ([responsesKwargs]).
-	if t := fields["tools"]; !isNull(t) {
-		var tools []json.RawMessage
-		if json.Unmarshal(t, &tools) != nil || len(tools) > 0 {
-			return nil, false
-		}
-	}
 	if t := fields["truncation"]; !isNull(t) {
 		if s, ok := str(t); !ok || s != "disabled" {
 			return nil, false
@@ -104,6 +98,98 @@ func responsesMessages(fields map[string]json.RawMessage) ([]byte, bool) {
 		add(role, content)
 	}
 	return append(b, ']'), true
+}
+
+// functionToolFields are the fields of the openai package's FunctionTool
+// (openai-python src/openai/types/responses/function_tool.py at e43b4224),
+// in its order, less type. vLLM renders a Responses function tool from that
+// model's dump: construct_tool_dicts (responses/utils.py, cited above)
+// validates {every field but type} into FunctionDefinition and dumps the
+// chat tool, so each field the client left out is there as null, after the
+// fields FunctionDefinition declares, in this order. The installed openai
+// release decides the set (vLLM pins only openai >= 1.99.1); a fleet with
+// another one renders otherwise, which the /tokenize check finds and the
+// shape's distrust stops (trust.go).
+var functionToolFields = []string{"name", "parameters", "strict", "allowed_callers", "defer_loading", "description", "output_schema"}
+
+// responsesTools returns, as the /tokenize chat form's tools array, the
+// tools vLLM renders for a Responses request's tools and tool_choice; nil
+// for none. False for what the conversion cannot reproduce: a tool other
+// than a function (built-in tools, MCP, custom and namespace tools are
+// rendered otherwise or not at all), a function with a field FunctionTool
+// does not declare or of another type, and tool_choice "none", which one
+// vLLM release renders with the tools and another without
+// (exclude_tools_when_tool_choice_none).
+func responsesTools(tools, choice json.RawMessage) ([]byte, bool) {
+	if isNull(tools) {
+		return nil, true
+	}
+	list, ok := objects(tools)
+	if !ok {
+		return nil, false
+	}
+	if len(list) == 0 {
+		return nil, true
+	}
+	if s, _ := str(choice); s == "none" {
+		return nil, false
+	}
+	out := []byte{'['}
+	for i, t := range list {
+		if typ, _ := str(t["type"]); typ != "function" || !functionTool(t) {
+			return nil, false
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, `{"type":"function","function":{`...)
+		for j, k := range functionToolFields {
+			if j > 0 {
+				out = append(out, ',')
+			}
+			v := bytes.TrimSpace(t[k])
+			if len(v) == 0 {
+				v = []byte("null")
+			}
+			out = append(append(append(append(out, '"'), k...), `":`...), v...)
+		}
+		out = append(out, "}}"...)
+	}
+	return append(out, ']'), true
+}
+
+// functionTool reports whether a function tool's fields are FunctionTool's,
+// each of its type (or null where FunctionTool allows it).
+func functionTool(t map[string]json.RawMessage) bool {
+	if _, ok := str(t["name"]); !ok {
+		return false
+	}
+	for k, v := range t {
+		v = bytes.TrimSpace(v)
+		null := string(v) == "null"
+		switch k {
+		case "type", "name":
+		case "parameters", "output_schema":
+			if !null && v[0] != '{' {
+				return false
+			}
+		case "strict", "defer_loading":
+			if !null && string(v) != "true" && string(v) != "false" {
+				return false
+			}
+		case "allowed_callers":
+			if !null && v[0] != '[' {
+				return false
+			}
+		case "description":
+			if _, ok := str(v); !ok && !null {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // responsesKwargs returns the chat template's keyword arguments of a

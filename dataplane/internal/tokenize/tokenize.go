@@ -182,6 +182,10 @@ func build(path string, fields map[string]json.RawMessage, model string) (tok []
 		if !ok {
 			return nil, nil, false
 		}
+		tools, ok := responsesTools(fields["tools"], fields["tool_choice"])
+		if !ok {
+			return nil, nil, false
+		}
 		if msgs, ok := responsesMessages(fields); ok {
 			// The template inputs of ResponsesRequest.build_chat_params
 			// (no partial final message: add_generation_prompt true) and
@@ -193,6 +197,9 @@ func build(path string, fields map[string]json.RawMessage, model string) (tok []
 			b = append(append(b, `,"messages":`...), msgs...)
 			if kw != nil {
 				b = append(append(b, `,"chat_template_kwargs":`...), kw...)
+			}
+			if tools != nil {
+				b = append(append(b, `,"tools":`...), tools...)
 			}
 			return append(b, `,"add_generation_prompt":true,"add_special_tokens":true}`...), nil, true
 		}

@@ -71,7 +71,20 @@ func TestBuild(t *testing.T) {
 			`{"model":"m","messages":[{"role":"user","content":"caf\u00e9 \ud800"}],"add_generation_prompt":true,"add_special_tokens":true}`, nil},
 		{"responses: stored state", tokenize.PathResponses, `{"input":"hi","previous_response_id":"resp_1"}`, "", nil},
 		{"responses: a conversation", tokenize.PathResponses, `{"input":"hi","conversation":"conv_1"}`, "", nil},
-		{"responses: tools", tokenize.PathResponses, `{"input":"hi","tools":[{"type":"function","name":"f"}]}`, "", nil},
+		// A function tool as vLLM renders it: FunctionTool's fields in
+		// its order, those left out null, in the chat form.
+		{"responses: function tools", tokenize.PathResponses,
+			`{"input":"hi","tool_choice":"auto","tools":[{"type":"function","name":"f"},{"description":"look it up","name":"g","parameters":{"type":"object","properties":{"q":{"type":"string"}}},"strict":true,"type":"function"}]}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[` +
+				`{"type":"function","function":{"name":"f","parameters":null,"strict":null,"allowed_callers":null,"defer_loading":null,"description":null,"output_schema":null}},` +
+				`{"type":"function","function":{"name":"g","parameters":{"type":"object","properties":{"q":{"type":"string"}}},"strict":true,"allowed_callers":null,"defer_loading":null,"description":"look it up","output_schema":null}}],` +
+				`"add_generation_prompt":true,"add_special_tokens":true}`, nil},
+		{"responses: no tools", tokenize.PathResponses, `{"input":"hi","tools":[]}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}],"add_generation_prompt":true,"add_special_tokens":true}`, nil},
+		{"responses: a built-in tool", tokenize.PathResponses, `{"input":"hi","tools":[{"type":"web_search"}]}`, "", nil},
+		{"responses: a function with a field FunctionTool lacks", tokenize.PathResponses, `{"input":"hi","tools":[{"type":"function","name":"f","x":1}]}`, "", nil},
+		{"responses: a function's strict not a boolean", tokenize.PathResponses, `{"input":"hi","tools":[{"type":"function","name":"f","strict":"yes"}]}`, "", nil},
+		{"responses: tools with tool_choice none", tokenize.PathResponses, `{"input":"hi","tool_choice":"none","tools":[{"type":"function","name":"f"}]}`, "", nil},
 		{"responses: a reasoning effort reaches the template, with no thinking flag", tokenize.PathResponses, `{"input":"hi","reasoning":{"effort":"low","summary":null}}`,
 			`{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"reasoning_effort":"low"},"add_generation_prompt":true,"add_special_tokens":true}`, nil},
 		{"responses: reasoning not an object", tokenize.PathResponses, `{"input":"hi","reasoning":"low"}`, "", nil},
