@@ -118,9 +118,13 @@ func Build(path string, body []byte, model string) (tok []byte, ids []uint32, sh
 		return nil, nil, 0, false
 	}
 	fields, ok := object(body) // read in place: see rawjson.go
-	if !ok || !isNull(fields["cache_salt"]) {
+	if !ok || !isNull(fields["cache_salt"]) || !isNull(fields["truncate_prompt_tokens"]) {
 		// A salted request's blocks are keyed by its salt too (see
-		// CacheSalt), which no token ids express.
+		// CacheSalt), which no token ids express. A request with
+		// truncate_prompt_tokens may reach the engine cut to its last or
+		// first N tokens (truncation_side, the tokenizer's by default),
+		// which /tokenize of the whole prompt does not say: its ids would
+		// be proven wrong and cost its endpoint's requests their ids.
 		return nil, nil, 0, false
 	}
 	shape = shapeOf(fields) // before build, which may add template kwargs

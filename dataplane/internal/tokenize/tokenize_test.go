@@ -79,6 +79,10 @@ func TestBuild(t *testing.T) {
 				`{"type":"function","function":{"name":"f","parameters":null,"strict":null,"allowed_callers":null,"defer_loading":null,"description":null,"output_schema":null}},` +
 				`{"type":"function","function":{"name":"g","parameters":{"type":"object","properties":{"q":{"type":"string"}}},"strict":true,"allowed_callers":null,"defer_loading":null,"description":"look it up","output_schema":null}}],` +
 				`"add_generation_prompt":true,"add_special_tokens":true}`, nil},
+		{"chat: truncate_prompt_tokens", tokenize.PathChatCompletions, `{"messages":[{"role":"user","content":"hi"}],"truncate_prompt_tokens":512}`, "", nil},
+		{"completions: truncate_prompt_tokens", tokenize.PathCompletions, `{"prompt":[1,2,3],"truncate_prompt_tokens":-1}`, "", nil},
+		{"chat: truncate_prompt_tokens null", tokenize.PathChatCompletions, `{"messages":[{"role":"user","content":"hi"}],"truncate_prompt_tokens":null}`,
+			`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"responses: no tools", tokenize.PathResponses, `{"input":"hi","tools":[]}`,
 			`{"model":"m","messages":[{"role":"user","content":"hi"}],"add_generation_prompt":true,"add_special_tokens":true}`, nil},
 		{"responses: a built-in tool", tokenize.PathResponses, `{"input":"hi","tools":[{"type":"web_search"}]}`, "", nil},
