@@ -130,6 +130,33 @@ func tokenInputs(raw json.RawMessage, field string) ([][]uint32, *apiError) {
 type streamOptions struct {
 	IncludeUsage         *bool `json:"include_usage"`
 	ContinuousUsageStats *bool `json:"continuous_usage_stats"`
+	members              int   // how many members the object has
+}
+
+func (o *streamOptions) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	type plain streamOptions
+	var p plain
+	if err := json.Unmarshal(b, &p); err != nil {
+		return err
+	}
+	*o = streamOptions(p)
+	o.members = len(m)
+	return nil
+}
+
+// check refuses stream options on a request that does not stream, as
+// validate_stream_options does (chat_completion/protocol.py and
+// completion/protocol.py at 002032ee2b18): any object but an empty one,
+// which Python reads as false.
+func (o *streamOptions) check(stream bool) *apiError {
+	if o == nil || stream || o.members == 0 {
+		return nil
+	}
+	return badParam("stream_options", "Stream options can only be defined when `stream=True`.")
 }
 
 // usage is vLLM's should_include_usage (serve/utils/api_utils.py at
@@ -418,6 +445,9 @@ func (r *chatRequest) echoed() string {
 // count (ChatCompletionRequest.to_sampling_params, same file): null
 // top_logprobs asks for none, absent for 0.
 func (r *chatRequest) chatSampling() (sampling, *apiError) {
+	if aerr := r.StreamOptions.check(r.Stream); aerr != nil {
+		return sampling{}, aerr
+	}
 	sp, aerr := r.sampling()
 	if aerr != nil {
 		return sampling{}, aerr
@@ -684,6 +714,9 @@ type completionRequest struct {
 // the logprobs count (CompletionRequest.to_sampling_params, same file),
 // which every choice carries.
 func (r *completionRequest) completionSampling() (sampling, *apiError) {
+	if aerr := r.StreamOptions.check(r.Stream); aerr != nil {
+		return sampling{}, aerr
+	}
 	sp, aerr := r.sampling()
 	if aerr != nil {
 		return sampling{}, aerr

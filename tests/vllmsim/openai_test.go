@@ -125,6 +125,27 @@ func TestChatCompletions(t *testing.T) {
 	}
 }
 
+// TestStreamOptionsOnlyWhenStreaming: stream options on a request that does
+// not stream are vLLM's 400, but for an empty object, which Python reads as
+// false.
+func TestStreamOptionsOnlyWhenStreaming(t *testing.T) {
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+		body := func(opts string) string {
+			if path == "/v1/completions" {
+				return `{"model":"sim-model","prompt":"hi","max_tokens":2,"stream_options":` + opts + `}`
+			}
+			return `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream_options":` + opts + `}`
+		}
+		b := errorCase(t, vllmsim.Options{}, "", path, body(`{"include_usage":true}`), http.StatusBadRequest)
+		if !strings.Contains(string(b), "Stream options can only be defined when `stream=True`.") {
+			t.Errorf("%s: %s", path, b)
+		}
+		_, ts := newServer(t, vllmsim.Options{})
+		post(t, ts, path, body(`{}`), http.StatusOK)
+		post(t, ts, path, body(`null`), http.StatusOK)
+	}
+}
+
 func TestChatCompletionsStream(t *testing.T) {
 	tests := []struct {
 		name       string
