@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/bits"
+	"rolter.dev/pkg/jsonesc"
 	"unicode/utf8"
 )
 
@@ -89,7 +90,7 @@ func (b *builder) strSkip(i int) int {
 		case c == '"':
 			return i + 1
 		case c == '\\':
-			if _, i = unescape(s, i); i < 0 {
+			if _, i = jsonesc.Decode(s, i); i < 0 {
 				return b.invalid()
 			}
 		case c < 0x80:
@@ -128,7 +129,7 @@ func (b *builder) strCompact(i int) int {
 				continue
 			}
 			b.compactRun(s[run:i])
-			r, j := unescape(s, i)
+			r, j := jsonesc.Decode(s, i)
 			if j < 0 {
 				return b.invalid()
 			}
@@ -243,7 +244,7 @@ func (b *builder) strDecode(i int, push bool) int {
 					continue
 				}
 			}
-			r, j := unescape(s, i)
+			r, j := jsonesc.Decode(s, i)
 			if j < 0 {
 				b.hn = hn
 				return b.invalid()
@@ -290,65 +291,6 @@ func (b *builder) accountBytes(p []byte, push bool) {
 	} else if b.measured {
 		b.n += len(p)
 	}
-}
-
-// unescape decodes the escape at s[i] == '\\' and returns the rune and the
-// offset after it, or -1.
-func unescape(s []byte, i int) (rune, int) {
-	if i+1 >= len(s) {
-		return 0, -1
-	}
-	switch s[i+1] {
-	case '"', '\\', '/':
-		return rune(s[i+1]), i + 2
-	case 'b':
-		return '\b', i + 2
-	case 'f':
-		return '\f', i + 2
-	case 'n':
-		return '\n', i + 2
-	case 'r':
-		return '\r', i + 2
-	case 't':
-		return '\t', i + 2
-	case 'u':
-		r := hex4(s, i+2)
-		if r < 0 {
-			return 0, -1
-		}
-		j := i + 6
-		if r >= 0xD800 && r < 0xE000 {
-			if r < 0xDC00 && j+1 < len(s) && s[j] == '\\' && s[j+1] == 'u' {
-				if r2 := hex4(s, j+2); r2 >= 0xDC00 && r2 < 0xE000 {
-					return (r-0xD800)<<10 | (r2 - 0xDC00) + 0x10000, j + 6
-				}
-			}
-			return utf8.RuneError, j
-		}
-		return r, j
-	}
-	return 0, -1
-}
-
-func hex4(s []byte, i int) rune {
-	if i+4 > len(s) {
-		return -1
-	}
-	var r rune
-	for _, c := range s[i : i+4] {
-		switch {
-		case c >= '0' && c <= '9':
-			c -= '0'
-		case c >= 'a' && c <= 'f':
-			c -= 'a' - 10
-		case c >= 'A' && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return -1
-		}
-		r = r<<4 | rune(c)
-	}
-	return r
 }
 
 const hexDigits = "0123456789abcdef"
@@ -641,7 +583,7 @@ func (b *builder) small(at, end int) (v []byte, isStr, fits bool) {
 		var r rune
 		if raw[i] == '\\' {
 			var j int
-			r, j = unescape(raw, i)
+			r, j = jsonesc.Decode(raw, i)
 			if j < 0 {
 				return p, true, false
 			}

@@ -4,9 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
-	"strconv"
+	"rolter.dev/pkg/jsonesc"
 	"strings"
-	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -111,68 +110,27 @@ func (t *scanText) matches(r *rule) bool {
 }
 
 // unescapeJSON decodes the escapes of JSON strings wherever they are in s
-// (a window may cut a document anywhere): \uXXXX (surrogate pairs joined,
-// a lone surrogate as U+FFFD), \n, \t, \", \\ and the rest; a backslash
-// that starts no escape is kept.
+// (a window may cut a document anywhere), as jsonesc.Decode reads them; a
+// backslash that starts no escape is kept.
 func unescapeJSON(s string) string {
 	var b strings.Builder
 	b.Grow(len(s))
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c != '\\' || i+1 == len(s) {
-			b.WriteByte(c)
+	for i := 0; i < len(s); {
+		if s[i] != '\\' {
+			b.WriteByte(s[i])
+			i++
 			continue
 		}
-		switch e := s[i+1]; e {
-		case 'u':
-			r, n := decodeU(s[i:])
-			if n == 0 {
-				b.WriteByte(c)
-				continue
-			}
-			b.WriteRune(r)
-			i += n - 1
-		default:
-			d, ok := jsonEscapes[e]
-			if !ok {
-				b.WriteByte(c)
-				continue
-			}
-			b.WriteByte(d)
+		r, next := jsonesc.Decode(s, i)
+		if next < 0 {
+			b.WriteByte(s[i])
 			i++
+			continue
 		}
+		b.WriteRune(r)
+		i = next
 	}
 	return b.String()
-}
-
-// jsonEscapes are JSON's one-character escapes, by the letter after the
-// backslash.
-var jsonEscapes = map[byte]byte{'n': '\n', 't': '\t', 'r': '\r', 'b': '\b', 'f': '\f', '"': '"', '\\': '\\', '/': '/'}
-
-// decodeU decodes the \uXXXX escape (or surrogate pair) s starts with and
-// returns the rune and the bytes it took, or 0 bytes when s starts no
-// such escape.
-func decodeU(s string) (rune, int) {
-	hex := func(s string) (rune, bool) {
-		if len(s) < 6 || s[0] != '\\' || s[1] != 'u' {
-			return 0, false
-		}
-		v, err := strconv.ParseUint(s[2:6], 16, 16)
-		return rune(v), err == nil
-	}
-	r, ok := hex(s)
-	if !ok {
-		return 0, 0
-	}
-	if utf16.IsSurrogate(r) {
-		if r2, ok := hex(s[6:]); ok && r < 0xdc00 {
-			if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
-				return d, 12
-			}
-		}
-		return utf8.RuneError, 6
-	}
-	return r, 6
 }
 
 // verdict is the outcome of running a guard over a set of texts.
